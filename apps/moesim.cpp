@@ -1,0 +1,140 @@
+// The moesim command line: parses, dispatches, and turns errors into exit statuses
+// (0 success, 2 bad input, 1 internal failure). The work lives in the libraries.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "catalog.hpp"
+#include "cluster.hpp"
+#include "collectives/collectives.hpp"
+#include "errors.hpp"
+#include "results.hpp"
+#include "runner.hpp"
+#include "spec.hpp"
+
+using namespace moesim;
+
+namespace {
+
+int cmd_run(const std::optional<std::string>& spec_path, const std::string& out, const std::vector<std::string>& sets,
+            bool quiet) {
+  const auto ex = load_experiment(spec_path, sets);  // everything validated before any work
+  const auto wall0 = std::chrono::steady_clock::now();
+  const auto result = run_experiment(ex, [&](int done, int total) {
+    if (quiet) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    const double eta = s / done * (total - done);
+    fmt::print(stderr, "\r  iteration {}/{}  {:.1f} s elapsed, ETA {:.1f} s   ", done, total, s, eta);
+    if (done == total) fmt::print(stderr, "\n");
+  });
+  write_results(out, ex, result);
+  fmt::print("{}", summary_table(ex, result));
+  fmt::print("  wrote {0}/summary.json and {0}/timeline.json (open the timeline in https://ui.perfetto.dev)\n", out);
+  return 0;
+}
+
+int cmd_platform_show(const std::string& name) {
+  const Cluster c(load_platform(name));
+  const auto& s = c.spec();
+  fmt::print("{}: {}\n", s.name(), s.description());
+  fmt::print("  nodes {} × {} GPUs ({}), {} GiB, {:.0f} GB/s memory\n", s.nodes(), s.node().gpus(), s.gpu().model(),
+             s.gpu().memory_gib(), s.gpu().memory_gbytes_per_s());
+  for (const auto& p : s.gpu().peak()) fmt::print("  peak {:<5} {:8.1f} TFLOP/s\n", dtype_name(p.dtype()), p.tflops());
+  fmt::print("  routes inside a node (bottleneck GB/s, latency µs):\n");
+  for (int i = 0; i < c.gpus_per_node(); ++i) {
+    fmt::print("    gpu{}:", i);
+    for (int j = 0; j < c.gpus_per_node(); ++j)
+      if (i == j) fmt::print("      -    ");
+      else fmt::print(" {:6.1f}/{:<3.1f}", c.route_bandwidth(c.intra_route(i, j)) / 1e9, c.route_latency(c.intra_route(i, j)) * 1e6);
+    fmt::print("\n");
+  }
+  for (int i = 0; i < c.gpus_per_node() && !c.nics().empty(); ++i)
+    if (c.nic_of(i) >= 0)
+      fmt::print("    gpu{} -> {} ({:.1f} GB/s)\n", i, c.nics()[c.nic_of(i)].name, c.nics()[c.nic_of(i)].bandwidth / 1e9);
+  fmt::print("  node uplink {:.1f} GB/s; fabric: {} nodes per leaf, {} spines\n", c.node_uplink_bandwidth() / 1e9,
+             s.fabric().nodes_per_leaf(), s.fabric().spines());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moesim: simulate distributed Mixture-of-Experts training on GPU clusters.\n"
+      "A policy (expert parallelism, shadowing, ...) turns each iteration's token routing into a graph of\n"
+      "compute and communication ops; SimGrid times it on a model of the cluster.\n\n"
+      "  moesim run                         the default experiment (64 simulated A100s)\n"
+      "  moesim run my.textproto --out res  an experiment of yours (schema: proto/moesim.proto)\n"
+      "  moesim platform list               the cluster catalog\n",
+      "moesim"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "moesim 0.1.0");
+
+  auto* run = app.add_subcommand("run", "Simulate an experiment; write summary.json and timeline.json");
+  std::string spec_path, out = "moesim-out";
+  std::vector<std::string> sets;
+  bool quiet = false;
+  run->add_option("spec", spec_path, "Experiment spec (.textproto or .json); default: the built-in demo, "
+                                     "experiments/demo.textproto");
+  run->add_option("--out,-o", out, "Output directory")->capture_default_str();
+  run->add_option("--set,-s", sets,
+                  "Override a spec field, e.g. --set cluster.nodes=4 --set model.top_k=1 "
+                  "--set gating.zipf.exponent=1.2 (repeatable)");
+  run->add_flag("--quiet,-q", quiet, "No progress on stderr");
+  std::string backend = "sim";
+  run->add_option("--backend", backend, "sim (SimGrid) or hw (real GPUs; not built yet)")
+      ->check(CLI::IsMember({"sim", "hw"}))
+      ->capture_default_str();
+
+  auto* platform = app.add_subcommand("platform", "The cluster catalog");
+  platform->require_subcommand(1);
+  auto* plist = platform->add_subcommand("list", "List the catalog's platforms");
+  auto* pshow = platform->add_subcommand("show", "Show a platform: GPUs, routes inside a node, NICs, fabric");
+  std::string pname;
+  pshow->add_option("name", pname, "Catalog name or .textproto path")->required();
+  auto* pexport = platform->add_subcommand("export", "Print a platform's text format");
+  pexport->add_option("name", pname, "Catalog name or .textproto path")->required();
+
+  auto* algos = app.add_subcommand("algorithms", "List the collective algorithms and policies");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    if (*run) {
+      if (backend == "hw") throw InputError("--backend hw: the GPU backend is not built yet (see the GPU-backend issue)");
+      return cmd_run(spec_path.empty() ? std::nullopt : std::optional(spec_path), out, sets, quiet);
+    }
+    if (*plist) {
+      for (const auto& n : platform_names()) {
+        spec::ClusterSpec c = load_platform(n);
+        fmt::print("{:<16} {}\n", n, c.description());
+      }
+      return 0;
+    }
+    if (*pshow) return cmd_platform_show(pname);
+    if (*pexport) {
+      fmt::print("{}", to_text(load_platform(pname)));
+      return 0;
+    }
+    if (*algos) {
+      for (const auto* a : collective_algorithms())
+        fmt::print("{:<12} {:<8} {}\n", collective_type_name(a->type), a->name, a->summary);
+      for (const auto& p : policy_names()) fmt::print("policy       {}\n", p);
+      return 0;
+    }
+  } catch (const InputError& e) {
+    fmt::print(stderr, "moesim: error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moesim: internal error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

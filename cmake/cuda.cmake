@@ -1,0 +1,17 @@
+# Detect the CUDA toolkit and NCCL. hw/ builds its CUDA parts only when both are present;
+# everything else builds without them.
+set(MOESIM_HAVE_CUDA OFF)
+if(NOT MOESIM_WITH_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+    if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+      set(MOESIM_HAVE_CUDA ON)
+    endif()
+  endif()
+  if(MOESIM_WITH_CUDA STREQUAL "ON" AND NOT MOESIM_HAVE_CUDA)
+    message(FATAL_ERROR "MOESIM_WITH_CUDA=ON but the CUDA toolkit or NCCL was not found")
+  endif()
+endif()
+message(STATUS "moesim: CUDA/NCCL backend ${MOESIM_HAVE_CUDA}")

@@ -1,0 +1,115 @@
+#include "results.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "errors.hpp"
+
+namespace moesim {
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json breakdown_json(const Breakdown& b) {
+  nlohmann::json j;
+  for (int c = 0; c < kNumCategories; ++c) j[category_name(Category(c))] = b.seconds[c];
+  return j;
+}
+
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) throw InputError(tmp.string() + ": cannot write (check --out and its permissions)");
+    out << text;
+    if (!out.flush()) throw InputError(tmp.string() + ": write failed (disk full?)");
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+nlohmann::json summary_json(const Experiment& ex, const RunResult& r) {
+  const auto& s = ex.spec;
+  nlohmann::json j;
+  j["name"] = s.name();
+  j["spec"] = ex.spec_path;
+  j["platform"] = ex.cluster_spec.name();
+  j["nodes"] = ex.cluster_spec.nodes();
+  j["gpus"] = r.gpus;
+  j["policy"] = r.policy;
+  j["seed"] = s.seed();
+  j["model"] = {{"name", s.model().name()},         {"layers", s.model().layers()},
+                {"d_model", s.model().d_model()},   {"d_ffn", s.model().d_ffn()},
+                {"experts", s.model().experts()},   {"top_k", s.model().top_k()},
+                {"tokens_per_gpu", s.model().tokens_per_gpu()}};
+  j["iterations"] = r.iterations.size();
+  j["iteration_time_s"] = r.mean_time();
+  j["breakdown"] = breakdown_json(r.mean_breakdown());
+  auto& rows = j["per_iteration"] = nlohmann::json::array();
+  for (const auto& it : r.iterations)
+    rows.push_back({{"iteration", it.iteration},
+                    {"iteration_time_s", it.time},
+                    {"breakdown", breakdown_json(it.breakdown)},
+                    {"max_mean_load", it.max_mean_load}});
+  return j;
+}
+
+nlohmann::json timeline_json(const RunResult& r) {
+  auto events = nlohmann::json::array();
+  for (int rank = 0; rank < r.gpus; ++rank) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("GPU {}", rank)}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+    for (int s = 0; s < kNumStreams; ++s)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", s},
+                        {"args", {{"name", stream_name(Stream(s))}}}});
+  }
+  for (std::size_t i = 0; i < r.graphs.size(); ++i) {
+    const double t0 = r.iterations[i].start;
+    for (const auto& op : r.graphs[i].ops()) {
+      const double start = t0 + r.timings[i].start[op.id], end = t0 + r.timings[i].end[op.id];
+      nlohmann::json args = {{"iteration", i}, {"op", op.id}};
+      if (const auto* c = std::get_if<Compute>(&op.body)) {
+        args["kind"] = compute_kind_name(c->kind);
+        args["gflop"] = c->flops() / 1e9;
+      } else if (const auto* c = std::get_if<Collective>(&op.body)) {
+        args["algorithm"] = c->algorithm;
+        args["mbytes"] = c->total_bytes() / 1e6;
+      } else {
+        args["mbytes"] = std::get<Transfer>(op.body).bytes / 1e6;
+      }
+      for (int rank : op.ranks())
+        events.push_back({{"name", op.label}, {"cat", category_name(op.category())}, {"ph", "X"},
+                          {"ts", start * 1e6}, {"dur", (end - start) * 1e6}, {"pid", rank},
+                          {"tid", int(op.stream)}, {"args", args}});
+    }
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+void write_results(const std::string& dir, const Experiment& ex, const RunResult& r) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw InputError(dir + ": cannot create the output directory: " + ec.message());
+  write_atomically(fs::path(dir) / "summary.json", summary_json(ex, r).dump(2) + "\n");
+  write_atomically(fs::path(dir) / "timeline.json", timeline_json(r).dump() + "\n");
+}
+
+std::string summary_table(const Experiment& ex, const RunResult& r) {
+  const auto b = r.mean_breakdown();
+  const double t = r.mean_time();
+  std::string out = fmt::format("{}: {} GPUs ({} × {}), policy {}, {} iteration(s)\n", ex.spec.name(), r.gpus,
+                                ex.cluster_spec.nodes(), ex.cluster_spec.name(), r.policy, r.iterations.size());
+  out += fmt::format("  {:<16}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
+  for (int c = 0; c < kNumCategories; ++c)
+    out += fmt::format("  {:<16}{:>12}  {:5.1f}% of the critical path\n", category_name(Category(c)),
+                       fmt::format("{:.3f} ms", b.seconds[c] * 1e3), t > 0 ? 100 * b.seconds[c] / t : 0.0);
+  double load = 0;
+  for (const auto& it : r.iterations) load += it.max_mean_load / double(r.iterations.size());
+  out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
+  return out;
+}
+
+}  // namespace moesim

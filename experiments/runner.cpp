@@ -1,0 +1,80 @@
+#include "runner.hpp"
+
+#include <algorithm>
+
+#include "routing.hpp"
+#include "simgrid_backend.hpp"
+
+namespace moesim {
+
+double RunResult::mean_time() const {
+  double sum = 0;
+  for (const auto& it : iterations) sum += it.time;
+  return iterations.empty() ? 0 : sum / double(iterations.size());
+}
+
+Breakdown RunResult::mean_breakdown() const {
+  Breakdown b;
+  for (const auto& it : iterations)
+    for (int c = 0; c < kNumCategories; ++c) b.seconds[c] += it.breakdown.seconds[c] / double(iterations.size());
+  return b;
+}
+
+namespace {
+
+double max_mean_gpu_load(const std::vector<RoutingMatrix>& routing, int gpus) {
+  double sum = 0;
+  for (const auto& R : routing) {
+    const int local = R.experts / gpus;
+    std::vector<double> load(gpus, 0.0);
+    for (int e = 0; e < R.experts; ++e) load[e / local] += double(R.expert_load(e));
+    double total = 0;
+    for (double x : load) total += x;
+    sum += total > 0 ? *std::max_element(load.begin(), load.end()) / (total / gpus) : 1.0;
+  }
+  return routing.empty() ? 1.0 : sum / double(routing.size());
+}
+
+}  // namespace
+
+RunResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress) {
+  const auto& s = ex.spec;
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(s.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), s.model().dtype());
+  auto policy = make_policy(s.policy());
+  SimOptions options;
+  options.aggregate = !s.sim().has_aggregate() || s.sim().aggregate();
+  SimBackend backend(cluster, gpu, options);
+
+  RunResult result;
+  result.policy = policy->name();
+  result.gpus = cluster.num_gpus();
+  const int iterations = int(s.iterations());
+  const int keep = int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1);
+  for (int it = 0; it < iterations; ++it) {
+    std::vector<RoutingMatrix> routing;
+    for (int l = 0; l < model.layers(); ++l)
+      routing.push_back(generate_routing(s.gating(), cluster.num_gpus(), model.experts(), model.tokens_per_gpu(),
+                                         model.top_k(), s.seed(), it, l));
+    const IterationInput input{cluster, model, gpu, s.policy(), routing};
+    TaskGraph graph = policy->build_iteration(input);
+    IterationRecord rec;
+    rec.iteration = it;
+    rec.start = backend.now();
+    Timing timing = backend.execute(graph);
+    policy->observe(graph, timing);
+    rec.time = timing.makespan();
+    rec.breakdown = critical_path(graph, timing);
+    rec.max_mean_load = max_mean_gpu_load(routing, cluster.num_gpus());
+    result.iterations.push_back(rec);
+    if (it < keep) {
+      result.graphs.push_back(std::move(graph));
+      result.timings.push_back(std::move(timing));
+    }
+    if (progress) progress(it + 1, iterations);
+  }
+  return result;
+}
+
+}  // namespace moesim

@@ -1,0 +1,36 @@
+// Running an experiment: for each iteration, the routing of every layer, the policy's TaskGraph,
+// the backend's timing, and the numbers reported for it.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "spec.hpp"
+#include "taskgraph.hpp"
+
+namespace moesim {
+
+struct IterationRecord {
+  int iteration = 0;
+  double start = 0;          // simulated clock at the iteration's start, seconds
+  double time = 0;           // iteration time (makespan), seconds
+  Breakdown breakdown;       // critical path by category
+  double max_mean_load = 0;  // mean over layers of max/mean tokens per GPU
+};
+
+struct RunResult {
+  std::string policy;
+  int gpus = 0;
+  std::vector<IterationRecord> iterations;
+  // Graph and timing of the first iterations, for timeline.json.
+  std::vector<TaskGraph> graphs;
+  std::vector<Timing> timings;
+
+  double mean_time() const;
+  Breakdown mean_breakdown() const;
+};
+
+/// Simulates every iteration. `progress(done, total)` is called after each.
+RunResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress = {});
+
+}  // namespace moesim

@@ -1,0 +1,33 @@
+// Loading an experiment: the spec file (or the embedded demo), --set overrides, the cluster from
+// the catalog, and validation of everything before any simulation starts. Every problem is an
+// InputError naming the file, line and field and what to do.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster.hpp"
+#include "model.hpp"
+#include "moesim.pb.h"
+#include "policy.hpp"
+#include "textproto.hpp"
+
+namespace moesim {
+
+/// The default experiment `moesim run` runs without a SPEC.
+inline constexpr const char* kDemoSpec = "experiments/demo.textproto";
+
+struct Experiment {
+  spec::ExperimentSpec spec;        // after overrides and defaults
+  spec::ClusterSpec cluster_spec;   // from the catalog, node count applied
+  std::string spec_path;
+  std::vector<std::string> overrides;
+};
+
+/// Reads, overrides and validates. `path` nullopt: the embedded demo.
+Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides);
+
+/// Reads a platform by catalog name or .textproto path (InputError with file:line:field).
+spec::ClusterSpec load_platform(const std::string& name_or_path, ParsedFile* where = nullptr);
+
+}  // namespace moesim

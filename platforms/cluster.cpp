@@ -1,0 +1,201 @@
+#include "cluster.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <queue>
+#include <set>
+
+#include "errors.hpp"
+#include "gpu.hpp"
+
+namespace moesim {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+void require(bool ok, const std::string& field, const std::string& message) {
+  if (!ok) throw FieldError(field, message);
+}
+
+void validate_gpu(const spec::GpuSpec& gpu) {
+  require(!gpu.model().empty(), "gpu.model", "is empty; name the GPU model");
+  require(gpu.memory_gib() > 0, "gpu.memory_gib", "must be > 0");
+  require(gpu.memory_gbytes_per_s() > 0, "gpu.memory_gbytes_per_s", "must be > 0");
+  require(gpu.memory_efficiency() >= 0 && gpu.memory_efficiency() <= 1, "gpu.memory_efficiency",
+          "must be in (0, 1] (0 means 1)");
+  require(gpu.peak_size() > 0, "gpu.peak", "is empty; give at least one `peak { dtype: ... tflops: ... }`");
+  for (int i = 0; i < gpu.peak_size(); ++i)
+    require(gpu.peak(i).tflops() > 0, fmt::format("gpu.peak[{}].tflops", i), "must be > 0");
+  double last = 0;
+  for (int i = 0; i < gpu.gemm_efficiency_size(); ++i) {
+    const auto& p = gpu.gemm_efficiency(i);
+    require(p.gflops() > last, fmt::format("gpu.gemm_efficiency[{}].gflops", i),
+            "must be > 0 and increase from point to point");
+    require(p.efficiency() > 0 && p.efficiency() <= 1, fmt::format("gpu.gemm_efficiency[{}].efficiency", i),
+            "must be in (0, 1]");
+    last = p.gflops();
+  }
+}
+
+// Widest-shortest path: fewest hops, then the largest bottleneck bandwidth; first found on ties.
+// Paths may transit only through vertices that are neither GPUs nor NICs (`endpoint[v]`).
+struct Graph {
+  std::vector<std::string> names;
+  std::vector<bool> endpoint;
+  std::vector<std::vector<std::pair<int, int>>> adj;  // (neighbour, link index)
+
+  Route shortest(int src, int dst, const std::vector<NodeLink>& links,
+                 const std::vector<std::pair<int, int>>& ends) const {
+    const int n = int(names.size());
+    std::vector<int> hops(n, std::numeric_limits<int>::max());
+    std::vector<double> width(n, 0);
+    std::vector<std::pair<int, int>> prev(n, {-1, -1});
+    using Label = std::tuple<int, double, int>;  // hops, -width, vertex
+    std::priority_queue<Label, std::vector<Label>, std::greater<>> queue;
+    hops[src] = 0;
+    width[src] = kInf;
+    queue.emplace(0, -kInf, src);
+    while (!queue.empty()) {
+      auto [h, w, v] = queue.top();
+      queue.pop();
+      if (h != hops[v] || -w != width[v]) continue;
+      if (v != src && endpoint[v]) continue;  // no transit through GPUs and NICs
+      for (auto [u, l] : adj[v]) {
+        const int nh = h + 1;
+        const double nw = std::min(width[v], links[l].bandwidth);
+        if (nh < hops[u] || (nh == hops[u] && nw > width[u])) {
+          hops[u] = nh;
+          width[u] = nw;
+          prev[u] = {v, l};
+          queue.emplace(nh, -nw, u);
+        }
+      }
+    }
+    Route route;
+    if (hops[dst] == std::numeric_limits<int>::max()) return route;
+    for (int v = dst; v != src; v = prev[v].first) {
+      const int l = prev[v].second;
+      route.push_back(Hop{l, ends[l].second == v});
+    }
+    std::reverse(route.begin(), route.end());
+    return route;
+  }
+};
+
+}  // namespace
+
+Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
+  require(!spec_.name().empty(), "name", "is empty; name the cluster");
+  require(spec_.nodes() >= 1, "nodes", "must be >= 1");
+  validate_gpu(spec_.gpu());
+  const auto& node = spec_.node();
+  const int gpus = int(node.gpus());
+  require(gpus >= 1, "node.gpus", "must be >= 1");
+
+  // Vertices: gpu0..gpuN-1 first, then every other name in link order.
+  Graph g;
+  std::map<std::string, int> index;
+  for (int i = 0; i < gpus; ++i) {
+    index["gpu" + std::to_string(i)] = i;
+    g.names.push_back("gpu" + std::to_string(i));
+    g.endpoint.push_back(true);
+  }
+  std::set<std::string> nic_names;
+  for (int i = 0; i < node.nics_size(); ++i) {
+    const auto& nic = node.nics(i);
+    require(!nic.name().empty(), fmt::format("node.nics[{}].name", i), "is empty");
+    require(nic.gbits_per_s() > 0, fmt::format("node.nics[{}].gbits_per_s", i), "must be > 0");
+    require(nic.latency_us() >= 0, fmt::format("node.nics[{}].latency_us", i), "must be >= 0");
+    require(nic_names.insert(nic.name()).second, fmt::format("node.nics[{}].name", i),
+            "'" + nic.name() + "' is used by two NICs");
+    nics_.push_back(Nic{nic.name(), nic.gbits_per_s() * 1e9 / 8, nic.latency_us() * 1e-6});
+  }
+  auto vertex = [&](const std::string& name, const std::string& field) {
+    require(!name.empty(), field, "is empty; name a vertex such as gpu0, nvswitch or nic0");
+    if (name.rfind("gpu", 0) == 0 && !index.count(name))
+      throw FieldError(field, fmt::format("'{}' is not a GPU of this node (gpu0..gpu{})", name, gpus - 1));
+    auto [it, added] = index.emplace(name, int(g.names.size()));
+    if (added) {
+      g.names.push_back(name);
+      g.endpoint.push_back(nic_names.count(name) > 0);
+    }
+    return it->second;
+  };
+  std::vector<std::pair<int, int>> ends;
+  for (int i = 0; i < node.links_size(); ++i) {
+    const auto& l = node.links(i);
+    const std::string f = fmt::format("node.links[{}]", i);
+    const int a = vertex(l.a(), f + ".a"), b = vertex(l.b(), f + ".b");
+    require(a != b, f + ".b", "a link must join two different vertices");
+    require(l.gbytes_per_s() > 0, f + ".gbytes_per_s", "must be > 0 (bandwidth in GB/s per direction)");
+    require(l.latency_us() >= 0, f + ".latency_us", "must be >= 0");
+    links_.push_back(NodeLink{l.a() + "-" + l.b(), l.kind(), l.gbytes_per_s() * 1e9, l.latency_us() * 1e-6});
+    ends.emplace_back(a, b);
+  }
+  g.adj.resize(g.names.size());
+  for (size_t l = 0; l < ends.size(); ++l) {
+    g.adj[ends[l].first].emplace_back(ends[l].second, int(l));
+    g.adj[ends[l].second].emplace_back(ends[l].first, int(l));
+  }
+
+  intra_.assign(gpus, std::vector<Route>(gpus));
+  for (int i = 0; i < gpus; ++i)
+    for (int j = 0; j < gpus; ++j) {
+      if (i == j) continue;
+      intra_[i][j] = g.shortest(i, j, links_, ends);
+      require(!intra_[i][j].empty(), "node.links",
+              fmt::format("gpu{} cannot reach gpu{} (routes never pass through a third GPU); add a link", i, j));
+    }
+
+  if (spec_.nodes() > 1) {
+    require(!nics_.empty(), "node.nics", "a cluster of more than one node needs at least one NIC per node");
+    const auto& fabric = spec_.fabric();
+    require(fabric.nodes_per_leaf() >= 1, "fabric.nodes_per_leaf", "must be >= 1");
+    require(fabric.spines() >= 1, "fabric.spines", "must be >= 1");
+    require(fabric.latency_us() >= 0, "fabric.latency_us", "must be >= 0");
+    require(spec_.nodes() <= fabric.nodes_per_leaf() || spec_.nodes() % fabric.nodes_per_leaf() == 0, "nodes",
+            fmt::format("{} nodes do not fit a fat-tree of {} nodes per leaf switch; use at most {} nodes or a "
+                        "multiple of {}",
+                        spec_.nodes(), fabric.nodes_per_leaf(), fabric.nodes_per_leaf(), fabric.nodes_per_leaf()));
+  }
+  for (int i = 0; i < gpus; ++i) {
+    int best = -1;
+    Route best_route;
+    for (size_t n = 0; n < nics_.size(); ++n) {
+      Route r = g.shortest(i, index.at(nics_[n].name), links_, ends);
+      if (r.empty()) continue;
+      if (best < 0 || r.size() < best_route.size() ||
+          (r.size() == best_route.size() && route_bandwidth(r) > route_bandwidth(best_route))) {
+        best = int(n);
+        best_route = std::move(r);
+      }
+    }
+    if (spec_.nodes() > 1)
+      require(best >= 0, "node.links", fmt::format("gpu{} reaches no NIC; link it to one of the node's NICs", i));
+    nic_of_.push_back(best);
+    nic_route_.push_back(std::move(best_route));
+  }
+}
+
+double Cluster::node_uplink_bandwidth() const {
+  double sum = 0;
+  for (const auto& n : nics_) sum += n.bandwidth;
+  return sum;
+}
+
+double Cluster::route_bandwidth(const Route& r) const {
+  double bw = kInf;
+  for (const auto& h : r) bw = std::min(bw, links_[h.link].bandwidth);
+  return bw;
+}
+
+double Cluster::route_latency(const Route& r) const {
+  double lat = 0;
+  for (const auto& h : r) lat += links_[h.link].latency;
+  return lat;
+}
+
+}  // namespace moesim

@@ -1,0 +1,71 @@
+// The cluster's analytic view: GPUs, the links inside a node, the route between any two GPUs of a
+// node and from each GPU to its NIC, and the inter-node fabric's parameters. Built from a
+// ClusterSpec and validated once; the SimGrid backend turns it into zones, links and routes, and the
+// cost model reads the same routes.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "moesim.pb.h"
+
+namespace moesim {
+
+/// A duplex link inside a node: `bandwidth` bytes/s in each direction, `latency` seconds.
+struct NodeLink {
+  std::string name;  // "gpu0-nvswitch"
+  std::string kind;  // nvlink, pcie, ...
+  double bandwidth = 0;
+  double latency = 0;
+};
+
+/// One hop of a route: a node link and the direction it is crossed in (a->b is forward).
+struct Hop {
+  int link = 0;
+  bool forward = true;
+};
+using Route = std::vector<Hop>;
+
+struct Nic {
+  std::string name;
+  double bandwidth = 0;  // bytes/s each way
+  double latency = 0;
+};
+
+class Cluster {
+ public:
+  /// Validates `spec` (FieldError with the field path on any problem) and computes the routes.
+  explicit Cluster(spec::ClusterSpec spec);
+
+  const spec::ClusterSpec& spec() const { return spec_; }
+  const std::string& name() const { return spec_.name(); }
+  int nodes() const { return int(spec_.nodes()); }
+  int gpus_per_node() const { return int(spec_.node().gpus()); }
+  int num_gpus() const { return nodes() * gpus_per_node(); }
+  int node_of(int rank) const { return rank / gpus_per_node(); }
+  int local_of(int rank) const { return rank % gpus_per_node(); }
+
+  /// The links of one node (every node has the same).
+  const std::vector<NodeLink>& node_links() const { return links_; }
+  /// Route between two local GPUs of one node (empty when i == j).
+  const Route& intra_route(int local_src, int local_dst) const { return intra_[local_src][local_dst]; }
+  /// The NIC a local GPU uses, and the route from the GPU to it.
+  int nic_of(int local) const { return nic_of_[local]; }
+  const Route& nic_route(int local) const { return nic_route_[local]; }
+  const std::vector<Nic>& nics() const { return nics_; }
+  /// Sum of the node's NIC bandwidths: the bandwidth of each node's fabric uplink.
+  double node_uplink_bandwidth() const;
+
+  /// Bandwidth and latency of the narrowest link of a route (inf/0 for an empty route).
+  double route_bandwidth(const Route& r) const;
+  double route_latency(const Route& r) const;
+
+ private:
+  spec::ClusterSpec spec_;
+  std::vector<NodeLink> links_;
+  std::vector<std::vector<Route>> intra_;
+  std::vector<int> nic_of_;
+  std::vector<Route> nic_route_;
+  std::vector<Nic> nics_;
+};
+
+}  // namespace moesim

@@ -1,0 +1,59 @@
+#include "gpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "errors.hpp"
+
+namespace moesim {
+
+int dtype_bytes(spec::DType dtype) {
+  switch (dtype) {
+    case spec::FP16:
+    case spec::BF16: return 2;
+    default: return 4;
+  }
+}
+
+const char* dtype_name(spec::DType dtype) {
+  switch (dtype) {
+    case spec::FP32: return "fp32";
+    case spec::TF32: return "tf32";
+    case spec::FP16: return "fp16";
+    case spec::BF16: return "bf16";
+    default: return "unspecified";
+  }
+}
+
+GpuModel::GpuModel(const spec::GpuSpec& gpu, spec::DType dtype) {
+  for (const auto& p : gpu.peak())
+    if (p.dtype() == dtype) peak_ = p.tflops() * 1e12;
+  if (peak_ <= 0)
+    throw FieldError("gpu.peak", std::string("no peak FLOP/s for dtype ") + dtype_name(dtype) + " on " +
+                                     gpu.model() + "; add `peak { dtype: ... tflops: ... }` or change model.dtype");
+  mem_bw_ = gpu.memory_gbytes_per_s() * 1e9 * (gpu.memory_efficiency() > 0 ? gpu.memory_efficiency() : 1.0);
+  memory_bytes_ = gpu.memory_gib() * double(1ull << 30);
+  for (const auto& p : gpu.gemm_efficiency()) curve_.emplace_back(std::log(p.gflops()), p.efficiency());
+  std::sort(curve_.begin(), curve_.end());
+}
+
+double GpuModel::gemm_efficiency(double flops) const {
+  if (curve_.empty()) return 1.0;
+  const double x = std::log(std::max(flops, 1.0) / 1e9);
+  if (x <= curve_.front().first) return curve_.front().second;
+  if (x >= curve_.back().first) return curve_.back().second;
+  auto hi = std::upper_bound(curve_.begin(), curve_.end(), std::make_pair(x, -1.0));
+  auto lo = std::prev(hi);
+  const double t = (x - lo->first) / (hi->first - lo->first);
+  return lo->second + t * (hi->second - lo->second);
+}
+
+double GpuModel::gemm_time(const Gemm& g) const {
+  const double f = g.flops();
+  if (f <= 0) return 0;
+  return f / (peak_ * gemm_efficiency(f));
+}
+
+double GpuModel::memory_time(double bytes) const { return bytes <= 0 ? 0 : bytes / mem_bw_; }
+
+}  // namespace moesim

@@ -1,0 +1,40 @@
+// The GPU compute model: how long a GEMM or a memory-bound kernel takes on one GPU.
+// One place for it: the SimGrid backend, the cost model and the reports all call these.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "moesim.pb.h"
+
+namespace moesim {
+
+/// Bytes per element of a dtype (fp32/tf32 4, fp16/bf16 2).
+int dtype_bytes(spec::DType dtype);
+const char* dtype_name(spec::DType dtype);
+
+/// C[m×n] = A[m×k]·B[k×n], `batch` times.
+struct Gemm {
+  std::uint64_t m = 0, n = 0, k = 0, batch = 1;
+  double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch ? batch : 1); }
+};
+
+class GpuModel {
+ public:
+  GpuModel(const spec::GpuSpec& gpu, spec::DType dtype);
+
+  /// Peak FLOP/s for the model's dtype (the catalog's dense peak).
+  double peak_flops() const { return peak_; }
+  /// Fraction of peak a GEMM of `flops` reaches: the catalog's curve, interpolated in log(flops).
+  double gemm_efficiency(double flops) const;
+  /// Seconds for one GEMM: flops / (peak × efficiency(flops)).
+  double gemm_time(const Gemm& g) const;
+  /// Seconds for a memory-bound kernel moving `bytes` (read + write) through device memory.
+  double memory_time(double bytes) const;
+  double memory_bytes() const { return memory_bytes_; }
+
+ private:
+  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0;
+  std::vector<std::pair<double, double>> curve_;  // (log gflops, efficiency), sorted
+};
+
+}  // namespace moesim

@@ -1,0 +1,45 @@
+#include "policy.hpp"
+
+#include "collectives/collectives.hpp"
+#include "errors.hpp"
+
+namespace moesim {
+
+std::unique_ptr<Policy> make_expert_parallel();
+
+namespace {
+struct Entry {
+  const char* name;
+  std::unique_ptr<Policy> (*make)();
+};
+const Entry kPolicies[] = {
+    {"ep", make_expert_parallel},
+};
+}  // namespace
+
+std::vector<std::string> policy_names() {
+  std::vector<std::string> names;
+  for (const auto& e : kPolicies) names.push_back(e.name);
+  return names;
+}
+
+std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec) {
+  const std::string name = spec.name().empty() ? "ep" : spec.name();
+  for (const auto& e : kPolicies)
+    if (name == e.name) return e.make();
+  std::string known;
+  for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
+  throw FieldError("policy.name", "unknown policy '" + name + "'; known: " + known);
+}
+
+std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType type) {
+  const bool a2a = type == CollectiveType::all_to_all;
+  std::string name = a2a ? spec.all_to_all() : spec.all_reduce();
+  if (name.empty()) name = a2a ? "linear" : "ring";
+  if (!find_collective_algorithm(type, name))
+    throw FieldError(a2a ? "policy.all_to_all" : "policy.all_reduce",
+                     "unknown algorithm '" + name + "'; known: " + collective_algorithm_names(type));
+  return name;
+}
+
+}  // namespace moesim

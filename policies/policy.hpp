@@ -1,0 +1,46 @@
+// The policy interface: a policy turns one iteration's routing into the iteration's TaskGraph
+// (placement, gate, schedule and collectives together), and may learn from the timings the backend
+// returns. Policies are registered by name and chosen in the experiment spec (`policy { name: }`).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cluster.hpp"
+#include "model.hpp"
+#include "routing.hpp"
+#include "taskgraph.hpp"
+
+namespace moesim {
+
+/// Everything a policy sees when it builds an iteration.
+struct IterationInput {
+  const Cluster& cluster;
+  const MoeModel& model;
+  const GpuModel& gpu;
+  const spec::PolicySpec& spec;
+  /// Per MoE layer, the source-GPU × expert token counts (sources = the cluster's GPUs).
+  const std::vector<RoutingMatrix>& routing;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual std::string name() const = 0;
+  /// Rejects a model/cluster/spec combination the policy cannot run, before any work starts
+  /// (FieldError with the field path in the experiment spec).
+  virtual void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const = 0;
+  virtual TaskGraph build_iteration(const IterationInput& in) = 0;
+  /// Called with each iteration's graph and timing (for policies that adapt).
+  virtual void observe(const TaskGraph&, const Timing&) {}
+};
+
+/// The policy named in `spec.name` (FieldError "policy.name" listing the known ones otherwise).
+std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec);
+std::vector<std::string> policy_names();
+
+/// The collective algorithm the spec selects for a type ("linear" / "ring" when unset); FieldError
+/// "policy.all_to_all" / "policy.all_reduce" for an unknown one.
+std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType type);
+
+}  // namespace moesim

@@ -1,0 +1,112 @@
+// The TaskGraph: the contract between policies and backends (shared/design/ARCHITECTURE.md §3).
+// A DAG of ops for one iteration. Each op runs on a rank's stream; ops on one stream run in the
+// order they were added (as on a CUDA stream), ops on different streams may overlap. A backend
+// executes the graph and returns a Timing: start and end of every op.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "gpu.hpp"
+
+namespace moesim {
+
+using OpId = std::uint32_t;
+
+/// Streams of a rank. Compute ops go on `compute`, communication on `comm`; a policy that overlaps
+/// two communications uses `comm2`.
+enum class Stream : std::uint8_t { compute = 0, comm = 1, comm2 = 2 };
+constexpr int kNumStreams = 3;
+const char* stream_name(Stream s);
+
+enum class ComputeKind : std::uint8_t { gemm, grouped_gemm, elementwise, gate, encode, decode, optimizer };
+const char* compute_kind_name(ComputeKind k);
+
+/// Work on one GPU: GEMMs (run one after another) plus memory-bound traffic in bytes.
+struct Compute {
+  ComputeKind kind = ComputeKind::gemm;
+  std::vector<Gemm> gemms;
+  double memory_bytes = 0;
+  double flops() const;
+  /// Seconds on one GPU: its GEMMs through the GEMM-efficiency curve plus its memory traffic.
+  double seconds(const GpuModel& gpu) const;
+};
+
+/// One point-to-point message from the op's rank (`src`) to `dst`.
+struct Transfer {
+  int src = 0, dst = 0;
+  double bytes = 0;
+};
+
+enum class CollectiveType : std::uint8_t { all_to_all, all_reduce, broadcast, reduce, all_gather, reduce_scatter };
+const char* collective_type_name(CollectiveType t);
+
+/// A collective over `group` (ranks). For all-to-all(v), `bytes` is the group.size()² matrix
+/// bytes[i·n + j] sent from group[i] to group[j]; for the others it holds one size, the buffer
+/// every rank contributes. `algorithm` names the lowering in policies/collectives.
+struct Collective {
+  CollectiveType type = CollectiveType::all_to_all;
+  std::vector<int> group;
+  std::vector<double> bytes;
+  std::string algorithm;
+  double total_bytes() const;
+};
+
+/// What an op's time is accounted to in the critical-path breakdown.
+enum class Category : std::uint8_t { compute, all_to_all, all_reduce, other };
+const char* category_name(Category c);
+constexpr int kNumCategories = 4;
+
+struct Op {
+  OpId id = 0;
+  int rank = 0;  // the rank it runs on (a collective: every rank of its group)
+  Stream stream = Stream::compute;
+  std::string label;  // "L3.fwd.a2a_dispatch"
+  std::vector<OpId> deps;
+  std::variant<Compute, Transfer, Collective> body;
+
+  Category category() const;
+  /// Ranks whose `stream` this op occupies.
+  std::vector<int> ranks() const;
+};
+
+class TaskGraph {
+ public:
+  explicit TaskGraph(int num_ranks) : num_ranks_(num_ranks) {}
+
+  int num_ranks() const { return num_ranks_; }
+  const std::vector<Op>& ops() const { return ops_; }
+  const Op& op(OpId id) const { return ops_[id]; }
+  std::size_t size() const { return ops_.size(); }
+
+  OpId add_compute(int rank, std::string label, Compute c, std::vector<OpId> deps = {});
+  OpId add_transfer(Stream stream, std::string label, Transfer t, std::vector<OpId> deps = {});
+  OpId add_collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps = {});
+
+  /// For each op, the op before it on each (rank, stream) it occupies: with `deps`, everything it
+  /// waits for. Computed on demand; backends and the critical-path walk use it.
+  std::vector<std::vector<OpId>> predecessors() const;
+
+ private:
+  OpId add(Op op);
+  int num_ranks_;
+  std::vector<Op> ops_;
+};
+
+/// Start and end (seconds from the iteration's start) of every op of a graph.
+struct Timing {
+  std::vector<double> start, end;
+  double makespan() const;
+};
+
+/// The critical path's time per category. Walking back from the op that ends last, each step goes
+/// to the predecessor that ended last; gaps between ops count as `other`. The parts add up to the
+/// makespan exactly.
+struct Breakdown {
+  double seconds[kNumCategories] = {0, 0, 0, 0};
+  double total() const;
+};
+Breakdown critical_path(const TaskGraph& graph, const Timing& timing);
+
+}  // namespace moesim

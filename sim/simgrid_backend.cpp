@@ -1,0 +1,196 @@
+#include "simgrid_backend.hpp"
+
+#include <fmt/format.h>
+#include <simgrid/s4u.hpp>
+
+#include <map>
+#include <stdexcept>
+
+#include "collectives/collectives.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace moesim {
+namespace {
+
+using NetPoint = simgrid::kernel::routing::NetPoint;
+using Dir = sg4::LinkInRoute::Direction;
+
+bool g_engine_created = false;
+
+std::vector<sg4::LinkInRoute> to_links(const Route& route, const std::vector<sg4::Link*>& links, bool reverse) {
+  std::vector<sg4::LinkInRoute> out;
+  for (const auto& hop : route) {
+    const bool up = hop.forward != reverse;
+    out.emplace_back(links[hop.link], up ? Dir::UP : Dir::DOWN);
+  }
+  if (reverse) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+struct SimBackend::Impl {
+  const Cluster& cluster;
+  const GpuModel& gpu;
+  SimOptions options;
+  std::unique_ptr<sg4::Engine> engine;
+  std::vector<sg4::Host*> hosts;  // by rank
+
+  Impl(const Cluster& c, const GpuModel& g, SimOptions o) : cluster(c), gpu(g), options(o) {
+    if (g_engine_created) throw std::logic_error("SimBackend: SimGrid allows one engine per process");
+    g_engine_created = true;
+    int argc = 3;
+    const char* argv[] = {"moesim", "--cfg=host/model:ptask_L07", "--log=root.thres:critical", nullptr};
+    engine = std::make_unique<sg4::Engine>(&argc, const_cast<char**>(argv));
+    hosts.resize(cluster.num_gpus());
+    build_platform();
+  }
+
+  // One node: a Full zone with the GPUs as hosts, the node's links, explicit routes between GPUs
+  // and, when there is a fabric, from each GPU through its NIC to the node's gateway.
+  std::pair<NetPoint*, NetPoint*> build_node(const sg4::NetZone* parent, int n) {
+    const std::string prefix = fmt::format("n{}", n);
+    auto* zone = sg4::create_full_zone(prefix);
+    if (parent) zone->set_parent(parent);
+    const int g = cluster.gpus_per_node();
+    for (int i = 0; i < g; ++i)
+      hosts[n * g + i] = zone->create_host(fmt::format("{}-gpu{}", prefix, i), gpu.peak_flops())->seal();
+    std::vector<sg4::Link*> links;
+    for (const auto& l : cluster.node_links())
+      links.push_back(zone->create_split_duplex_link(prefix + "-" + l.name, l.bandwidth)->set_latency(l.latency)->seal());
+    for (int i = 0; i < g; ++i)
+      for (int j = 0; j < g; ++j)
+        if (i != j)
+          zone->add_route(hosts[n * g + i]->get_netpoint(), hosts[n * g + j]->get_netpoint(), nullptr, nullptr,
+                          to_links(cluster.intra_route(i, j), links, false), false);
+    NetPoint* gateway = nullptr;
+    if (parent) {
+      gateway = zone->create_router(prefix + "-gw");
+      std::vector<sg4::Link*> nic_links;
+      for (const auto& nic : cluster.nics())
+        nic_links.push_back(
+            zone->create_split_duplex_link(prefix + "-" + nic.name, nic.bandwidth)->set_latency(nic.latency)->seal());
+      for (int i = 0; i < g; ++i) {
+        auto up = to_links(cluster.nic_route(i), links, false);
+        up.emplace_back(nic_links[cluster.nic_of(i)], Dir::UP);
+        auto down = to_links(cluster.nic_route(i), links, true);
+        down.insert(down.begin(), sg4::LinkInRoute(nic_links[cluster.nic_of(i)], Dir::DOWN));
+        zone->add_route(hosts[n * g + i]->get_netpoint(), gateway, nullptr, nullptr, up, false);
+        zone->add_route(gateway, hosts[n * g + i]->get_netpoint(), nullptr, nullptr, down, false);
+      }
+    }
+    zone->seal();
+    return {zone->get_netpoint(), gateway};
+  }
+
+  void build_platform() {
+    if (cluster.nodes() == 1) {
+      build_node(nullptr, 0);
+      return;
+    }
+    // Fat-tree of nodes; each node's uplink carries its aggregate NIC bandwidth (probe pitfall P3).
+    const auto& f = cluster.spec().fabric();
+    const unsigned nodes = unsigned(cluster.nodes());
+    const sg4::FatTreeParams params =
+        nodes <= f.nodes_per_leaf()
+            ? sg4::FatTreeParams(1, {nodes}, {1}, {1})
+            : sg4::FatTreeParams(2, {f.nodes_per_leaf(), nodes / f.nodes_per_leaf()}, {1, f.spines()}, {1, 1});
+    auto node_cb = [this](sg4::NetZone* parent, const std::vector<unsigned long>&, unsigned long id) {
+      return build_node(parent, int(id));
+    };
+    sg4::create_fatTree_zone("fabric", nullptr, params, sg4::ClusterCallbacks(node_cb),
+                             cluster.node_uplink_bandwidth(), f.latency_us() * 1e-6,
+                             sg4::Link::SharingPolicy::SPLITDUPLEX)
+        ->seal();
+  }
+
+  // A parallel task moving bytes between hosts: entries (src, dst, bytes).
+  sg4::ExecPtr ptask(const std::vector<Transfer>& transfers, double scale) {
+    std::map<int, std::size_t> index;
+    std::vector<sg4::Host*> hs;
+    for (const auto& t : transfers)
+      for (int r : {t.src, t.dst})
+        if (index.emplace(r, hs.size()).second) hs.push_back(hosts[r]);
+    const std::size_t n = hs.size();
+    std::vector<double> bytes(n * n, 0.0);
+    for (const auto& t : transfers) bytes[index[t.src] * n + index[t.dst]] += t.bytes * scale;
+    auto exec = sg4::Exec::init();
+    exec->set_hosts(hs);
+    exec->set_flops_amounts(std::vector<double>(n, 0.0));
+    exec->set_bytes_amounts(bytes);
+    return exec;
+  }
+
+  sg4::ExecPtr marker(int rank) {
+    auto exec = sg4::Exec::init();
+    exec->set_flops_amount(0)->set_host(hosts[rank]);
+    return exec;
+  }
+
+  Timing execute(const TaskGraph& graph) {
+    const double t0 = sg4::Engine::get_clock();
+    std::vector<sg4::ActivityPtr> all;  // kept alive until the run ends (probe pitfall P2)
+    std::vector<sg4::ExecPtr> entry(graph.size()), exit(graph.size());
+    auto keep = [&all](const sg4::ExecPtr& a) {
+      all.push_back(a);
+      return a;
+    };
+
+    for (const auto& op : graph.ops()) {
+      if (const auto* c = std::get_if<Compute>(&op.body)) {
+        const double seconds = c->seconds(gpu);
+        auto exec = sg4::Exec::init();
+        exec->set_flops_amount(seconds * gpu.peak_flops())->set_host(hosts[op.rank]);
+        entry[op.id] = exit[op.id] = keep(exec);
+      } else if (const auto* t = std::get_if<Transfer>(&op.body)) {
+        entry[op.id] = exit[op.id] =
+            keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0));
+      } else {
+        const auto& coll = std::get<Collective>(op.body);
+        sg4::ExecPtr last = entry[op.id] = keep(marker(op.rank));
+        for (const auto& step : lower(coll)) {
+          auto done = keep(marker(op.rank));
+          if (options.aggregate) {
+            auto p = keep(ptask(step.transfers, step.rounds));
+            last->add_successor(p);
+            p->add_successor(done);
+          } else {
+            for (const auto& tr : step.transfers) {
+              auto p = keep(ptask({tr}, step.rounds));
+              last->add_successor(p);
+              p->add_successor(done);
+            }
+          }
+          last = done;
+        }
+        exit[op.id] = last;
+      }
+    }
+    const auto preds = graph.predecessors();
+    for (const auto& op : graph.ops())
+      for (OpId p : preds[op.id]) exit[p]->add_successor(entry[op.id]);
+
+    for (auto& a : all) a->vetoable_start();
+    engine->run();
+
+    Timing timing;
+    timing.start.resize(graph.size());
+    timing.end.resize(graph.size());
+    for (const auto& op : graph.ops()) {
+      if (exit[op.id]->get_state() != sg4::Activity::State::FINISHED)
+        throw std::logic_error("SimBackend: op '" + op.label + "' never ran (a dependency cycle in the TaskGraph?)");
+      timing.start[op.id] = entry[op.id]->get_start_time() - t0;
+      timing.end[op.id] = exit[op.id]->get_finish_time() - t0;
+    }
+    return timing;
+  }
+};
+
+SimBackend::SimBackend(const Cluster& cluster, const GpuModel& gpu, SimOptions options)
+    : impl_(std::make_unique<Impl>(cluster, gpu, options)) {}
+SimBackend::~SimBackend() = default;
+Timing SimBackend::execute(const TaskGraph& graph) { return impl_->execute(graph); }
+double SimBackend::now() const { return sg4::Engine::get_clock(); }
+
+}  // namespace moesim

@@ -1,0 +1,64 @@
+#include "model.hpp"
+
+#include <fmt/format.h>
+
+#include "errors.hpp"
+
+namespace moesim {
+
+MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
+  auto require = [](bool ok, const char* field, const std::string& message) {
+    if (!ok) throw FieldError(field, message);
+  };
+  require(spec_.layers() >= 1, "layers", "must be >= 1");
+  require(spec_.d_model() >= 1, "d_model", "must be >= 1");
+  require(spec_.d_ffn() >= 1, "d_ffn", "must be >= 1");
+  require(spec_.experts() >= 1, "experts", "must be >= 1");
+  require(spec_.top_k() >= 1 && spec_.top_k() <= spec_.experts(), "top_k",
+          fmt::format("must be between 1 and the number of experts ({})", spec_.experts()));
+  require(spec_.tokens_per_gpu() >= 1, "tokens_per_gpu", "must be >= 1");
+  require(spec_.seq_len() >= 1, "seq_len", "must be >= 1");
+  require(spec_.tokens_per_gpu() % spec_.seq_len() == 0, "tokens_per_gpu",
+          fmt::format("{} is not a multiple of seq_len {} (tokens per GPU = micro-batch × seq_len)",
+                      spec_.tokens_per_gpu(), spec_.seq_len()));
+  require(spec_.heads() >= 1 && spec_.d_model() % spec_.heads() == 0, "heads",
+          fmt::format("must be >= 1 and divide d_model ({})", spec_.d_model()));
+  require(spec_.dtype() != spec::DTYPE_UNSPECIFIED, "dtype", "is not set; use FP32, TF32, FP16 or BF16");
+  for (int i = 0; i < spec_.extra_dense_gemms_size(); ++i) {
+    const auto& g = spec_.extra_dense_gemms(i);
+    if (g.m() == 0 || g.n() == 0 || g.k() == 0)
+      throw FieldError(fmt::format("extra_dense_gemms[{}]", i), "m, n and k must all be >= 1");
+  }
+}
+
+std::vector<Gemm> MoeModel::dense_forward_gemms() const {
+  const std::uint64_t t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len();
+  const std::uint64_t h = spec_.heads(), dh = d / h, sequences = t / s;
+  std::vector<Gemm> gemms = {
+      {t, 3 * d, d, 1},              // QKV projection
+      {s, s, dh, sequences * h},     // scores Q·Kᵀ per sequence and head
+      {s, dh, s, sequences * h},     // context scores·V
+      {t, d, d, 1},                  // output projection
+  };
+  for (const auto& g : spec_.extra_dense_gemms()) gemms.push_back({g.m(), g.n(), g.k(), g.batch() ? g.batch() : 1});
+  return gemms;
+}
+
+Gemm MoeModel::gate_gemm() const { return {spec_.tokens_per_gpu(), spec_.experts(), spec_.d_model(), 1}; }
+
+std::vector<Gemm> MoeModel::expert_gemms(long tokens) const {
+  if (tokens <= 0) return {};
+  const auto t = std::uint64_t(tokens);
+  return {{t, spec_.d_ffn(), spec_.d_model(), 1}, {t, spec_.d_model(), spec_.d_ffn(), 1}};
+}
+
+double MoeModel::expert_params() const { return 2.0 * spec_.d_model() * spec_.d_ffn(); }
+
+double MoeModel::dense_params_per_layer() const {
+  const double d = spec_.d_model();
+  double params = 4 * d * d + d * spec_.experts();
+  for (const auto& g : spec_.extra_dense_gemms()) params += double(g.n()) * double(g.k());
+  return params;
+}
+
+}  // namespace moesim

@@ -1,0 +1,43 @@
+// The MoE transformer model: its GEMM shapes and parameter counts, from a ModelSpec.
+#pragma once
+#include <vector>
+
+#include "gpu.hpp"
+#include "moesim.pb.h"
+
+namespace moesim {
+
+class MoeModel {
+ public:
+  /// Validates the spec (FieldError with the field path relative to ModelSpec).
+  explicit MoeModel(spec::ModelSpec spec);
+
+  const spec::ModelSpec& spec() const { return spec_; }
+  int layers() const { return int(spec_.layers()); }
+  int experts() const { return int(spec_.experts()); }
+  int top_k() const { return int(spec_.top_k()); }
+  int tokens_per_gpu() const { return int(spec_.tokens_per_gpu()); }
+  spec::DType dtype() const { return spec_.dtype(); }
+  int dtype_bytes() const { return moesim::dtype_bytes(spec_.dtype()); }
+
+  /// Bytes of one token's hidden vector (d_model × dtype size): the unit of all-to-all traffic.
+  double token_bytes() const { return double(spec_.d_model()) * dtype_bytes(); }
+
+  /// Forward GEMMs of one layer's non-MoE part on one GPU: attention (QKV projection, scores,
+  /// context, output projection) and the spec's extra dense GEMMs.
+  std::vector<Gemm> dense_forward_gemms() const;
+  /// Forward gate scoring on one GPU: tokens × experts × d_model.
+  Gemm gate_gemm() const;
+  /// One expert's two forward GEMMs for `tokens` routed tokens: d_model -> d_ffn -> d_model.
+  std::vector<Gemm> expert_gemms(long tokens) const;
+
+  /// Parameters of one expert (2 · d_model · d_ffn) and the dense parameters of one layer that
+  /// data parallelism all-reduces (attention 4·d², gate d·E, extra GEMMs n·k).
+  double expert_params() const;
+  double dense_params_per_layer() const;
+
+ private:
+  spec::ModelSpec spec_;
+};
+
+}  // namespace moesim

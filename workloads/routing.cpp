@@ -1,0 +1,155 @@
+#include "routing.hpp"
+
+#include <cmath>
+#include <numeric>
+
+namespace moesim {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t& x) {
+  std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// Vose's alias method: O(1) draws from a discrete distribution.
+class AliasTable {
+ public:
+  explicit AliasTable(const std::vector<double>& weights) : prob_(weights.size()), alias_(weights.size()) {
+    const std::size_t n = weights.size();
+    const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
+    std::vector<double> scaled(n);
+    std::vector<std::size_t> small, large;
+    for (std::size_t i = 0; i < n; ++i) {
+      scaled[i] = weights[i] * double(n) / total;
+      (scaled[i] < 1.0 ? small : large).push_back(i);
+    }
+    while (!small.empty() && !large.empty()) {
+      const std::size_t s = small.back(), l = large.back();
+      small.pop_back();
+      prob_[s] = scaled[s];
+      alias_[s] = l;
+      scaled[l] -= 1.0 - scaled[s];
+      if (scaled[l] < 1.0) {
+        large.pop_back();
+        small.push_back(l);
+      }
+    }
+    for (auto i : large) prob_[i] = 1.0;
+    for (auto i : small) prob_[i] = 1.0;
+  }
+  std::size_t draw(Rng& rng) const {
+    const std::size_t i = rng.below(prob_.size());
+    return rng.uniform() < prob_[i] ? i : alias_[i];
+  }
+
+ private:
+  std::vector<double> prob_;
+  std::vector<std::size_t> alias_;
+};
+
+}  // namespace
+
+std::int64_t RoutingMatrix::expert_load(int e) const {
+  std::int64_t sum = 0;
+  for (int s = 0; s < sources; ++s) sum += at(s, e);
+  return sum;
+}
+
+std::int64_t RoutingMatrix::row_sum(int src) const {
+  std::int64_t sum = 0;
+  for (int e = 0; e < experts; ++e) sum += at(src, e);
+  return sum;
+}
+
+Rng::Rng(std::uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+}
+
+std::uint64_t Rng::next() {
+  const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const std::uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
+
+std::uint64_t Rng::below(std::uint64_t n) {
+  // Lemire's nearly divisionless method with rejection: exact and portable.
+  unsigned __int128 m = (unsigned __int128)next() * n;
+  auto low = std::uint64_t(m);
+  if (low < n) {
+    const std::uint64_t threshold = -n % n;
+    while (low < threshold) {
+      m = (unsigned __int128)next() * n;
+      low = std::uint64_t(m);
+    }
+  }
+  return std::uint64_t(m >> 64);
+}
+
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t a, std::uint64_t b) {
+  std::uint64_t x = seed;
+  std::uint64_t h = splitmix64(x);
+  x = h ^ (a * 0xd1b54a32d192ed03ull);
+  h = splitmix64(x);
+  x = h ^ (b * 0xabc98388fb8fac03ull);
+  return splitmix64(x);
+}
+
+std::vector<double> expert_popularity(const spec::GatingSpec& gating, int experts, Rng& rng) {
+  std::vector<double> p(experts, 1.0);
+  if (gating.has_zipf()) {
+    // Fisher-Yates permutation of ranks, then p_e = 1 / rank^s.
+    std::vector<int> rank(experts);
+    std::iota(rank.begin(), rank.end(), 1);
+    for (int i = experts - 1; i > 0; --i) std::swap(rank[i], rank[rng.below(std::uint64_t(i) + 1)]);
+    for (int e = 0; e < experts; ++e) p[e] = 1.0 / std::pow(double(rank[e]), gating.zipf().exponent());
+  }
+  const double total = std::accumulate(p.begin(), p.end(), 0.0);
+  for (auto& x : p) x /= total;
+  return p;
+}
+
+RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng) {
+  const int experts = int(popularity.size());
+  RoutingMatrix r(sources, experts);
+  const AliasTable table(popularity);
+  std::vector<int> chosen(top_k);
+  for (int s = 0; s < sources; ++s) {
+    for (int t = 0; t < tokens; ++t) {
+      for (int j = 0; j < top_k; ++j) {
+        int e;
+        bool repeat;
+        do {  // without replacement: redraw an expert this token already chose
+          e = int(table.draw(rng));
+          repeat = false;
+          for (int i = 0; i < j; ++i) repeat |= chosen[i] == e;
+        } while (repeat);
+        chosen[j] = e;
+        ++r.at(s, e);
+      }
+    }
+  }
+  return r;
+}
+
+RoutingMatrix generate_routing(const spec::GatingSpec& gating, int sources, int experts, int tokens, int top_k,
+                               std::uint64_t seed, int iteration, int layer) {
+  // Popularity is a property of the layer (fixed across iterations); sampling noise is per iteration.
+  Rng layer_rng(derive_seed(seed, 0x6c61796572ull, std::uint64_t(layer)));
+  const auto popularity = expert_popularity(gating, experts, layer_rng);
+  Rng rng(derive_seed(seed, std::uint64_t(iteration) + 1, std::uint64_t(layer)));
+  return sample_routing(popularity, sources, tokens, top_k, rng);
+}
+
+}  // namespace moesim
