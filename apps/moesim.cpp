@@ -11,6 +11,7 @@
 #include "cluster.hpp"
 #include "collectives/collectives.hpp"
 #include "errors.hpp"
+#include "hw_info.hpp"
 #include "results.hpp"
 #include "runner.hpp"
 #include "spec.hpp"
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
       "  moesim platform list               the cluster catalog\n",
       "moesim"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "moesim 0.1.0");
+  app.set_version_flag("--version", "moesim 0.1.0; hw backend: " + hw_backend_description());
 
   auto* run = app.add_subcommand("run", "Simulate an experiment; write summary.json and timeline.json");
   std::string spec_path, out = "moesim-out";

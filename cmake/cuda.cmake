@@ -2,10 +2,13 @@
 # everything else builds without them.
 set(MOESIM_HAVE_CUDA OFF)
 if(NOT MOESIM_WITH_CUDA STREQUAL "OFF")
+  if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CUDAToolkit_ROOT /usr/local/cuda)  # where the development machines have it
+  endif()
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
-    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64 /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
       set(MOESIM_HAVE_CUDA ON)
     endif()

@@ -36,6 +36,7 @@ struct SimBackend::Impl {
   SimOptions options;
   std::unique_ptr<sg4::Engine> engine;
   std::vector<sg4::Host*> hosts;  // by rank
+  std::vector<sg4::Host*> ports;  // by node: a host at the node's uplink (aggregation end-point)
 
   Impl(const Cluster& c, const GpuModel& g, SimOptions o) : cluster(c), gpu(g), options(o) {
     if (g_engine_created) throw std::logic_error("SimBackend: SimGrid allows one engine per process");
@@ -44,6 +45,7 @@ struct SimBackend::Impl {
     const char* argv[] = {"moesim", "--cfg=host/model:ptask_L07", "--log=root.thres:critical", nullptr};
     engine = std::make_unique<sg4::Engine>(&argc, const_cast<char**>(argv));
     hosts.resize(cluster.num_gpus());
+    if (cluster.nodes() > 1) ports.resize(cluster.nodes());
     build_platform();
   }
 
@@ -71,13 +73,28 @@ struct SimBackend::Impl {
       for (const auto& nic : cluster.nics())
         nic_links.push_back(
             zone->create_split_duplex_link(prefix + "-" + nic.name, nic.bandwidth)->set_latency(nic.latency)->seal());
+      // The node's port: the end-point aggregated inter-node traffic is routed through (see
+      // ptask()). GPU -> port crosses the GPU's NIC route; port -> gateway is a link that never
+      // binds, whose latency is that of the longest GPU -> NIC route, so that port -> port costs
+      // the latency of a full GPU -> GPU route.
+      ports[n] = zone->create_host(prefix + "-port", 1.0)->seal();
+      double nic_latency = 0;
+      for (int i = 0; i < g; ++i)
+        nic_latency = std::max(nic_latency, cluster.route_latency(cluster.nic_route(i)) + cluster.nics()[cluster.nic_of(i)].latency);
+      auto* port_link = zone->create_split_duplex_link(prefix + "-port", 1e18)->set_latency(nic_latency)->seal();
+      zone->add_route(ports[n]->get_netpoint(), gateway, nullptr, nullptr, {{port_link, Dir::UP}}, false);
+      zone->add_route(gateway, ports[n]->get_netpoint(), nullptr, nullptr, {{port_link, Dir::DOWN}}, false);
+      // Each GPU reaches the gateway (per-flow traffic) and the port (aggregated traffic) the same
+      // way: its route to its NIC, then the NIC.
       for (int i = 0; i < g; ++i) {
         auto up = to_links(cluster.nic_route(i), links, false);
         up.emplace_back(nic_links[cluster.nic_of(i)], Dir::UP);
         auto down = to_links(cluster.nic_route(i), links, true);
         down.insert(down.begin(), sg4::LinkInRoute(nic_links[cluster.nic_of(i)], Dir::DOWN));
-        zone->add_route(hosts[n * g + i]->get_netpoint(), gateway, nullptr, nullptr, up, false);
-        zone->add_route(gateway, hosts[n * g + i]->get_netpoint(), nullptr, nullptr, down, false);
+        for (NetPoint* end : {gateway, ports[n]->get_netpoint()}) {
+          zone->add_route(hosts[n * g + i]->get_netpoint(), end, nullptr, nullptr, up, false);
+          zone->add_route(end, hosts[n * g + i]->get_netpoint(), nullptr, nullptr, down, false);
+        }
       }
     }
     zone->seal();
@@ -105,16 +122,36 @@ struct SimBackend::Impl {
         ->seal();
   }
 
-  // A parallel task moving bytes between hosts: entries (src, dst, bytes).
-  sg4::ExecPtr ptask(const std::vector<Transfer>& transfers, double scale) {
-    std::map<int, std::size_t> index;
+  // A parallel task moving the transfers' bytes (× scale). All its entries progress at one rate, so
+  // it ends when its most loaded link has carried its load: the time is max over links of
+  // load/bandwidth plus the largest route latency. With `via_ports`, a transfer between nodes is
+  // entered as three segments, GPU -> its node's port -> the other node's port -> GPU: they cross
+  // exactly the links of the direct route, so every link's load (and so the time) is unchanged,
+  // but the entries shrink from one per GPU pair to about one per GPU and per node pair.
+  sg4::ExecPtr ptask(const std::vector<Transfer>& transfers, double scale, bool via_ports) {
+    std::map<sg4::Host*, std::map<sg4::Host*, double>> entries;
+    for (const auto& t : transfers) {
+      const int a = cluster.node_of(t.src), b = cluster.node_of(t.dst);
+      const double bytes = t.bytes * scale;
+      if (!via_ports || a == b) {
+        entries[hosts[t.src]][hosts[t.dst]] += bytes;
+      } else {
+        entries[hosts[t.src]][ports[a]] += bytes;
+        entries[ports[a]][ports[b]] += bytes;
+        entries[ports[b]][hosts[t.dst]] += bytes;
+      }
+    }
+    std::map<sg4::Host*, std::size_t> index;
     std::vector<sg4::Host*> hs;
-    for (const auto& t : transfers)
-      for (int r : {t.src, t.dst})
-        if (index.emplace(r, hs.size()).second) hs.push_back(hosts[r]);
+    for (const auto& [src, row] : entries) {
+      if (index.emplace(src, hs.size()).second) hs.push_back(src);
+      for (const auto& [dst, b] : row)
+        if (index.emplace(dst, hs.size()).second) hs.push_back(dst);
+    }
     const std::size_t n = hs.size();
     std::vector<double> bytes(n * n, 0.0);
-    for (const auto& t : transfers) bytes[index[t.src] * n + index[t.dst]] += t.bytes * scale;
+    for (const auto& [src, row] : entries)
+      for (const auto& [dst, b] : row) bytes[index[src] * n + index[dst]] = b;
     auto exec = sg4::Exec::init();
     exec->set_hosts(hs);
     exec->set_flops_amounts(std::vector<double>(n, 0.0));
@@ -145,19 +182,19 @@ struct SimBackend::Impl {
         entry[op.id] = exit[op.id] = keep(exec);
       } else if (const auto* t = std::get_if<Transfer>(&op.body)) {
         entry[op.id] = exit[op.id] =
-            keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0));
+            keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0, false));
       } else {
         const auto& coll = std::get<Collective>(op.body);
         sg4::ExecPtr last = entry[op.id] = keep(marker(op.rank));
         for (const auto& step : lower(coll)) {
           auto done = keep(marker(op.rank));
           if (options.aggregate) {
-            auto p = keep(ptask(step.transfers, step.rounds));
+            auto p = keep(ptask(step.transfers, step.rounds, !ports.empty()));
             last->add_successor(p);
             p->add_successor(done);
           } else {
             for (const auto& tr : step.transfers) {
-              auto p = keep(ptask({tr}, step.rounds));
+              auto p = keep(ptask({tr}, step.rounds, false));
               last->add_successor(p);
               p->add_successor(done);
             }

@@ -1,0 +1,141 @@
+// The moesim program as a user meets it: outputs, determinism, and bad input (exit status 2,
+// a message naming file, line and field, and no output written).
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "helpers.hpp"
+
+using namespace moesim;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = MOESIM_BIN;
+const std::string kSmall = " --set cluster.nodes=2 --set model.layers=2 --set model.experts=16 --set iterations=2 -q";
+
+// A valid spec with one line replaced, written to DIR/bad.textproto.
+std::string spec_with(const std::string& dir, const std::string& from, const std::string& to) {
+  std::string text = test::read_file(std::string(MOESIM_SOURCE_DIR) + "/experiments/demo.textproto");
+  const auto at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  const std::string path = dir + "/bad.textproto";
+  test::write_file(path, text);
+  return path;
+}
+
+int line_of(const std::string& file, const std::string& needle) {
+  const std::string text = test::read_file(file);
+  return 1 + int(std::count(text.begin(), text.begin() + long(text.find(needle)), '\n'));
+}
+
+void expect_rejected(const std::string& args, const std::string& dir, const std::vector<std::string>& parts) {
+  std::string out;
+  const int rc = test::run_command(kBin + " run " + args + " --out " + dir + "/out", out);
+  INFO(out);
+  CHECK(rc == 2);
+  for (const auto& p : parts) CHECK_THAT(out, Contains(p));
+  CHECK_FALSE(fs::exists(dir + "/out"));
+}
+
+}  // namespace
+
+TEST_CASE("moesim run writes the summary and a Chrome trace") {
+  const auto dir = test::temp_dir("run");
+  std::string out;
+  REQUIRE(test::run_command(kBin + " run" + kSmall + " --out " + dir, out) == 0);
+  const auto summary = nlohmann::json::parse(test::read_file(dir + "/summary.json"));
+  CHECK(summary["gpus"] == 16);
+  CHECK(summary["policy"] == "ep");
+  CHECK(summary["iterations"] == 2);
+  const double t = summary["iteration_time_s"];
+  double parts = 0;
+  for (const char* c : {"compute", "all_to_all", "all_reduce", "other"}) parts += summary["breakdown"][c].get<double>();
+  CHECK(parts == Approx(t));
+  CHECK(summary["per_iteration"].size() == 2);
+  const auto trace = nlohmann::json::parse(test::read_file(dir + "/timeline.json"));
+  int complete = 0;
+  std::set<int> pids;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X") {
+      ++complete;
+      pids.insert(e["pid"].get<int>());
+      CHECK(e["dur"].get<double>() >= 0);
+    }
+  CHECK(complete > 0);
+  CHECK(pids.size() == 16);  // one process per GPU
+  CHECK_THAT(out, Contains("iteration time"));
+}
+
+TEST_CASE("the same spec and seed give an identical summary") {
+  const auto dir = test::temp_dir("determinism");
+  std::string out;
+  REQUIRE(test::run_command(kBin + " run" + kSmall + " --out " + dir + "/a", out) == 0);
+  REQUIRE(test::run_command(kBin + " run" + kSmall + " --out " + dir + "/b", out) == 0);
+  REQUIRE(test::run_command(kBin + " run" + kSmall + " --set seed=2 --out " + dir + "/c", out) == 0);
+  const auto a = test::read_file(dir + "/a/summary.json");
+  CHECK(a == test::read_file(dir + "/b/summary.json"));
+  CHECK(test::read_file(dir + "/a/timeline.json") == test::read_file(dir + "/b/timeline.json"));
+  CHECK(a != test::read_file(dir + "/c/summary.json"));  // the seed does change the routing
+}
+
+TEST_CASE("a syntax error names the file and line") {
+  const auto dir = test::temp_dir("syntax");
+  const auto spec = spec_with(dir, "layers: 12", "layers: }");
+  expect_rejected(spec, dir, {"bad.textproto:" + std::to_string(line_of(spec, "layers: }")) + ":"});
+}
+
+TEST_CASE("an unknown field names the file, line and field") {
+  const auto dir = test::temp_dir("unknown");
+  const auto spec = spec_with(dir, "layers: 12", "layerz: 12");
+  expect_rejected(spec, dir, {"bad.textproto:" + std::to_string(line_of(spec, "layerz")) + ":", "layerz"});
+}
+
+TEST_CASE("experts that do not divide among the GPUs are rejected") {
+  const auto dir = test::temp_dir("experts");
+  const auto spec = spec_with(dir, "experts: 64", "experts: 60");
+  expect_rejected(spec, dir,
+                  {"bad.textproto:" + std::to_string(line_of(spec, "experts: 60")) + ":", "model.experts",
+                   "multiple of 64"});
+  expect_rejected("--set model.experts=100", dir, {"--set model.experts=100", "model.experts"});
+}
+
+TEST_CASE("a bandwidth of zero in a platform file is rejected at its line") {
+  const auto dir = test::temp_dir("bandwidth");
+  std::string platform = test::read_file(std::string(MOESIM_SOURCE_DIR) + "/platforms/dgx-a100.textproto");
+  const std::string from = "b: \"nvswitch\" gbytes_per_s: 300";
+  const auto first = platform.find(from);
+  platform.replace(platform.find(from, first + 1), from.size(), "b: \"nvswitch\" gbytes_per_s: 0");
+  test::write_file(dir + "/slow.textproto", platform);
+  const int line = line_of(dir + "/slow.textproto", "gbytes_per_s: 0");
+  const auto spec = spec_with(dir, "platform: \"dgx-a100\"", "platform: \"" + dir + "/slow.textproto\"");
+  expect_rejected(spec, dir,
+                  {"slow.textproto:" + std::to_string(line) + ":", "node.links[1].gbytes_per_s", "must be > 0"});
+}
+
+TEST_CASE("a node count that does not fit the fat-tree is rejected") {
+  const auto dir = test::temp_dir("nodes");
+  const auto spec = spec_with(dir, "nodes: 8", "nodes: 20");
+  expect_rejected(spec, dir,
+                  {"bad.textproto:" + std::to_string(line_of(spec, "nodes: 20")) + ":", "cluster.nodes", "multiple of 16"});
+}
+
+TEST_CASE("missing files, unknown platforms and unknown policies are rejected") {
+  const auto dir = test::temp_dir("missing");
+  expect_rejected(dir + "/nope.textproto", dir, {"nope.textproto", "cannot open"});
+  expect_rejected("--set cluster.platform=dgx-z", dir, {"unknown platform 'dgx-z'", "dgx-a100"});
+  expect_rejected("--set policy.name=magic", dir, {"unknown policy 'magic'", "ep"});
+  expect_rejected("--set policy.all_to_all=telepathy", dir, {"unknown algorithm 'telepathy'", "linear"});
+}
+
+TEST_CASE("help is available at every level") {
+  std::string out;
+  CHECK(test::run_command(kBin + " --help", out) == 0);
+  CHECK_THAT(out, Contains("run") && Contains("platform"));
+  CHECK(test::run_command(kBin + " run --help", out) == 0);
+  CHECK_THAT(out, Contains("--set") && Contains("--out"));
+  CHECK(test::run_command(kBin + " platform show --help", out) == 0);
+  CHECK(test::run_command(kBin + " frobnicate", out) == 2);
+}

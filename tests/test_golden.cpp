@@ -1,0 +1,40 @@
+// Golden scenarios: small runs whose op timeline is kept beside them (tests/golden/NAME.expected)
+// so that any change in behaviour shows up in review. Regenerate with MOESIM_UPDATE_GOLDEN=1.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fmt/format.h>
+
+#include "helpers.hpp"
+#include "runner.hpp"
+
+using namespace moesim;
+
+namespace {
+
+// Rank 0's and the last rank's ops, one line each: start and end in µs, label.
+std::string timeline_text(const RunResult& r) {
+  std::string out;
+  const auto& g = r.graphs.at(0);
+  const auto& t = r.timings.at(0);
+  for (int rank : {0, r.gpus - 1})
+    for (const auto& op : g.ops()) {
+      const auto ranks = op.ranks();
+      if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) continue;
+      out += fmt::format("gpu{:<3} {:<8} {:12.3f} {:12.3f}  {}\n", rank, stream_name(op.stream), t.start[op.id] * 1e6,
+                         t.end[op.id] * 1e6, op.label);
+    }
+  out += fmt::format("iteration {:.3f} us\n", r.iterations.at(0).time * 1e6);
+  return out;
+}
+
+void check_golden(const std::string& name) {
+  const std::string dir = std::string(MOESIM_SOURCE_DIR) + "/tests/golden/";
+  const auto ex = load_experiment(dir + name + ".textproto", {});
+  const auto text = timeline_text(run_experiment(ex));
+  if (std::getenv("MOESIM_UPDATE_GOLDEN")) test::write_file(dir + name + ".expected", text);
+  CHECK(text == test::read_file(dir + name + ".expected"));
+}
+
+}  // namespace
+
+TEST_CASE("golden: one MoE layer on two DGX-A100 nodes") { check_golden("ep_2node_a100"); }

@@ -1,0 +1,131 @@
+// The catalog, the cluster's routes, the GPU compute model and spec-file plumbing.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "catalog.hpp"
+#include "cluster.hpp"
+#include "errors.hpp"
+#include "gpu.hpp"
+#include "helpers.hpp"
+#include "textproto.hpp"
+
+using namespace moesim;
+using Catch::Matchers::Contains;
+
+TEST_CASE("every catalog platform parses and validates") {
+  const auto names = platform_names();
+  for (const char* required : {"dgx1-v100", "v100-pcie", "dgx-a100", "rtx2080ti-pcie"})
+    CHECK(std::find(names.begin(), names.end(), required) != names.end());
+  for (const auto& n : names) {
+    INFO(n);
+    const Cluster c(test::platform(n, 2));
+    CHECK(c.num_gpus() == 2 * c.gpus_per_node());
+    CHECK(c.node_uplink_bandwidth() > 0);
+  }
+}
+
+TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve") {
+  spec::GpuSpec gpu;
+  gpu.set_model("test");
+  gpu.set_memory_gib(1);
+  gpu.set_memory_gbytes_per_s(1000);
+  auto* p = gpu.add_peak();
+  p->set_dtype(spec::FP16);
+  p->set_tflops(100);
+  for (auto [gf, eff] : {std::pair{1.0, 0.3}, std::pair{10.0, 0.65}}) {
+    auto* e = gpu.add_gemm_efficiency();
+    e->set_gflops(gf);
+    e->set_efficiency(eff);
+  }
+  const GpuModel m(gpu, spec::FP16);
+  CHECK(m.gemm_efficiency(std::sqrt(10.0) * 1e9) == Approx(0.475));  // halfway in log(gflops)
+  CHECK(m.gemm_efficiency(1e6) == Approx(0.3));
+  CHECK(m.gemm_efficiency(1e12) == Approx(0.65));
+  const Gemm g{1024, 1024, 1024, 4};  // 8.6 GFLOP
+  CHECK(m.gemm_time(g) == Approx(g.flops() / (100e12 * m.gemm_efficiency(g.flops()))));
+  CHECK(m.memory_time(1e9) == Approx(1e-3));  // memory_efficiency 0 means 1
+  CHECK_THROWS_AS(GpuModel(gpu, spec::BF16), FieldError);  // no bf16 peak on this GPU
+}
+
+TEST_CASE("dgx1 routes follow the hybrid cube-mesh and never transit a GPU") {
+  const Cluster c(test::platform("dgx1-v100", 1));
+  // gpu0-gpu3 is a double NVLink bond: one hop at 50 GB/s.
+  CHECK(c.intra_route(0, 3).size() == 1);
+  CHECK(c.route_bandwidth(c.intra_route(0, 3)) == Approx(50e9));
+  // gpu0-gpu5 has no NVLink: gpu0-plx0-cpu0-cpu1-plx2-gpu5 over PCIe and QPI, 11 GB/s.
+  const auto& r = c.intra_route(0, 5);
+  REQUIRE(r.size() == 5);
+  CHECK(c.route_bandwidth(r) == Approx(11e9));
+  bool crosses_qpi = false;
+  for (const auto& h : r) crosses_qpi |= c.node_links()[h.link].kind == "qpi";
+  CHECK(crosses_qpi);
+  // Routes are direction-consistent: the reverse route uses the same links, flipped.
+  const auto& back = c.intra_route(5, 0);
+  REQUIRE(back.size() == r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    CHECK(back[r.size() - 1 - i].link == r[i].link);
+    CHECK(back[r.size() - 1 - i].forward != r[i].forward);
+  }
+  // Each PCIe switch's GPUs use its NIC.
+  CHECK(c.nics()[c.nic_of(1)].name == "nic0");
+  CHECK(c.nics()[c.nic_of(6)].name == "nic3");
+}
+
+TEST_CASE("cluster validation names the offending field") {
+  auto s = test::platform("dgx-a100", 2);
+  s.mutable_node()->mutable_links(2)->set_gbytes_per_s(0);
+  try {
+    Cluster c(s);
+    FAIL("a zero bandwidth was accepted");
+  } catch (const FieldError& e) {
+    CHECK(e.field() == "node.links[2].gbytes_per_s");
+  }
+  auto t = test::platform("dgx-a100", 20);  // 16 nodes per leaf: 20 fits neither one leaf nor whole leaves
+  try {
+    Cluster c(t);
+    FAIL("20 nodes were accepted");
+  } catch (const FieldError& e) {
+    CHECK(e.field() == "nodes");
+    CHECK_THAT(e.message(), Contains("multiple of 16"));
+  }
+  auto u = test::platform("dgx-a100", 1);
+  u.mutable_node()->mutable_links()->DeleteSubrange(3, 1);  // gpu3 loses its NVSwitch port
+  CHECK_THROWS_WITH(Cluster(u), Contains("gpu0 cannot reach gpu3"));
+}
+
+TEST_CASE("parsed files know the line of every field") {
+  const std::string text =
+      "name: \"x\"\n"
+      "nodes: 2\n"
+      "node {\n"
+      "  gpus: 2\n"
+      "  links { a: \"gpu0\" b: \"gpu1\" gbytes_per_s: 10 }\n"
+      "  links { a: \"gpu1\" b: \"sw\"\n"
+      "          gbytes_per_s: 5 }\n"
+      "}\n";
+  spec::ClusterSpec c;
+  const auto parsed = parse_text("x.textproto", text, c);
+  CHECK(parsed.line_of("nodes") == 2);
+  CHECK(parsed.line_of("node.links[1].gbytes_per_s") == 7);
+  CHECK(parsed.line_of("node.links[0]") == 5);
+  CHECK(parsed.describe("node.links[1].gbytes_per_s", "must be > 0") ==
+        "x.textproto:7: field 'node.links[1].gbytes_per_s': must be > 0");
+  spec::ClusterSpec bad;
+  CHECK_THROWS_WITH(parse_text("y.textproto", "nodes: 2\nnode { gpuz: 3 }\n", bad),
+                    Contains("y.textproto:2:") && Contains("gpuz"));
+}
+
+TEST_CASE("overrides set nested fields and reject unknown ones") {
+  spec::ExperimentSpec s;
+  apply_override(s, "cluster.nodes=4");
+  apply_override(s, "cluster.platform=dgx1-v100");
+  apply_override(s, "gating.zipf.exponent=1.5");
+  apply_override(s, "model.dtype=BF16");
+  CHECK(s.cluster().nodes() == 4);
+  CHECK(s.cluster().platform() == "dgx1-v100");
+  CHECK(s.gating().zipf().exponent() == 1.5);
+  CHECK(s.model().dtype() == spec::BF16);
+  CHECK_THROWS_WITH(apply_override(s, "model.layerz=3"), Contains("no field 'layerz'"));
+  CHECK_THROWS_WITH(apply_override(s, "model.layers=many"), Contains("--set model.layers=many"));
+  CHECK_THROWS_AS(apply_override(s, "nodes"), InputError);
+}

@@ -1,0 +1,155 @@
+// The SimGrid backend against analytic cases. Each TEST_CASE runs in its own process (SimGrid
+// allows one engine per process), so each builds one cluster.
+#include <catch2/catch.hpp>
+#include <optional>
+
+#include "helpers.hpp"
+#include "policy.hpp"
+#include "runner.hpp"
+#include "simgrid_backend.hpp"
+
+using namespace moesim;
+
+namespace {
+
+struct Bench {
+  Cluster cluster;
+  GpuModel gpu;
+  SimBackend sim;
+  Bench(const std::string& platform, int nodes, bool aggregate = true)
+      : cluster(test::platform(platform, nodes)),
+        gpu(cluster.spec().gpu(), spec::FP16),
+        sim(cluster, gpu, SimOptions{aggregate}) {}
+};
+
+double duration(const Timing& t, OpId id) { return t.end[id] - t.start[id]; }
+
+Collective uniform_alltoall(int n, double bytes_per_pair) {
+  Collective c{CollectiveType::all_to_all, {}, std::vector<double>(std::size_t(n) * n, bytes_per_pair), "linear"};
+  for (int i = 0; i < n; ++i) c.group.push_back(i);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a single transfer takes bytes over the route's bandwidth plus its latency") {
+  Bench b("dgx-a100", 2);
+  const double B = 256e6;
+  TaskGraph g(b.cluster.num_gpus());
+  const OpId intra = g.add_transfer(Stream::comm, "intra", {0, 1, B});
+  const OpId inter = g.add_transfer(Stream::comm, "inter", {0, 8, B}, {intra});
+  const Timing t = b.sim.execute(g);
+  // Inside a node: gpu0 -> NVSwitch -> gpu1, 300 GB/s, 2 × 0.5 µs.
+  CHECK(duration(t, intra) == Approx(B / 300e9 + 1e-6).epsilon(1e-9));
+  // Across nodes: PCIe 0.5 µs, NIC 25 GB/s 1 µs, two fabric links 0.25 µs each, NIC 1 µs, PCIe 0.5 µs.
+  CHECK(duration(t, inter) == Approx(B / 25e9 + 3.5e-6).epsilon(1e-9));
+  CHECK(t.start[inter] == Approx(t.end[intra]));
+}
+
+TEST_CASE("equal flows through one NIC share it fairly") {
+  Bench b("v100-pcie", 2);  // one 50 Gb/s NIC per node (FasterMoE johnny)
+  const int k = 4;
+  const double B = 100e6;
+  TaskGraph g(b.cluster.num_gpus());
+  std::vector<OpId> ids;
+  for (int i = 0; i < k; ++i) ids.push_back(g.add_transfer(Stream::comm, "f", {i, 8 + i, B}));
+  const Timing t = b.sim.execute(g);
+  // 4 flows on a 6.25 GB/s NIC: each gets a quarter and all end together. Latency: PCIe 0.5,
+  // NIC slot 0.5, NIC 1, fabric 2 × 0.25, NIC 1, NIC slot 0.5, PCIe 0.5 µs.
+  for (OpId id : ids) {
+    CHECK(t.start[id] == 0);
+    CHECK(t.end[id] == Approx(k * B / 6.25e9 + 4.5e-6).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("an all-to-all on one NVSwitch node matches the analytic time") {
+  Bench b("dgx-a100", 1);
+  const double M = 64e6;
+  TaskGraph g(8);
+  const OpId a2a = g.add_collective(Stream::comm, "a2a", uniform_alltoall(8, M));
+  const Timing t = b.sim.execute(g);
+  // Each GPU sends 7·M through its 300 GB/s NVSwitch port and receives as much on the other
+  // direction; route latency 1 µs.
+  CHECK(duration(t, a2a) == Approx(7 * M / 300e9 + 1e-6).epsilon(1e-9));
+}
+
+TEST_CASE("per-flow all-to-all on one NVSwitch node matches the analytic time too") {
+  Bench b("dgx-a100", 1, /*aggregate=*/false);
+  const double M = 64e6;
+  TaskGraph g(8);
+  const OpId a2a = g.add_collective(Stream::comm, "a2a", uniform_alltoall(8, M));
+  const Timing t = b.sim.execute(g);
+  CHECK(duration(t, a2a) == Approx(7 * M / 300e9 + 1e-6).epsilon(1e-9));
+}
+
+TEST_CASE("a ring all-reduce on one node matches 2(n-1)/n S over the link bandwidth") {
+  Bench b("dgx-a100", 1);
+  const double S = 512e6;
+  TaskGraph g(8);
+  const OpId ar = g.add_collective(Stream::comm, "ar", {CollectiveType::all_reduce, {0, 1, 2, 3, 4, 5, 6, 7}, {S}, "ring"});
+  const Timing t = b.sim.execute(g);
+  CHECK(duration(t, ar) == Approx(2.0 * 7 / 8 * S / 300e9 + 1e-6).epsilon(1e-9));
+}
+
+TEST_CASE("ops on one stream serialize and ops on two streams overlap") {
+  Bench b("dgx-a100", 1);
+  const Compute work{ComputeKind::gemm, {{8192, 8192, 8192, 1}}, 0};
+  const double w = work.seconds(b.gpu);
+  TaskGraph g(8);
+  const OpId c1 = g.add_compute(0, "c1", work);
+  const OpId c2 = g.add_compute(0, "c2", work);
+  const OpId x = g.add_transfer(Stream::comm, "x", {0, 1, 300e6});
+  const Timing t = b.sim.execute(g);
+  CHECK(t.start[c2] == Approx(t.end[c1]));
+  CHECK(t.end[c2] == Approx(2 * w));
+  CHECK(t.start[x] == 0);  // the comm stream does not wait for the compute stream
+  CHECK(t.end[x] < t.end[c1]);
+}
+
+TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded GPU") {
+  auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.layers=1", "model.experts=16"});
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
+  SimBackend sim(cluster, gpu);
+  // Every GPU sends half its token-slots to expert 5 (on GPU 5), the rest spread evenly.
+  RoutingMatrix R(16, 16);
+  const int slots = model.tokens_per_gpu() * model.top_k();
+  for (int s = 0; s < 16; ++s)
+    for (int e = 0; e < 16; ++e) R.at(s, e) = e == 5 ? slots / 2 : slots / 2 / 15 + (e < (slots / 2) % 15 ? 1 : 0);
+  for (int s = 0; s < 16; ++s) REQUIRE(R.row_sum(s) == slots);
+  auto policy = make_policy(ex.spec.policy());
+  const std::vector<RoutingMatrix> routing{R};
+  const TaskGraph g = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing});
+  const Timing t = sim.execute(g);
+  OpId dispatch = 0, combine = 0;
+  std::vector<OpId> experts;
+  for (const auto& op : g.ops()) {
+    if (op.label == "L0.fwd.a2a_dispatch") dispatch = op.id;
+    if (op.label == "L0.fwd.a2a_combine") combine = op.id;
+    if (op.label == "L0.fwd.experts") experts.push_back(op.id);
+  }
+  REQUIRE(experts.size() == 16);
+  double longest = 0, others = 0;
+  for (OpId id : experts) {
+    const double d = std::get<Compute>(g.op(id).body).seconds(gpu);
+    CHECK(duration(t, id) == Approx(d));  // a GPU's expert op takes its own load's time
+    if (g.op(id).rank == 5) longest = d;
+    else others = std::max(others, d);
+  }
+  CHECK(longest > 3 * others);
+  CHECK(t.start[combine] - t.end[dispatch] == Approx(longest));
+}
+
+TEST_CASE("the critical path adds up to every iteration's time") {
+  const auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.layers=2", "iterations=2"});
+  const auto r = run_experiment(ex);
+  REQUIRE(r.iterations.size() == 2);
+  for (const auto& it : r.iterations) {
+    CHECK(it.breakdown.total() == Approx(it.time).epsilon(1e-12));
+    CHECK(it.breakdown.seconds[int(Category::compute)] > 0);
+    CHECK(it.breakdown.seconds[int(Category::all_to_all)] > 0);
+    CHECK(it.breakdown.seconds[int(Category::all_reduce)] > 0);
+  }
+  CHECK(r.iterations[1].start == Approx(r.iterations[0].time));  // iterations run back to back
+}

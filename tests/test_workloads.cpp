@@ -1,0 +1,110 @@
+// The model's shapes and parameter counts, and the seeded routing generators.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "errors.hpp"
+#include "model.hpp"
+#include "routing.hpp"
+
+using namespace moesim;
+
+namespace {
+spec::ModelSpec small_model() {
+  spec::ModelSpec m;
+  m.set_name("t");
+  m.set_layers(2);
+  m.set_d_model(512);
+  m.set_d_ffn(2048);
+  m.set_experts(16);
+  m.set_top_k(2);
+  m.set_seq_len(256);
+  m.set_tokens_per_gpu(1024);
+  m.set_heads(8);
+  m.set_dtype(spec::FP16);
+  return m;
+}
+spec::GatingSpec zipf(double s) {
+  spec::GatingSpec g;
+  g.mutable_zipf()->set_exponent(s);
+  return g;
+}
+}  // namespace
+
+TEST_CASE("model shapes and parameter counts follow the transformer formulas") {
+  const MoeModel m(small_model());
+  const double T = 1024, d = 512, s = 256, E = 16, f = 2048;
+  double dense = 0;
+  for (const auto& g : m.dense_forward_gemms()) dense += g.flops();
+  // QKV 2·T·3d·d + output 2·T·d·d + scores and context 2 · 2·T·s·d.
+  CHECK(dense == Approx(2 * T * 4 * d * d + 2 * 2 * T * s * d));
+  CHECK(m.gate_gemm().flops() == Approx(2 * T * E * d));
+  double expert = 0;
+  for (const auto& g : m.expert_gemms(100)) expert += g.flops();
+  CHECK(expert == Approx(2 * 2 * 100 * d * f));
+  CHECK(m.expert_params() == 2 * d * f);
+  CHECK(m.dense_params_per_layer() == 4 * d * d + d * E);
+  CHECK(m.token_bytes() == d * 2);
+}
+
+TEST_CASE("model validation names the field") {
+  auto m = small_model();
+  m.set_top_k(17);
+  try {
+    MoeModel x(m);
+    FAIL("top_k > experts accepted");
+  } catch (const FieldError& e) {
+    CHECK(e.field() == "top_k");
+  }
+  m = small_model();
+  m.set_tokens_per_gpu(1000);
+  CHECK_THROWS_AS(MoeModel(m), FieldError);
+}
+
+TEST_CASE("routing rows sum to tokens times k and a token never picks an expert twice") {
+  const auto r = generate_routing(zipf(1.2), 8, 16, 1000, 2, 7, 0, 0);
+  for (int s = 0; s < 8; ++s) {
+    CHECK(r.row_sum(s) == 2000);
+    for (int e = 0; e < 16; ++e) CHECK(r.at(s, e) <= 1000);
+  }
+}
+
+TEST_CASE("routing is a function of seed, iteration and layer") {
+  spec::GatingSpec uniform;
+  uniform.mutable_uniform();
+  const auto a = generate_routing(uniform, 4, 8, 500, 2, 42, 3, 1);
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 3, 1).counts == a.counts);
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 43, 3, 1).counts != a.counts);
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 4, 1).counts != a.counts);
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 3, 2).counts != a.counts);
+}
+
+TEST_CASE("zipf routing gives the hottest expert its expected share") {
+  // Top-1: expert e gets Binomial(N, p_e) tokens with p_e = (1/rank^s) / H. The hottest has
+  // rank 1: mean N/H, standard deviation sqrt(N p (1-p)).
+  const int E = 64, N = 200000;
+  const double s = 1.0;
+  double H = 0;
+  for (int r = 1; r <= E; ++r) H += 1 / std::pow(r, s);
+  const double p = 1 / H;
+  const auto r = generate_routing(zipf(s), 1, E, N, 1, 3, 0, 0);
+  std::int64_t hottest = 0;
+  for (int e = 0; e < E; ++e) hottest = std::max(hottest, r.expert_load(e));
+  CHECK(std::abs(double(hottest) - N * p) < 4 * std::sqrt(N * p * (1 - p)));
+  // Uniform routing at the same size stays within a few percent of the mean everywhere.
+  spec::GatingSpec uniform;
+  uniform.mutable_uniform();
+  const auto u = generate_routing(uniform, 1, E, N, 1, 3, 0, 0);
+  for (int e = 0; e < E; ++e) CHECK(std::abs(u.expert_load(e) - N / E) < 0.1 * N / E);
+}
+
+TEST_CASE("the random generator is uniform over a small range") {
+  Rng rng(1);
+  int counts[7] = {0};
+  for (int i = 0; i < 70000; ++i) ++counts[rng.below(7)];
+  for (int c : counts) CHECK(std::abs(c - 10000) < 400);  // > 4 sigma
+  for (int i = 0; i < 1000; ++i) {
+    const double u = rng.uniform();
+    CHECK(u >= 0);
+    CHECK(u < 1);
+  }
+}

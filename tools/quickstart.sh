@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The README's two set-up commands. On a fresh Debian 12 machine, as root:
+#   bash tools/quickstart.sh demo   install what is missing, build, run the default experiment
+#   bash tools/quickstart.sh test   install what is missing, build, run the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-}
+case "$mode" in
+  demo|test) ;;
+  *) echo "usage: bash tools/quickstart.sh demo|test" >&2; exit 2 ;;
+esac
+
+# Debian packages moesim builds with. The CUDA toolkit and NCCL are optional (hw/ builds its CUDA
+# parts when /usr/local/cuda has them).
+packages=(g++ cmake make pkg-config libsimgrid-dev libprotobuf-dev protobuf-compiler libboost-dev
+          catch2 libcli11-dev libfmt-dev nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "quickstart: installing ${missing[*]}" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "quickstart: run as root (or install sudo) to install ${missing[*]}" >&2; exit 2; }
+    sudo=sudo
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_WERROR=ON >/dev/null
+cmake --build build -j"$jobs"
+
+if [ "$mode" = demo ]; then
+  ./build/moesim run --out moesim-out
+else
+  cd build && ctest --output-on-failure -j"$jobs"
+fi
