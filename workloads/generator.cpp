@@ -1,0 +1,2 @@
+// Placeholder: implemented on the generator branch.
+#include "generator.hpp"

@@ -1,0 +1,77 @@
+// The seeded synthetic gating generator (shared/notes/gating-traces.md §6): log-normal (or Zipf)
+// base popularity per layer, dead experts, slow OU drift, fast noise, per-source offsets, warm-up
+// and transient phases, rare regime switches, the hot-spot knob, and multinomial sampling with the
+// top-k per-token cap so that rows sum exactly to tokens × k. Portable: same seed, same trace, on
+// any machine (our own samplers over Rng, never std::*_distribution).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moesim.pb.h"
+#include "routing.hpp"
+
+namespace moesim {
+
+/// Every parameter of the generator, after the preset and the spec's overrides (see GeneratorSpec
+/// in proto/moesim.proto for their meaning).
+struct GeneratorParams {
+  double sigma_pop = 0;
+  double zipf_exponent = 0;  // > 0: Zipf base popularity instead of log-normal
+  double dead_fraction = 0;
+  double sigma_slow = 0;
+  double tau = 1;
+  double sigma_fast = 0;
+  double sigma_src = 0;
+  int warmup_iterations = 0;
+  int transient_iterations = 0;
+  double pop_growth = 0;
+  int growth_iterations = 0;
+  double switch_probability = 0;
+  double hot_fraction = 0;
+  int hot_experts = 1;
+};
+
+/// Names of the presets: naive, aux, concentrated.
+std::vector<std::string> generator_presets();
+
+/// The spec's preset (default "naive") with the spec's set fields applied. FieldError with the
+/// field name ("preset", "sigma_pop", ...) for an unknown preset or a value out of range.
+GeneratorParams resolve_generator(const spec::GeneratorSpec& spec);
+
+/// Generates routing matrices layer by layer. Each layer has its own random stream, seeded from
+/// (seed, layer): layers are independent of each other and of the order in which they are asked
+/// for. Within a layer, iterations come in order 0, 1, 2, ... (the drift is a process).
+class GatingGenerator {
+ public:
+  GatingGenerator(const GeneratorParams& params, int experts, int top_k, int layers, int sources,
+                  std::int64_t tokens_per_source, std::uint64_t seed);
+  ~GatingGenerator();
+  GatingGenerator(GatingGenerator&&) noexcept;
+  GatingGenerator& operator=(GatingGenerator&&) noexcept;
+
+  /// The next iteration's matrix of `layer`: sources × experts; each row sums to
+  /// tokens_per_source × top_k exactly and no cell exceeds tokens_per_source.
+  RoutingMatrix next(int layer);
+
+ private:
+  struct Layer;
+  GeneratorParams params_;
+  int experts_, top_k_, sources_;
+  std::int64_t tokens_;
+  std::vector<Layer> layers_;
+};
+
+// Portable samplers over Rng.
+
+/// Standard normal deviate.
+double sample_normal(Rng& rng);
+/// Binomial(n, p), exact.
+std::int64_t sample_binomial(Rng& rng, std::int64_t n, double p);
+/// Multinomial(n, p) by conditional binomials; p need not sum to one.
+std::vector<std::int64_t> sample_multinomial(Rng& rng, std::int64_t n, const std::vector<double>& p);
+/// Multinomial(tokens·k, p) with the top-k cap: no cell above `tokens`; the excess is water-filled
+/// onto cells below the cap in proportion to p. The sum stays tokens·k exactly.
+std::vector<std::int64_t> sample_capped(Rng& rng, std::int64_t tokens, int top_k, const std::vector<double>& p);
+
+}  // namespace moesim
