@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 
@@ -15,6 +16,7 @@
 #include "results.hpp"
 #include "runner.hpp"
 #include "spec.hpp"
+#include "trace_import.hpp"
 
 using namespace moesim;
 
@@ -101,6 +103,21 @@ int main(int argc, char** argv) {
 
   auto* algos = app.add_subcommand("algorithms", "List the collective algorithms and policies");
 
+  auto* trace = app.add_subcommand("trace", "Gating traces: import, export, generate, inspect, rescale");
+  trace->require_subcommand(1);
+  std::string input, output, format = "csv";
+  ImportOptions import_options;
+  auto* timport = trace->add_subcommand("import", "Convert a CSV trace or SmartMoE/FastMoE logs to moesim's .trace format");
+  timport->add_option("input", input, "CSV file (iter,layer,src[,mb][,loss],e0..eN) or a directory of table_iter*_rank*.log")
+      ->required();
+  timport->add_option("--out,-o", output, "Output .trace file")->required();
+  timport->add_option("--from", format, "csv or smartmoe (default: smartmoe for a directory, else csv)");
+  timport->add_option("--top-k", import_options.top_k, "top-k of the gate, when the file's metadata lacks top_k=K");
+  timport->add_option("--model", import_options.model, "Describe what produced the trace (header.model)");
+  auto* texport = trace->add_subcommand("export", "Write a .trace file as CSV");
+  texport->add_option("trace", input, "Input .trace file")->required();
+  texport->add_option("--out,-o", output, "Output CSV file")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -120,6 +137,19 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*pshow) return cmd_platform_show(pname);
+    if (*timport) {
+      const bool logs = std::filesystem::is_directory(input);
+      const auto h = (timport->count("--from") ? format == "smartmoe" : logs)
+                         ? import_smartmoe_logs(input, output, import_options)
+                         : import_csv(input, output, import_options);
+      fmt::print("{}: {} layers × {} sources × {} experts, top-{}, {} tokens per source, iteration stride {}\n", output,
+                 h.layers(), h.sources(), h.experts(), h.top_k(), h.tokens_per_source(), h.iteration_stride());
+      return 0;
+    }
+    if (*texport) {
+      export_csv(input, output);
+      return 0;
+    }
     if (*pexport) {
       fmt::print("{}", to_text(load_platform(pname)));
       return 0;
