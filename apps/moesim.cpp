@@ -16,7 +16,9 @@
 #include "results.hpp"
 #include "runner.hpp"
 #include "spec.hpp"
+#include "trace.hpp"
 #include "trace_import.hpp"
+#include "trace_stats.hpp"
 
 using namespace moesim;
 
@@ -114,6 +116,14 @@ int main(int argc, char** argv) {
   timport->add_option("--from", format, "csv or smartmoe (default: smartmoe for a directory, else csv)");
   timport->add_option("--top-k", import_options.top_k, "top-k of the gate, when the file's metadata lacks top_k=K");
   timport->add_option("--model", import_options.model, "Describe what produced the trace (header.model)");
+  auto* tstats = trace->add_subcommand("stats", "Skew, drift and source similarity of a trace, per layer and overall");
+  tstats->add_option("trace", input, "Input .trace file")->required();
+  int stats_gpus = 0;
+  std::uint64_t stats_from = 0;
+  bool stats_json = false;
+  tstats->add_option("--gpus", stats_gpus, "Also GPU-level max/mean with experts placed contiguously on this many GPUs");
+  tstats->add_option("--from-iteration", stats_from, "Skip records before this iteration (e.g. a warm-up)");
+  tstats->add_flag("--json", stats_json, "Machine-readable output");
   auto* texport = trace->add_subcommand("export", "Write a .trace file as CSV");
   texport->add_option("trace", input, "Input .trace file")->required();
   texport->add_option("--out,-o", output, "Output CSV file")->required();
@@ -144,6 +154,14 @@ int main(int argc, char** argv) {
                          : import_csv(input, output, import_options);
       fmt::print("{}: {} layers × {} sources × {} experts, top-{}, {} tokens per source, iteration stride {}\n", output,
                  h.layers(), h.sources(), h.experts(), h.top_k(), h.tokens_per_source(), h.iteration_stride());
+      return 0;
+    }
+    if (*tstats) {
+      TraceReader reader(input);
+      TraceStats stats(reader.header(), stats_gpus, stats_from);
+      spec::TraceRecord record;
+      while (reader.next(record)) stats.add(record);
+      fmt::print("{}\n", stats_json ? stats.json().dump(2) : stats.text());
       return 0;
     }
     if (*texport) {
