@@ -19,6 +19,9 @@
 #include "trace.hpp"
 #include "trace_import.hpp"
 #include "trace_stats.hpp"
+#include "generator.hpp"
+#include "rescale.hpp"
+#include "textproto.hpp"
 
 using namespace moesim;
 
@@ -38,6 +41,70 @@ int cmd_run(const std::optional<std::string>& spec_path, const std::string& out,
   write_results(out, ex, result);
   fmt::print("{}", summary_table(ex, result));
   fmt::print("  wrote {0}/summary.json and {0}/timeline.json (open the timeline in https://ui.perfetto.dev)\n", out);
+  return 0;
+}
+
+struct GenOptions {
+  std::string preset = "naive";
+  int experts = 32, top_k = 2, layers = 12, sources = 16, tokens = 4096, iterations = 100;
+  std::uint64_t seed = 1;
+  std::vector<std::string> sets;
+};
+
+int cmd_trace_gen(const GenOptions& o, const std::string& out, bool quiet) {
+  spec::GeneratorSpec g;
+  g.set_preset(o.preset);
+  for (const auto& s : o.sets) apply_override(g, s);
+  GeneratorParams params;
+  try {
+    params = resolve_generator(g);
+  } catch (const FieldError& e) {
+    throw InputError("trace gen: " + std::string(e.what()));
+  }
+  if (o.experts < 1 || o.top_k < 1 || o.top_k > o.experts || o.layers < 1 || o.sources < 1 || o.tokens < 1 ||
+      o.iterations < 1)
+    throw InputError("trace gen: experts, layers, sources, tokens and iterations must be >= 1, top-k in [1, experts]");
+  spec::TraceHeader h;
+  h.set_version(1);
+  h.set_model(fmt::format("moesim synthetic generator, preset {}", o.preset));
+  h.set_provenance(fmt::format("moesim trace gen --preset {} --seed {}; parameters: {}", o.preset, o.seed,
+                               to_text(g).empty() ? "preset defaults" : to_text(g)));
+  h.set_experts(o.experts);
+  h.set_top_k(o.top_k);
+  h.set_layers(o.layers);
+  h.set_sources(o.sources);
+  h.set_tokens_per_source(o.tokens);
+  h.set_iteration_stride(1);
+  h.set_rows_sum_to_tokens_times_k(true);
+  h.add_comments("# moe-gating-trace v1");
+  h.add_comments(fmt::format("# source: moesim trace gen --preset {} --seed {} (synthetic)", o.preset, o.seed));
+  h.add_comments(fmt::format("# model: synthetic, top_k={}, num_experts={}, moe_layers={}, src_ranks={}", o.top_k,
+                             o.experts, o.layers, o.sources));
+  GatingGenerator gen(params, o.experts, o.top_k, o.layers, o.sources, o.tokens, o.seed);
+  TraceWriter writer(out, h);
+  const auto t0 = std::chrono::steady_clock::now();
+  spec::TraceRecord rec;
+  for (int it = 0; it < o.iterations; ++it) {
+    for (int l = 0; l < o.layers; ++l) {
+      rec.Clear();
+      rec.set_iteration(std::uint64_t(it));
+      rec.set_layer(std::uint32_t(l));
+      set_record_counts(rec, gen.next(l));
+      writer.write(rec);
+    }
+    if (!quiet) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      fmt::print(stderr, "\r  iteration {}/{}  {:.1f} s, ETA {:.1f} s   ", it + 1, o.iterations, s,
+                 s / (it + 1) * (o.iterations - it - 1));
+    }
+  }
+  writer.close();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!quiet) fmt::print(stderr, "\n");
+  const double cells = double(o.iterations) * o.layers * o.sources * o.experts;
+  fmt::print("{}: {} iterations × {} layers × {} sources × {} experts in {:.2f} s ({:.1f} M cells/s, {:.1f} MB/s)\n",
+             out, o.iterations, o.layers, o.sources, o.experts, s, cells / s / 1e6,
+             double(std::filesystem::file_size(out)) / s / 1e6);
   return 0;
 }
 
@@ -106,6 +173,7 @@ int main(int argc, char** argv) {
   auto* algos = app.add_subcommand("algorithms", "List the collective algorithms and policies");
 
   auto* trace = app.add_subcommand("trace", "Gating traces: import, export, generate, inspect, rescale");
+  trace->add_flag("--quiet,-q", quiet, "No progress on stderr");
   trace->require_subcommand(1);
   std::string input, output, format = "csv";
   ImportOptions import_options;
@@ -124,6 +192,27 @@ int main(int argc, char** argv) {
   tstats->add_option("--gpus", stats_gpus, "Also GPU-level max/mean with experts placed contiguously on this many GPUs");
   tstats->add_option("--from-iteration", stats_from, "Skip records before this iteration (e.g. a warm-up)");
   tstats->add_flag("--json", stats_json, "Machine-readable output");
+  auto* tgen = trace->add_subcommand("gen", "Generate a seeded synthetic trace (shared/notes/gating-traces.md §6)");
+  GenOptions gen;
+  tgen->add_option("--out,-o", output, "Output .trace file")->required();
+  tgen->add_option("--preset", gen.preset, "naive (no balance loss, SmartMoE-like), aux (balanced), concentrated")
+      ->capture_default_str();
+  tgen->add_option("--experts", gen.experts, "Experts per layer")->capture_default_str();
+  tgen->add_option("--top-k", gen.top_k, "Experts per token")->capture_default_str();
+  tgen->add_option("--layers", gen.layers, "MoE layers")->capture_default_str();
+  tgen->add_option("--sources", gen.sources, "Sources (GPUs)")->capture_default_str();
+  tgen->add_option("--tokens", gen.tokens, "Tokens per source per iteration")->capture_default_str();
+  tgen->add_option("--iterations", gen.iterations, "Iterations")->capture_default_str();
+  tgen->add_option("--seed", gen.seed, "Seed: the same seed gives the same trace on any machine")->capture_default_str();
+  tgen->add_option("--set,-s", gen.sets, "Override a generator parameter, e.g. --set sigma_pop=1.5 --set tau=500");
+  auto* trescale = trace->add_subcommand("rescale", "Map a trace to more sources and experts (see README, Gating)");
+  RescaleOptions rescale;
+  trescale->add_option("trace", input, "Input .trace file")->required();
+  trescale->add_option("--out,-o", output, "Output .trace file")->required();
+  trescale->add_option("--sources", rescale.sources, "Sources (GPUs) of the new trace")->required();
+  trescale->add_option("--experts", rescale.experts, "Experts of the new trace: a multiple of the trace's")->required();
+  trescale->add_option("--tokens", rescale.tokens_per_source, "Tokens per source (default: the trace's)");
+  trescale->add_option("--seed", rescale.seed, "Seed of the resampling")->capture_default_str();
   auto* texport = trace->add_subcommand("export", "Write a .trace file as CSV");
   texport->add_option("trace", input, "Input .trace file")->required();
   texport->add_option("--out,-o", output, "Output CSV file")->required();
@@ -162,6 +251,13 @@ int main(int argc, char** argv) {
       spec::TraceRecord record;
       while (reader.next(record)) stats.add(record);
       fmt::print("{}\n", stats_json ? stats.json().dump(2) : stats.text());
+      return 0;
+    }
+    if (*tgen) return cmd_trace_gen(gen, output, quiet);
+    if (*trescale) {
+      const auto h = rescale_trace(input, output, rescale);
+      fmt::print("{}: {} sources × {} experts, {} tokens per source\n", output, h.sources(), h.experts(),
+                 h.tokens_per_source());
       return 0;
     }
     if (*texport) {

@@ -53,7 +53,11 @@ nlohmann::json summary_json(const Experiment& ex, const RunResult& r) {
     rows.push_back({{"iteration", it.iteration},
                     {"iteration_time_s", it.time},
                     {"breakdown", breakdown_json(it.breakdown)},
-                    {"max_mean_load", it.max_mean_load}});
+                    {"max_mean_load", it.max_mean_load},
+                    {"trace_iteration", it.trace_iteration},
+                    {"dropped_tokens", it.dropped},
+                    {"dropped_per_layer", it.dropped_per_layer},
+                    {"capacity_factor", it.capacity_factor}});
   return j;
 }
 
@@ -109,6 +113,10 @@ std::string summary_table(const Experiment& ex, const RunResult& r) {
   double load = 0;
   for (const auto& it : r.iterations) load += it.max_mean_load / double(r.iterations.size());
   out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
+  std::int64_t dropped = 0;
+  for (const auto& it : r.iterations) dropped += it.dropped;
+  if (ex.spec.gate().has_capacity_factor())
+    out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
   return out;
 }
 

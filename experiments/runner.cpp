@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "gate.hpp"
+#include "gating.hpp"
 #include "routing.hpp"
 #include "simgrid_backend.hpp"
 
@@ -52,21 +54,28 @@ RunResult run_experiment(const Experiment& ex, const std::function<void(int, int
   result.gpus = cluster.num_gpus();
   const int iterations = int(s.iterations());
   const int keep = int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1);
+  auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed());
   for (int it = 0; it < iterations; ++it) {
-    std::vector<RoutingMatrix> routing;
-    for (int l = 0; l < model.layers(); ++l)
-      routing.push_back(generate_routing(s.gating(), cluster.num_gpus(), model.experts(), model.tokens_per_gpu(),
-                                         model.top_k(), s.seed(), it, l));
-    const IterationInput input{cluster, model, gpu, s.policy(), routing};
-    TaskGraph graph = policy->build_iteration(input);
     IterationRecord rec;
     rec.iteration = it;
+    std::vector<RoutingMatrix> kept, routed;
+    for (auto& R : gating->next()) {
+      GateOutcome g = apply_gate(s.gate(), R, model.tokens_per_gpu(), model.top_k());
+      rec.dropped += g.dropped;
+      rec.dropped_per_layer.push_back(g.dropped);
+      rec.capacity_factor += g.factor / model.layers();
+      kept.push_back(std::move(g.kept));
+      routed.push_back(std::move(g.routed));
+    }
+    rec.trace_iteration = gating->label();
+    const IterationInput input{cluster, model, gpu, s.policy(), routed};
+    TaskGraph graph = policy->build_iteration(input);
     rec.start = backend.now();
     Timing timing = backend.execute(graph);
     policy->observe(graph, timing);
     rec.time = timing.makespan();
     rec.breakdown = critical_path(graph, timing);
-    rec.max_mean_load = max_mean_gpu_load(routing, cluster.num_gpus());
+    rec.max_mean_load = max_mean_gpu_load(kept, cluster.num_gpus());
     result.iterations.push_back(rec);
     if (it < keep) {
       result.graphs.push_back(std::move(graph));

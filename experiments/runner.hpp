@@ -1,6 +1,7 @@
 // Running an experiment: for each iteration, the routing of every layer, the policy's TaskGraph,
 // the backend's timing, and the numbers reported for it.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -12,6 +13,10 @@ namespace moesim {
 
 struct IterationRecord {
   int iteration = 0;
+  std::uint64_t trace_iteration = 0;  // the gating source's own iteration number
+  std::int64_t dropped = 0;            // tokens over capacity, all layers
+  std::vector<std::int64_t> dropped_per_layer;
+  double capacity_factor = 0;          // mean over layers of the factor in force
   double start = 0;          // simulated clock at the iteration's start, seconds
   double time = 0;           // iteration time (makespan), seconds
   Breakdown breakdown;       // critical path by category

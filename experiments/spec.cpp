@@ -3,7 +3,10 @@
 #include <filesystem>
 
 #include "catalog.hpp"
+#include "gating.hpp"
 #include "gpu.hpp"
+
+#include <cmath>
 
 namespace moesim {
 namespace fs = std::filesystem;
@@ -66,9 +69,9 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
 
   auto& s = ex.spec;
   if (s.iterations() == 0) s.set_iterations(1);
-  if (!s.gating().has_uniform() && !s.gating().has_zipf()) s.mutable_gating()->mutable_uniform();
-  if (s.gating().has_zipf() && !(s.gating().zipf().exponent() >= 0))
-    throw in_spec("gating.zipf.exponent", "must be >= 0 (0 is uniform popularity)");
+  if (s.gating().source_case() == spec::GatingSpec::SOURCE_NOT_SET) s.mutable_gating()->mutable_uniform();
+  if (s.gate().has_capacity_factor() && !std::isfinite(s.gate().capacity_factor()))
+    throw in_spec("gate.capacity_factor", "must be a finite number (> 0 fixed, 0 dropless, < 0 capped dynamic)");
   if (s.cluster().platform().empty()) throw in_spec("cluster.platform", "is not set; the catalog has: " + known_platforms());
 
   // The cluster: catalog or file, then the experiment's node count.
@@ -97,6 +100,7 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   }
   try {
     make_policy(s.policy())->validate(*cluster, *model, s.policy());
+    validate_gating(s.gating(), *model, int(s.iterations()));
   } catch (const FieldError& e) {
     throw in_spec(e.field(), e.message());
   }

@@ -26,7 +26,8 @@ void validate_trace_header(const spec::TraceHeader& h, const std::string& name) 
   require(h.layers() >= 1, "layers must be >= 1");
   require(h.sources() >= 1, "sources must be >= 1");
   require(h.iteration_stride() >= 1, "iteration_stride must be >= 1");
-  require(std::uint64_t(h.sources()) * h.experts() <= (1ull << 32), "sources × experts is too large");
+  require(std::uint64_t(h.sources()) * h.experts() <= (1ull << 26),
+          "sources × experts is over 2^26 cells (e.g. 8192 × 8192); split the trace");
   require(!h.rows_sum_to_tokens_times_k() || h.tokens_per_source() > 0,
           "rows_sum_to_tokens_times_k needs tokens_per_source");
 }
@@ -144,18 +145,26 @@ bool TraceReader::next(spec::TraceRecord& r) {
       if (r.sparse_cell(i) >= cells || (i > 0 && r.sparse_cell(i) <= r.sparse_cell(i - 1)))
         fail(fmt::format("sparse cell {} out of range or out of order", r.sparse_cell(i)));
   }
-  const RoutingMatrix m = record_matrix(h, r);
+  // Counts: non-negative, at most one slot per token per expert, rows summing as the header says.
+  // Checked on the encoding itself, so a sparse record never costs a dense matrix here.
   const std::int64_t tokens = std::int64_t(h.tokens_per_source());
-  for (int s = 0; s < m.sources; ++s) {
-    for (int e = 0; e < m.experts; ++e) {
-      if (m.at(s, e) < 0) fail(fmt::format("negative count {} (source {}, expert {})", m.at(s, e), s, e));
-      if (tokens > 0 && m.at(s, e) > tokens)
-        fail(fmt::format("source {} sends {} tokens to expert {}, more than its {} tokens", s, m.at(s, e), e, tokens));
-    }
-    if (h.rows_sum_to_tokens_times_k() && m.row_sum(s) != tokens * std::int64_t(h.top_k()))
-      fail(fmt::format("source {}'s counts sum to {}, but the header says tokens × k = {}", s, m.row_sum(s),
-                       tokens * std::int64_t(h.top_k())));
-  }
+  std::vector<std::int64_t> row_sums(h.sources(), 0);
+  auto check_cell = [&](std::size_t cell, std::int64_t c) {
+    const std::size_t s = cell / h.experts(), e = cell % h.experts();
+    if (c < 0) fail(fmt::format("negative count {} (source {}, expert {})", c, s, e));
+    if (tokens > 0 && c > tokens)
+      fail(fmt::format("source {} sends {} tokens to expert {}, more than its {} tokens", s, c, e, tokens));
+    row_sums[s] += c;
+  };
+  if (r.dense_size() > 0)
+    for (std::size_t i = 0; i < cells; ++i) check_cell(i, r.dense(int(i)));
+  else
+    for (int i = 0; i < r.sparse_cell_size(); ++i) check_cell(r.sparse_cell(i), r.sparse_count(i));
+  if (h.rows_sum_to_tokens_times_k())
+    for (std::size_t s = 0; s < row_sums.size(); ++s)
+      if (row_sums[s] != tokens * std::int64_t(h.top_k()))
+        fail(fmt::format("source {}'s counts sum to {}, but the header says tokens × k = {}", s, row_sums[s],
+                         tokens * std::int64_t(h.top_k())));
   have_last_ = true;
   last_iteration_ = r.iteration();
   last_layer_ = r.layer();

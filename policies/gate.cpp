@@ -1,0 +1,27 @@
+#include "gate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moesim {
+
+GateOutcome apply_gate(const spec::GateSpec& gate, const RoutingMatrix& R, int tokens_per_gpu, int top_k) {
+  const double kT_over_E = double(top_k) * tokens_per_gpu / R.experts;  // C per unit of f
+  const std::int64_t need = R.counts.empty() ? 0 : *std::max_element(R.counts.begin(), R.counts.end());
+  const double f_need = double(need) / kT_over_E;  // the smallest f that drops nothing
+  GateOutcome out;
+  const double f = gate.has_capacity_factor() ? gate.capacity_factor() : 0.0;
+  out.factor = f > 0 ? f : f < 0 ? std::min(f_need, -f) : f_need;
+  // A dynamic factor (f <= 0) is chosen so its capacity is exactly the need (or the cap's).
+  out.capacity = f == 0 || (f < 0 && f_need <= -f) ? need : std::int64_t(std::ceil(out.factor * kT_over_E - 1e-9));
+  out.kept = R;
+  for (auto& c : out.kept.counts) {
+    out.dropped += std::max<std::int64_t>(0, c - out.capacity);
+    c = std::min(c, out.capacity);
+  }
+  out.routed = out.kept;
+  if (gate.pad_to_capacity()) std::fill(out.routed.counts.begin(), out.routed.counts.end(), out.capacity);
+  return out;
+}
+
+}  // namespace moesim

@@ -1,0 +1,231 @@
+#include "gating.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include "errors.hpp"
+#include "generator.hpp"
+#include "trace.hpp"
+
+namespace moesim {
+
+std::vector<std::int64_t> rescale_row(const std::vector<std::int64_t>& row, std::int64_t total, std::int64_t cap) {
+  const std::size_t n = row.size();
+  std::vector<double> weight(row.begin(), row.end());
+  if (std::accumulate(weight.begin(), weight.end(), 0.0) <= 0) std::fill(weight.begin(), weight.end(), 1.0);
+  std::vector<std::int64_t> out(n, 0);
+  std::vector<bool> full(n, false);
+  std::int64_t left = total;
+  // Hand out `left` slots to the cells that are not full, in proportion to weight, largest
+  // remainder first; cells that reach the cap are full and the rest goes round again.
+  while (left > 0) {
+    double w = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      if (!full[i]) w += weight[i];
+    if (w <= 0) {  // only zero-weight cells have room: spread evenly over them
+      for (std::size_t i = 0; i < n; ++i)
+        if (!full[i]) weight[i] = 1, w += 1;
+      if (w <= 0) break;  // every cell is full: total > cap × n, cannot be met
+    }
+    std::vector<std::pair<double, std::size_t>> remainders;
+    std::int64_t given = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (full[i]) continue;
+      const double share = double(left) * weight[i] / w;
+      const auto whole = std::min<std::int64_t>(std::int64_t(share), cap - out[i]);
+      out[i] += whole;
+      given += whole;
+      remainders.emplace_back(-(share - std::floor(share)), i);
+    }
+    std::sort(remainders.begin(), remainders.end());
+    for (const auto& [r, i] : remainders) {
+      if (given >= left) break;
+      if (out[i] < cap) ++out[i], ++given;
+    }
+    left -= given;
+    for (std::size_t i = 0; i < n; ++i) full[i] = full[i] || out[i] >= cap;
+    if (given == 0) break;
+  }
+  return out;
+}
+
+RoutingMatrix map_sources(const RoutingMatrix& trace, int gpus, std::int64_t tokens, int top_k) {
+  RoutingMatrix out(gpus, trace.experts);
+  const int S = trace.sources;
+  std::vector<std::int64_t> row(trace.experts);
+  for (int g = 0; g < gpus; ++g) {
+    std::fill(row.begin(), row.end(), 0);
+    const int group = S % gpus == 0 ? S / gpus : 1;
+    const int first = S % gpus == 0 ? g * group : g % S;
+    for (int s = first; s < first + group; ++s)
+      for (int e = 0; e < trace.experts; ++e) row[e] += trace.at(s, e);
+    const auto scaled = rescale_row(row, tokens * top_k, tokens);
+    std::copy(scaled.begin(), scaled.end(), out.counts.begin() + std::ptrdiff_t(g) * trace.experts);
+  }
+  return out;
+}
+
+namespace {
+
+// Uniform and Zipf: per-token top-k sampling from a fixed popularity (routing.hpp).
+class DistributionSource final : public GatingSource {
+ public:
+  DistributionSource(const spec::GatingSpec& g, const MoeModel& m, int gpus, std::uint64_t seed)
+      : gating_(g), model_(m), gpus_(gpus), seed_(seed) {}
+  std::vector<RoutingMatrix> next() override {
+    std::vector<RoutingMatrix> out;
+    for (int l = 0; l < model_.layers(); ++l)
+      out.push_back(generate_routing(gating_, gpus_, model_.experts(), model_.tokens_per_gpu(), model_.top_k(), seed_,
+                                     int(iteration_), l));
+    ++iteration_;
+    return out;
+  }
+  std::uint64_t label() const override { return iteration_ - 1; }
+
+ private:
+  spec::GatingSpec gating_;
+  const MoeModel& model_;
+  int gpus_;
+  std::uint64_t seed_, iteration_ = 0;
+};
+
+class GeneratorSource final : public GatingSource {
+ public:
+  GeneratorSource(const spec::GeneratorSpec& g, const MoeModel& m, int gpus, std::uint64_t seed)
+      : layers_(m.layers()),
+        gen_(resolve_generator(g), m.experts(), m.top_k(), m.layers(), gpus, m.tokens_per_gpu(), seed) {}
+  std::vector<RoutingMatrix> next() override {
+    std::vector<RoutingMatrix> out;
+    for (int l = 0; l < layers_; ++l) out.push_back(gen_.next(l));
+    ++iteration_;
+    return out;
+  }
+  std::uint64_t label() const override { return iteration_ - 1; }
+
+ private:
+  int layers_;
+  GatingGenerator gen_;
+  std::uint64_t iteration_ = 0;
+};
+
+// Replays a trace's records in order, summing micro-batches, mapping sources to GPUs.
+class TraceSource final : public GatingSource {
+ public:
+  TraceSource(const spec::TraceReplay& t, const MoeModel& m, int gpus)
+      : replay_(t), model_(m), gpus_(gpus), reader_(t.path()) {}
+
+  std::vector<RoutingMatrix> next() override {
+    const auto& h = reader_.header();
+    const std::uint64_t stride = std::max(1u, replay_.stride());
+    while (true) {
+      auto layers = read_iteration();
+      if (layers.empty())
+        throw InputError(fmt::format("{}: the trace ends after iteration {}; select fewer iterations", replay_.path(), label_));
+      if ((label_ - first_) / h.iteration_stride() % stride != 0) continue;
+      std::vector<RoutingMatrix> out;
+      for (const auto& m : layers) out.push_back(map_sources(m, gpus_, model_.tokens_per_gpu(), model_.top_k()));
+      return out;
+    }
+  }
+  std::uint64_t label() const override { return label_; }
+
+ private:
+  // The next recorded iteration at or after first_iteration: one matrix per layer.
+  std::vector<RoutingMatrix> read_iteration() {
+    const auto& h = reader_.header();
+    std::vector<RoutingMatrix> layers;
+    while (true) {
+      if (!have_pending_ && !(have_pending_ = reader_.next(pending_))) break;
+      if (pending_.iteration() < replay_.first_iteration()) {
+        have_pending_ = false;
+        continue;
+      }
+      if (!layers.empty() && pending_.iteration() != label_) break;
+      if (replay_.last_iteration() && pending_.iteration() > replay_.last_iteration()) break;
+      if (layers.empty()) {
+        label_ = pending_.iteration();
+        if (!started_) first_ = label_, started_ = true;
+        layers.assign(h.layers(), RoutingMatrix(int(h.sources()), int(h.experts())));
+      }
+      const RoutingMatrix m = record_matrix(h, pending_);
+      auto& acc = layers[pending_.layer()].counts;
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += m.counts[i];
+      have_pending_ = false;
+    }
+    return layers;
+  }
+
+  spec::TraceReplay replay_;
+  const MoeModel& model_;
+  int gpus_;
+  TraceReader reader_;
+  spec::TraceRecord pending_;
+  bool have_pending_ = false, started_ = false;
+  std::uint64_t label_ = 0, first_ = 0;
+};
+
+}  // namespace
+
+void validate_gating(const spec::GatingSpec& g, const MoeModel& model, int iterations) {
+  if (g.has_zipf() && !(g.zipf().exponent() >= 0))
+    throw FieldError("gating.zipf.exponent", "must be >= 0 (0 is uniform popularity)");
+  if (g.has_generator()) {
+    try {
+      resolve_generator(g.generator());
+    } catch (const FieldError& e) {
+      throw FieldError("gating.generator." + e.field(), e.message());
+    }
+  }
+  if (!g.has_trace()) return;
+  const auto& t = g.trace();
+  if (t.path().empty()) throw FieldError("gating.trace.path", "is empty; name a .trace file (`moesim trace import` makes one)");
+  std::optional<TraceReader> reader;
+  try {
+    reader.emplace(t.path());
+  } catch (const InputError& e) {
+    throw FieldError("gating.trace.path", e.what());
+  }
+  const auto& h = reader->header();
+  const std::string hint = "; make a matching trace with `moesim trace rescale`";
+  if (int(h.experts()) != model.experts())
+    throw FieldError("gating.trace.path",
+                     fmt::format("the trace has {} experts, the model {}{}", h.experts(), model.experts(), hint));
+  if (int(h.layers()) != model.layers())
+    throw FieldError("gating.trace.path",
+                     fmt::format("the trace has {} layers, the model {} (set model.layers){}", h.layers(), model.layers(), hint));
+  if (int(h.top_k()) != model.top_k())
+    throw FieldError("gating.trace.path", fmt::format("the trace is top-{}, the model top-{} (set model.top_k)", h.top_k(), model.top_k()));
+  if (t.last_iteration() && t.last_iteration() < t.first_iteration())
+    throw FieldError("gating.trace.last_iteration", "is before first_iteration");
+  // Enough recorded iterations in the range? Count them without holding them.
+  const std::uint64_t stride = std::max(1u, t.stride());
+  std::uint64_t available = 0, last = 0, first = 0;
+  bool any = false;
+  spec::TraceRecord r;
+  while (available < std::uint64_t(iterations) && reader->next(r)) {
+    if (r.iteration() < t.first_iteration() || (t.last_iteration() && r.iteration() > t.last_iteration())) continue;
+    if (!any || r.iteration() != last) {
+      if (!any) first = r.iteration();
+      any = true;
+      last = r.iteration();
+      if ((last - first) / h.iteration_stride() % stride == 0) ++available;
+    }
+  }
+  if (available < std::uint64_t(iterations))
+    throw FieldError("gating.trace",
+                     fmt::format("the selected range holds {} iteration(s) of the trace, the experiment asks for {}; "
+                                 "lower `iterations` or widen the range",
+                                 available, iterations));
+}
+
+std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& g, const MoeModel& model, int gpus,
+                                                 std::uint64_t seed) {
+  if (g.has_trace()) return std::make_unique<TraceSource>(g.trace(), model, gpus);
+  if (g.has_generator()) return std::make_unique<GeneratorSource>(g.generator(), model, gpus, seed);
+  return std::make_unique<DistributionSource>(g, model, gpus, seed);
+}
+
+}  // namespace moesim

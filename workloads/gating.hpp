@@ -1,0 +1,43 @@
+// Gating sources: where each iteration's routing comes from. `moesim run` asks one for the routing
+// of every MoE layer, iteration after iteration: a seeded distribution (uniform, Zipf), the
+// synthetic generator, or the replay of a recorded trace.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+#include "moesim.pb.h"
+#include "routing.hpp"
+
+namespace moesim {
+
+class GatingSource {
+ public:
+  virtual ~GatingSource() = default;
+  /// The routing of every layer for the next iteration: `gpus` sources × experts, each row summing
+  /// to tokens_per_gpu × top_k.
+  virtual std::vector<RoutingMatrix> next() = 0;
+  /// The iteration number this routing stands for (the trace's own numbering when replaying).
+  virtual std::uint64_t label() const = 0;
+};
+
+/// Checks the gating spec against the model before any work starts (FieldError with a path
+/// relative to the experiment: "gating.trace.path", ...): a trace must exist and match the
+/// model's experts, layers and top-k, and hold records in the selected range.
+void validate_gating(const spec::GatingSpec& gating, const MoeModel& model, int iterations);
+
+std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& gating, const MoeModel& model, int gpus,
+                                                 std::uint64_t seed);
+
+/// Scales a row of counts to sum to `total` (largest remainder; deterministic), then enforces
+/// `cap` per cell by moving the excess onto the cells below the cap in proportion to their counts.
+std::vector<std::int64_t> rescale_row(const std::vector<std::int64_t>& row, std::int64_t total, std::int64_t cap);
+
+/// Maps a trace's S sources onto G GPUs and scales each row to `tokens` × `top_k`: when S is a
+/// multiple of G, GPU g replays the sum of sources g·S/G .. (g+1)·S/G − 1; otherwise GPU g
+/// replays source g mod S.
+RoutingMatrix map_sources(const RoutingMatrix& trace, int gpus, std::int64_t tokens, int top_k);
+
+}  // namespace moesim
