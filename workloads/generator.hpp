@@ -39,9 +39,12 @@ std::vector<std::string> generator_presets();
 /// field name ("preset", "sigma_pop", ...) for an unknown preset or a value out of range.
 GeneratorParams resolve_generator(const spec::GeneratorSpec& spec);
 
-/// Generates routing matrices layer by layer. Each layer has its own random stream, seeded from
+/// Generates routing matrices layer by layer. Each layer has its own random streams, seeded from
 /// (seed, layer): layers are independent of each other and of the order in which they are asked
-/// for. Within a layer, iterations come in order 0, 1, 2, ... (the drift is a process).
+/// for. Within a layer, iterations come in order 0, 1, 2, ... (the drift is a process). The
+/// popularity process (mu, dead experts, drift, switches) has a stream apart from the sampling, so
+/// the same seed gives the same popularity trajectory whatever the sources, tokens or hot-spot knob.
+/// At least top_k experts stay alive whatever dead_fraction; top_k <= experts.
 class GatingGenerator {
  public:
   GatingGenerator(const GeneratorParams& params, int experts, int top_k, int layers, int sources,
@@ -50,8 +53,8 @@ class GatingGenerator {
   GatingGenerator(GatingGenerator&&) noexcept;
   GatingGenerator& operator=(GatingGenerator&&) noexcept;
 
-  /// The next iteration's matrix of `layer`: sources × experts; each row sums to
-  /// tokens_per_source × top_k exactly and no cell exceeds tokens_per_source.
+  /// The next iteration's matrix of `layer` (std::out_of_range past the layers): sources × experts;
+  /// each row sums to tokens_per_source × top_k exactly and no cell exceeds tokens_per_source.
   RoutingMatrix next(int layer);
 
  private:
