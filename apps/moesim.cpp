@@ -173,7 +173,6 @@ int main(int argc, char** argv) {
   auto* algos = app.add_subcommand("algorithms", "List the collective algorithms and policies");
 
   auto* trace = app.add_subcommand("trace", "Gating traces: import, export, generate, inspect, rescale");
-  trace->add_flag("--quiet,-q", quiet, "No progress on stderr");
   trace->require_subcommand(1);
   std::string input, output, format = "csv";
   ImportOptions import_options;
@@ -205,6 +204,7 @@ int main(int argc, char** argv) {
   tgen->add_option("--iterations", gen.iterations, "Iterations")->capture_default_str();
   tgen->add_option("--seed", gen.seed, "Seed: the same seed gives the same trace on any machine")->capture_default_str();
   tgen->add_option("--set,-s", gen.sets, "Override a generator parameter, e.g. --set sigma_pop=1.5 --set tau=500");
+  tgen->add_flag("--quiet,-q", quiet, "No progress on stderr");
   auto* trescale = trace->add_subcommand("rescale", "Map a trace to more sources and experts (see README, Gating)");
   RescaleOptions rescale;
   trescale->add_option("trace", input, "Input .trace file")->required();

@@ -58,13 +58,13 @@ RunResult run_experiment(const Experiment& ex, const std::function<void(int, int
   for (int it = 0; it < iterations; ++it) {
     IterationRecord rec;
     rec.iteration = it;
-    std::vector<RoutingMatrix> kept, routed;
-    for (auto& R : gating->next()) {
+    const std::vector<RoutingMatrix> demand = gating->next();
+    std::vector<RoutingMatrix> routed;
+    for (const auto& R : demand) {
       GateOutcome g = apply_gate(s.gate(), R, model.tokens_per_gpu(), model.top_k());
       rec.dropped += g.dropped;
       rec.dropped_per_layer.push_back(g.dropped);
       rec.capacity_factor += g.factor / model.layers();
-      kept.push_back(std::move(g.kept));
       routed.push_back(std::move(g.routed));
     }
     rec.trace_iteration = gating->label();
@@ -75,7 +75,7 @@ RunResult run_experiment(const Experiment& ex, const std::function<void(int, int
     policy->observe(graph, timing);
     rec.time = timing.makespan();
     rec.breakdown = critical_path(graph, timing);
-    rec.max_mean_load = max_mean_gpu_load(kept, cluster.num_gpus());
+    rec.max_mean_load = max_mean_gpu_load(demand, cluster.num_gpus());  // before the gate drops
     result.iterations.push_back(rec);
     if (it < keep) {
       result.graphs.push_back(std::move(graph));

@@ -20,7 +20,7 @@ struct IterationRecord {
   double start = 0;          // simulated clock at the iteration's start, seconds
   double time = 0;           // iteration time (makespan), seconds
   Breakdown breakdown;       // critical path by category
-  double max_mean_load = 0;  // mean over layers of max/mean tokens per GPU
+  double max_mean_load = 0;  // mean over layers of max/mean tokens routed per GPU (before capacity drops)
 };
 
 struct RunResult {

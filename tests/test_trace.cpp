@@ -150,9 +150,9 @@ TEST_CASE("CSV import and export round-trip a file exactly") {
       "# moe-gating-trace v1\n"
       "# model: test, top_k=2, num_experts=3\n"
       "iter,layer,src,loss,e0,e1,e2\n"
-      "0,0,0,2.5,3,1,0\n0,0,1,2.5,2,2,0\n"
+      "0,0,0,2.5,2,1,1\n0,0,1,2.5,2,2,0\n"
       "0,1,0,2.5,0,2,2\n0,1,1,2.5,1,1,2\n"
-      "10,0,0,1.25,3,0,1\n10,0,1,1.25,2,1,1\n"
+      "10,0,0,1.25,2,0,2\n10,0,1,1.25,2,1,1\n"
       "10,1,0,1.25,2,2,0\n10,1,1,1.25,0,2,2\n";
   test::write_file(dir + "/in.csv", csv);
   const auto h = import_csv(dir + "/in.csv", dir + "/t.trace", {});

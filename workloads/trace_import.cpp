@@ -41,10 +41,10 @@ bool parse_count(std::string_view s, std::int64_t& out) {
   if (s.empty()) return false;
   const char* end = s.data() + s.size();
   auto [p, ec] = std::from_chars(s.data(), end, out);
-  if (ec == std::errc() && p == end) return true;
+  if (ec == std::errc() && p == end) return out >= 0;
   double d = 0;
   auto [q, ec2] = std::from_chars(s.data(), end, d);
-  if (ec2 != std::errc() || q != end || d != double(std::int64_t(d))) return false;
+  if (ec2 != std::errc() || q != end || !(d >= 0 && d < 9e18) || d != double(std::int64_t(d))) return false;
   out = std::int64_t(d);
   return true;
 }
