@@ -1,6 +1,7 @@
 // The moesim command line: parses, dispatches, and turns errors into exit statuses
 // (0 success, 2 bad input, 1 internal failure). The work lives in the libraries.
 #include <CLI/CLI.hpp>
+#include <google/protobuf/stubs/logging.h>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -134,6 +135,9 @@ int cmd_platform_show(const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every parse failure reaches the user as our own message (file, line, field); protobuf's log
+  // lines would only repeat it less clearly.
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
   CLI::App app{
       "moesim: simulate distributed Mixture-of-Experts training on GPU clusters.\n"
       "A policy (expert parallelism, shadowing, ...) turns each iteration's token routing into a graph of\n"
