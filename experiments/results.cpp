@@ -45,6 +45,12 @@ nlohmann::json summary_json(const Experiment& ex, const RunResult& r) {
                 {"d_model", s.model().d_model()},   {"d_ffn", s.model().d_ffn()},
                 {"experts", s.model().experts()},   {"top_k", s.model().top_k()},
                 {"tokens_per_gpu", s.model().tokens_per_gpu()}};
+  const char* sources[] = {"uniform", "uniform", "zipf", "generator", "trace"};
+  j["gating"] = sources[s.gating().source_case() <= 4 ? s.gating().source_case() : 0];
+  if (s.gate().has_capacity_factor())
+    j["gate"] = {{"capacity_factor", s.gate().capacity_factor()},
+                 {"drop_policy", spec::GateSpec::DropPolicy_Name(s.gate().drop_policy())},
+                 {"pad_to_capacity", s.gate().pad_to_capacity()}};
   j["iterations"] = r.iterations.size();
   j["iteration_time_s"] = r.mean_time();
   j["breakdown"] = breakdown_json(r.mean_breakdown());
