@@ -41,7 +41,8 @@ int bench_one(int gpus, bool aggregate) {
                                        ex.spec.seed(), 0, l));
   const double t_routing = since(t);
   t = Clock::now();
-  const TaskGraph graph = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing});
+  PolicyReport report;
+  const TaskGraph graph = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing, report});
   const double t_graph = since(t);
   t = Clock::now();
   SimBackend sim(cluster, gpu, SimOptions{aggregate});

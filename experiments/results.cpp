@@ -63,7 +63,9 @@ nlohmann::json summary_json(const Experiment& ex, const RunResult& r) {
                     {"trace_iteration", it.trace_iteration},
                     {"dropped_tokens", it.dropped},
                     {"dropped_per_layer", it.dropped_per_layer},
-                    {"capacity_factor", it.capacity_factor}});
+                    {"capacity_factor", it.capacity_factor},
+                    {"rerouted_tokens", it.rerouted},
+                    {"shadowed_experts", it.shadowed}});
   return j;
 }
 

@@ -68,7 +68,8 @@ RunResult run_experiment(const Experiment& ex, const std::function<void(int, int
       routed.push_back(std::move(g.routed));
     }
     rec.trace_iteration = gating->label();
-    const IterationInput input{cluster, model, gpu, s.policy(), routed};
+    PolicyReport report;
+    const IterationInput input{cluster, model, gpu, s.policy(), routed, report};
     TaskGraph graph = policy->build_iteration(input);
     rec.start = backend.now();
     Timing timing = backend.execute(graph);
@@ -76,6 +77,9 @@ RunResult run_experiment(const Experiment& ex, const std::function<void(int, int
     rec.time = timing.makespan();
     rec.breakdown = critical_path(graph, timing);
     rec.max_mean_load = max_mean_gpu_load(demand, cluster.num_gpus());  // before the gate drops
+    rec.rerouted = report.rerouted_tokens;
+    rec.shadowed = report.shadowed_experts;
+    rec.decision_seconds = report.decision_seconds;
     result.iterations.push_back(rec);
     if (it < keep) {
       result.graphs.push_back(std::move(graph));

@@ -17,6 +17,9 @@ struct IterationRecord {
   std::int64_t dropped = 0;            // tokens over capacity, all layers
   std::vector<std::int64_t> dropped_per_layer;
   double capacity_factor = 0;          // mean over layers of the factor in force
+  std::int64_t rerouted = 0;           // token-slots a topology-aware gate re-routed
+  int shadowed = 0;                    // experts shadowed, all layers
+  double decision_seconds = 0;         // wall time of the policy's decisions (not deterministic)
   double start = 0;          // simulated clock at the iteration's start, seconds
   double time = 0;           // iteration time (makespan), seconds
   Breakdown breakdown;       // critical path by category

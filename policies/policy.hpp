@@ -2,6 +2,7 @@
 // (placement, gate, schedule and collectives together), and may learn from the timings the backend
 // returns. Policies are registered by name and chosen in the experiment spec (`policy { name: }`).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,13 @@
 
 namespace moesim {
 
+/// What a policy did in an iteration, for the results.
+struct PolicyReport {
+  std::int64_t rerouted_tokens = 0;  // token-slots a topology-aware gate sent elsewhere
+  int shadowed_experts = 0;          // experts replicated this iteration (all layers)
+  double decision_seconds = 0;       // wall time of the policy's decisions (not of graph building)
+};
+
 /// Everything a policy sees when it builds an iteration.
 struct IterationInput {
   const Cluster& cluster;
@@ -21,6 +29,7 @@ struct IterationInput {
   const spec::PolicySpec& spec;
   /// Per MoE layer, the source-GPU × expert token counts (sources = the cluster's GPUs).
   const std::vector<RoutingMatrix>& routing;
+  PolicyReport& report;
 };
 
 class Policy {
@@ -38,6 +47,9 @@ class Policy {
 /// The policy named in `spec.name` (FieldError "policy.name" listing the known ones otherwise).
 std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec);
 std::vector<std::string> policy_names();
+
+/// Checks what every E/G-per-GPU placement needs: E a multiple of G, known collective algorithms.
+void validate_expert_placement(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec);
 
 /// The collective algorithm the spec selects for a type ("linear" / "ring" when unset); FieldError
 /// "policy.all_to_all" / "policy.all_reduce" for an unknown one.

@@ -28,6 +28,7 @@ struct Compute {
   ComputeKind kind = ComputeKind::gemm;
   std::vector<Gemm> gemms;
   double memory_bytes = 0;
+  long tokens = 0;  // token-slots an expert op computes (0 for other ops)
   double flops() const;
   /// Seconds on one GPU: its GEMMs through the GEMM-efficiency curve plus its memory traffic.
   double seconds(const GpuModel& gpu) const;

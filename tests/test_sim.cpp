@@ -117,7 +117,8 @@ TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded
   for (int s = 0; s < 16; ++s) REQUIRE(R.row_sum(s) == slots);
   auto policy = make_policy(ex.spec.policy());
   const std::vector<RoutingMatrix> routing{R};
-  const TaskGraph g = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing});
+  PolicyReport report;
+  const TaskGraph g = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing, report});
   const Timing t = sim.execute(g);
   OpId dispatch = 0, combine = 0;
   std::vector<OpId> experts;

@@ -6,9 +6,11 @@ namespace moesim {
 
 extern const CollectiveAlgorithm linear_alltoall;
 extern const CollectiveAlgorithm ring_allreduce;
+extern const CollectiveAlgorithm ring_broadcast;
+extern const CollectiveAlgorithm ring_reduce;
 
 const std::vector<const CollectiveAlgorithm*>& collective_algorithms() {
-  static const std::vector<const CollectiveAlgorithm*> all = {&linear_alltoall, &ring_allreduce};
+  static const std::vector<const CollectiveAlgorithm*> all = {&linear_alltoall, &ring_allreduce, &ring_broadcast, &ring_reduce};
   return all;
 }
 

@@ -1,0 +1,130 @@
+#include "cost_model.hpp"
+
+#include <algorithm>
+
+namespace moesim {
+
+// Directed link ids: [node links of every node][NICs of every node][node uplinks][leaf uplinks],
+// two directions each (2·id forward / up, 2·id + 1 backward / down).
+CostModel::CostModel(const Cluster& c, const GpuModel& g, CostOptions o) : cluster_(c), gpu_(g), options_(o) {
+  const int N = c.nodes(), L = int(c.node_links().size()), K = int(c.nics().size());
+  const auto& f = c.spec().fabric();
+  const int leaves = N > int(f.nodes_per_leaf()) ? N / int(f.nodes_per_leaf()) : 0;
+  node_base_ = 0;
+  nic_base_ = N * L;
+  uplink_base_ = nic_base_ + N * K;
+  leaf_base_ = uplink_base_ + (N > 1 ? N : 0);
+  has_leaves_ = leaves > 0;
+  bandwidth_.resize(2 * std::size_t(leaf_base_ + leaves));
+  for (int n = 0; n < N; ++n) {
+    for (int l = 0; l < L; ++l) bandwidth_[2 * (n * L + l)] = bandwidth_[2 * (n * L + l) + 1] = c.node_links()[l].bandwidth;
+    for (int k = 0; k < K; ++k)
+      bandwidth_[2 * (nic_base_ + n * K + k)] = bandwidth_[2 * (nic_base_ + n * K + k) + 1] = c.nics()[k].bandwidth;
+    if (N > 1) bandwidth_[2 * (uplink_base_ + n)] = bandwidth_[2 * (uplink_base_ + n) + 1] = c.node_uplink_bandwidth();
+  }
+  for (int leaf = 0; leaf < leaves; ++leaf)
+    bandwidth_[2 * (leaf_base_ + leaf)] = bandwidth_[2 * (leaf_base_ + leaf) + 1] =
+        c.node_uplink_bandwidth() * f.spines();
+}
+
+void CostModel::add_route(std::vector<double>& load, int i, int j, double bytes) const {
+  const int a = cluster_.node_of(i), b = cluster_.node_of(j), li = cluster_.local_of(i), lj = cluster_.local_of(j);
+  const int L = int(cluster_.node_links().size()), K = int(cluster_.nics().size());
+  auto hops = [&](int node, const Route& r, bool reverse) {
+    for (const auto& h : r) load[2 * (node * L + h.link) + ((h.forward != reverse) ? 0 : 1)] += bytes;
+  };
+  if (a == b) {
+    hops(a, cluster_.intra_route(li, lj), false);
+    return;
+  }
+  hops(a, cluster_.nic_route(li), false);
+  load[2 * (nic_base_ + a * K + cluster_.nic_of(li))] += bytes;
+  load[2 * (uplink_base_ + a)] += bytes;
+  const int per_leaf = int(cluster_.spec().fabric().nodes_per_leaf());
+  if (has_leaves_ && a / per_leaf != b / per_leaf) {
+    load[2 * (leaf_base_ + a / per_leaf)] += bytes;
+    load[2 * (leaf_base_ + b / per_leaf) + 1] += bytes;
+  }
+  load[2 * (uplink_base_ + b) + 1] += bytes;
+  load[2 * (nic_base_ + b * K + cluster_.nic_of(lj)) + 1] += bytes;
+  hops(b, cluster_.nic_route(lj), true);
+}
+
+double CostModel::max_time(const std::vector<double>& load) const {
+  double t = 0;
+  for (std::size_t l = 0; l < load.size(); ++l)
+    if (load[l] > 0) t = std::max(t, load[l] / bandwidth_[l]);
+  return t;
+}
+
+double CostModel::alltoall_time(const std::vector<double>& bytes) const {
+  const int G = cluster_.num_gpus();
+  std::vector<double> load(bandwidth_.size(), 0.0);
+  for (int i = 0; i < G; ++i)
+    for (int j = 0; j < G; ++j)
+      if (i != j && bytes[std::size_t(i) * G + j] > 0) add_route(load, i, j, bytes[std::size_t(i) * G + j]);
+  return max_time(load);
+}
+
+double CostModel::allreduce_time(const std::vector<int>& group, double bytes) const {
+  const std::size_t n = group.size();
+  if (n < 2) return 0;
+  std::vector<double> load(bandwidth_.size(), 0.0);
+  for (std::size_t i = 0; i < n; ++i) add_route(load, group[i], group[(i + 1) % n], 2.0 * double(n - 1) / double(n) * bytes);
+  return max_time(load);
+}
+
+double CostModel::broadcast_time(const std::vector<int>& group, double bytes) const {
+  std::vector<double> load(bandwidth_.size(), 0.0);
+  for (std::size_t i = 0; i + 1 < group.size(); ++i) add_route(load, group[i], group[i + 1], bytes);
+  return max_time(load);
+}
+
+double CostModel::expert_time(const MoeModel& model, double tokens) const {
+  if (tokens <= 0) return 0;
+  double t = 0;
+  for (const auto& g : model.expert_gemms(long(tokens)))
+    t += options_.fastermoe_90_percent ? g.flops() / (0.9 * gpu_.peak_flops()) : gpu_.gemm_time(g);
+  return t;
+}
+
+double CostModel::expert_phase_time(const MoeModel& model, const RoutingMatrix& R) const {
+  const int G = cluster_.num_gpus(), local = R.experts / G;
+  double worst = 0;
+  for (int w = 0; w < G; ++w) {
+    double t = 0;
+    for (int e = w * local; e < (w + 1) * local; ++e) t += expert_time(model, double(R.expert_load(e)));
+    worst = std::max(worst, t);
+  }
+  return worst;
+}
+
+std::vector<double> CostModel::dispatch_bytes(const MoeModel& model, const RoutingMatrix& R) const {
+  const int G = cluster_.num_gpus(), local = R.experts / G;
+  std::vector<double> bytes(std::size_t(G) * G, 0.0);
+  for (int i = 0; i < R.sources; ++i)
+    for (int e = 0; e < R.experts; ++e) bytes[std::size_t(i) * G + e / local] += double(R.at(i, e)) * model.token_bytes();
+  return bytes;
+}
+
+Roofline CostModel::roofline(const MoeModel& model, const RoutingMatrix& R) const {
+  Roofline r;
+  const int G = cluster_.num_gpus();
+  r.lat_comp = expert_phase_time(model, R);
+  r.lat_comm = alltoall_time(dispatch_bytes(model, R));
+  r.r_cc = r.lat_comm > 0 ? r.lat_comp / r.lat_comm : 0;
+  r.lat_e2e = 3 * r.lat_comp + 4 * r.lat_comm;
+  double tokens = 0, biggest = 0;
+  for (int e = 0; e < R.experts; ++e) {
+    tokens += double(R.expert_load(e));
+    biggest = std::max(biggest, double(R.expert_load(e)));
+  }
+  const double per_token = 3 * 2 * 2 * double(model.spec().d_model()) * model.spec().d_ffn();  // 12 α H² flops
+  r.p_bar = r.lat_e2e > 0 ? per_token * tokens / (G * r.lat_e2e) : 0;
+  r.p_worker = biggest > 0 ? per_token / 3 * biggest / expert_time(model, biggest) : 0;
+  r.p_ideal = r.p_worker * std::min(1.0, r.r_cc);
+  r.p_semi = r.p_worker * r.r_cc / (r.r_cc + 1);
+  return r;
+}
+
+}  // namespace moesim

@@ -1,0 +1,76 @@
+// The cost model: the policies' belief about how long things take, before running them
+// (shared/design/ARCHITECTURE.md §3). FasterMoE's performance model (fastermoe.md §1):
+//   compute  Lat_comp = max over workers of the time of its expert GEMMs (load-aware, Eq. 1), from
+//            the platform's GEMM-efficiency curve or, as FasterMoE does, 90% of peak;
+//   network  Lat_comm = max over directed links l of T_l / W_l (Eq. 2), with every message's bytes
+//            added to each directed link of its route; ring all-reduce 2(n−1)/n·S per ring edge,
+//            ring broadcast / reduce S per edge.
+// Routes are the cluster's: inside a node its links; between nodes GPU -> NIC -> node uplink ->
+// (leaf uplinks, when the nodes are under different leaves) -> node uplink -> NIC -> GPU. Leaf
+// uplinks are one aggregate of `spines` fabric links (perfect spreading, as adaptive routing
+// gives); per-message latency is ignored (FasterMoE: messages are > 4 KB, bandwidth-only).
+// One cost model serves every policy that needs a prediction.
+#pragma once
+#include <vector>
+
+#include "cluster.hpp"
+#include "gpu.hpp"
+#include "model.hpp"
+#include "routing.hpp"
+
+namespace moesim {
+
+struct CostOptions {
+  bool fastermoe_90_percent = false;  // GEMMs at 90% of peak instead of the efficiency curve
+};
+
+/// DDL-Roofline quantities of one MoE layer (fastermoe.md §1.6, Eqs. 3-6).
+struct Roofline {
+  double lat_comp = 0;   // one forward pass of the expert GEMMs, slowest worker
+  double lat_comm = 0;   // one all-to-all
+  double r_cc = 0;       // Lat_comp / Lat_comm
+  double lat_e2e = 0;    // 3 Lat_comp + 4 Lat_comm (synchronous EP, fwd + bwd)
+  double p_bar = 0;      // 12 α H² Σ B_w / (N Lat_e2e), FLOP/s per worker
+  double p_worker = 0;   // P_w: a worker's GEMM throughput at the layer's largest load
+  double p_ideal = 0;    // P_w · min(1, R_CC)
+  double p_semi = 0;     // P_w · R_CC / (R_CC + 1)
+};
+
+class CostModel {
+ public:
+  CostModel(const Cluster& cluster, const GpuModel& gpu, CostOptions options = {});
+
+  const Cluster& cluster() const { return cluster_; }
+
+  /// Seconds of a set of concurrent messages: bytes[i·G + j] from GPU i to GPU j (Eq. 2).
+  double alltoall_time(const std::vector<double>& bytes) const;
+  /// Ring all-reduce, broadcast and reduce of S bytes over `group` (in ring order).
+  double allreduce_time(const std::vector<int>& group, double bytes) const;
+  double broadcast_time(const std::vector<int>& group, double bytes) const;
+
+  /// Seconds of `tokens` tokens through one expert, one forward pass (2 GEMMs).
+  double expert_time(const MoeModel& model, double tokens) const;
+  /// Eq. 1: max over GPUs of their experts' forward time, experts placed E/G per GPU.
+  double expert_phase_time(const MoeModel& model, const RoutingMatrix& routing) const;
+  /// Bytes of the dispatch all-to-all of a routing under E/G-per-GPU placement.
+  std::vector<double> dispatch_bytes(const MoeModel& model, const RoutingMatrix& routing) const;
+
+  Roofline roofline(const MoeModel& model, const RoutingMatrix& routing) const;
+
+  /// Directed links of the model, for reports: name and bandwidth.
+  std::size_t num_links() const { return bandwidth_.size(); }
+
+ private:
+  // Adds `bytes` to every directed link on the route from GPU i to GPU j.
+  void add_route(std::vector<double>& load, int i, int j, double bytes) const;
+  double max_time(const std::vector<double>& load) const;
+
+  const Cluster& cluster_;
+  const GpuModel& gpu_;
+  CostOptions options_;
+  std::vector<double> bandwidth_;  // per directed link
+  int node_base_, nic_base_, uplink_base_, leaf_base_;
+  bool has_leaves_ = false;
+};
+
+}  // namespace moesim
