@@ -6,6 +6,9 @@
 namespace moesim {
 
 std::unique_ptr<Policy> make_expert_parallel();
+std::unique_ptr<Policy> make_fastermoe();
+std::unique_ptr<Policy> make_fastermoe_shadow();
+std::unique_ptr<Policy> make_fastermoe_smart();
 
 namespace {
 struct Entry {
@@ -14,6 +17,9 @@ struct Entry {
 };
 const Entry kPolicies[] = {
     {"ep", make_expert_parallel},
+    {"fastermoe", make_fastermoe},
+    {"fastermoe-shadow", make_fastermoe_shadow},
+    {"fastermoe-smart", make_fastermoe_smart},
 };
 }  // namespace
 

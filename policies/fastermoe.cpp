@@ -1,0 +1,203 @@
+// FasterMoE (He et al., PPoPP'22; shared/papers/fastermoe.md) as a policy: dynamic shadowing
+// (§4.1, Algorithm 1), the smart schedule (§4.2, built by moe_iteration.cpp) and the
+// congestion-avoiding topology-aware gate (§4.3). Symbols follow the paper: B_w tokens processed on
+// worker w, T_iw tokens from worker i to w, H = d_model, α·H = d_ffn, P GEMM throughput, W_net the
+// network bandwidth.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "fastermoe.hpp"
+
+#include <limits>
+#include <optional>
+#include "errors.hpp"
+#include "gating.hpp"
+#include "moe_iteration.hpp"
+
+namespace moesim {
+
+namespace {
+
+// W_net of Eqs. 7-8: a worker's share of its node's network bandwidth (one node: its narrowest
+// route to another GPU). The paper's "fixed network bandwidth"; the released code uses 50 Gb/s.
+double network_bandwidth(const Cluster& c) {
+  if (c.nodes() > 1) return c.node_uplink_bandwidth() / c.gpus_per_node();
+  double w = std::numeric_limits<double>::infinity();
+  for (int j = 1; j < c.gpus_per_node(); ++j) w = std::min(w, c.route_bandwidth(c.intra_route(0, j)));
+  return std::isfinite(w) ? w : 1e18;
+}
+
+}  // namespace
+
+/// Dynamic shadowing, Algorithm 1 (paper variant). Candidates in descending order of load;
+/// shadowing expert e moves its tokens from its owner to their sources (B_owner −= Σ_{j≠owner} T_je,
+/// B_j += T_je, every worker computing its own tokens of e). With r experts shadowed:
+///   Lat_imbl   = max_w { 3·comp(B_w)  + 4·A_w·H/W_net }                         (Eq. 7, r = 0)
+///   Lat_shadow = max_w { 3·comp(B'_w) + 4·A'_w·H/W_net } + 2r·2αH²/W_net        (Eq. 8)
+/// comp(·) is the cost model's forward expert time, A_w the tokens worker w still receives through
+/// the all-to-all. Two choices where the paper is unclear (fastermoe.md §2.2-2.4):
+///  - Eq. 8 as printed drops the all-to-all term of the tokens left unshadowed; without it
+///    shadowing always wins once B > αH, even under a uniform load, which the paper says it does
+///    not do. The term stays, as in Eq. 7.
+///  - Algorithm 1 as printed stops at the first candidate that does not lower the cost. With two
+///    equally hot experts, shadowing the first cannot lower the maximum (the other still sets it),
+///    so nothing would ever be shadowed. We scan every prefix of the order and keep the cheapest,
+///    as the FasterMoE prototype of the artifact does (transformer.py keeps the running minimum);
+///    Eqs. 9-10 are closed forms of this comparison and need no separate test. The scan stops once
+///    r model transfers alone cost more than the best prefix. Cost: O(G·E).
+std::vector<int> dynamic_shadowing(const CostModel& cost, const MoeModel& model, const RoutingMatrix& R) {
+  const int G = cost.cluster().num_gpus(), E = R.experts;
+  const double w_net = network_bandwidth(cost.cluster());
+  const double feature = model.token_bytes() / w_net;                              // one token over the network
+  const double params = 2 * model.expert_params() * model.dtype_bytes() / w_net;  // broadcast + reduce
+  std::vector<double> load(E), comp(G, 0.0), received(G, 0.0);  // comp(B_w) and A_w per worker
+  for (int e = 0; e < E; ++e) {
+    load[e] = double(R.expert_load(e));
+    const int o = expert_owner(e, E, G);
+    comp[o] += cost.expert_time(model, load[e]);
+    received[o] += load[e];
+  }
+  auto latency = [&](double r) {
+    double worst = 0;
+    for (int w = 0; w < G; ++w) worst = std::max(worst, 3 * comp[w] + 4 * received[w] * feature);
+    return worst + r * params;
+  };
+  std::vector<int> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return load[a] > load[b]; });
+  double best = latency(0);  // c_min = Lat_imbl
+  std::size_t best_r = 0;
+  for (std::size_t i = 0; i < order.size() && load[order[i]] > 0 && double(i + 1) * params < best; ++i) {
+    const int e = order[i], o = expert_owner(e, E, G);
+    comp[o] -= cost.expert_time(model, load[e]);
+    received[o] -= load[e];
+    for (int w = 0; w < G; ++w) comp[w] += cost.expert_time(model, double(R.at(w, e)));
+    const double c = latency(double(i + 1));
+    if (c < best) best = c, best_r = i + 1;
+  }
+  return {order.begin(), order.begin() + std::ptrdiff_t(best_r)};
+}
+
+/// The released variant (laekov/fastmoe shadow_policy.py, fastermoe.md §2.4): experts sorted by
+/// load B_0 ≥ B_1 ≥ ...; shadowing the top i+1 is taken to leave B_{i+1} as the maximum, and is
+/// accepted while 3·comp(B_{i+1}) + 4·B_{i+1}·H/W + (i+1)·send_model < 3·comp(B_0) + 4·B_0·H/W.
+std::vector<int> released_shadowing(const CostModel& cost, const MoeModel& model, const RoutingMatrix& R) {
+  const int E = R.experts;
+  const double w_net = network_bandwidth(cost.cluster());
+  std::vector<int> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<double> B(E);
+  for (int e = 0; e < E; ++e) B[e] = double(R.expert_load(e));
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return B[a] > B[b]; });
+  auto lat = [&](double b) { return 3 * cost.expert_time(model, b) + 4 * b * model.token_bytes() / w_net; };
+  const double send_model = model.expert_params() * model.dtype_bytes() / w_net;
+  const double lat_base = lat(B[order[0]]);
+  double shadow_time = 0;
+  std::vector<int> chosen;
+  for (int i = 0; i + 1 < E; ++i) {
+    shadow_time += send_model;
+    if (lat(B[order[i + 1]]) + shadow_time >= lat_base) break;
+    chosen.push_back(order[i]);
+  }
+  return chosen;
+}
+
+/// The congestion-avoiding gate (§4.3) on counts: at most `limit` token-slots of each source leave
+/// its node; the excess is re-routed to the experts of its own node in proportion to how it already
+/// uses them. Which slots stay (the best-scoring, in the paper) cannot be seen in counts: the
+/// off-node slots shrink in proportion. Returns the slots re-routed.
+std::int64_t topology_aware_gate(RoutingMatrix& R, const Cluster& cluster, std::int64_t tokens, double limit) {
+  const int G = cluster.num_gpus(), E = R.experts, M = cluster.gpus_per_node();
+  std::int64_t moved = 0;
+  for (int s = 0; s < R.sources; ++s) {
+    std::vector<std::int64_t> off, on;
+    std::vector<int> off_e, on_e;
+    for (int e = 0; e < E; ++e) {
+      const bool same_node = expert_owner(e, E, G) / M == s / M;
+      (same_node ? on : off).push_back(R.at(s, e));
+      (same_node ? on_e : off_e).push_back(e);
+    }
+    const std::int64_t out = std::accumulate(off.begin(), off.end(), std::int64_t(0));
+    const auto keep = std::int64_t(std::floor(limit));
+    if (out <= keep || on.empty()) continue;
+    const std::int64_t total = R.row_sum(s);
+    const auto new_off = rescale_row(off, keep, tokens);
+    const auto new_on = rescale_row(on, total - keep, tokens);
+    for (std::size_t i = 0; i < off_e.size(); ++i) R.at(s, off_e[i]) = new_off[i];
+    for (std::size_t i = 0; i < on_e.size(); ++i) R.at(s, on_e[i]) = new_on[i];
+    moved += out - keep;
+  }
+  return moved;
+}
+
+namespace {
+
+class FasterMoe final : public Policy {
+ public:
+  FasterMoe(std::string name, bool shadow, bool smart) : name_(std::move(name)), shadow_(shadow), smart_(smart) {}
+  std::string name() const override { return name_; }
+
+  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
+    validate_expert_placement(cluster, model, spec);
+    const auto& f = spec.fastermoe();
+    const int gs = int(f.group_size() ? f.group_size() : 4);
+    if (smart_ && (gs < 1 || cluster.num_gpus() % std::min(gs, cluster.num_gpus()) != 0))
+      throw FieldError("policy.fastermoe.group_size",
+                       fmt::format("{} GPUs do not split into groups of {}; use a divisor of the GPU count", cluster.num_gpus(), gs));
+    if (f.topology_gate() == spec::FasterMoeSpec::FRACTION && !(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))
+      throw FieldError("policy.fastermoe.outgoing_fraction", "must be in [0, 1] (0 means the released default, 0.14)");
+  }
+
+  TaskGraph build_iteration(const IterationInput& in) override {
+    const auto& f = in.spec.fastermoe();
+    if (!cost_)
+      cost_.emplace(in.cluster, in.gpu, CostOptions{f.ninety_percent_peak()});
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<LayerPlan> plans;
+    for (const auto& routing : in.routing) {
+      LayerPlan plan{routing, {}};
+      if (f.topology_gate() != spec::FasterMoeSpec::NONE && in.cluster.nodes() > 1)
+        in.report.rerouted_tokens += topology_aware_gate(plan.routing, in.cluster, in.model.tokens_per_gpu(), gate_limit(in));
+      if (shadow_)
+        plan.shadowed = f.shadow_variant() == spec::FasterMoeSpec::RELEASED
+                            ? released_shadowing(*cost_, in.model, plan.routing)
+                            : dynamic_shadowing(*cost_, in.model, plan.routing);
+      in.report.shadowed_experts += int(plan.shadowed.size());
+      plans.push_back(std::move(plan));
+    }
+    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ScheduleOptions schedule;
+    schedule.smart = smart_;
+    schedule.group_size = std::min(int(f.group_size() ? f.group_size() : 4), in.cluster.num_gpus());
+    return build_moe_iteration(in, plans, schedule);
+  }
+
+ private:
+  // L of §4.3: W_net / (M · W_local) · B token-slots per worker, B = T·k; or the released fraction
+  // of the tokens (each picked token keeps one off-node slot).
+  double gate_limit(const IterationInput& in) const {
+    const auto& f = in.spec.fastermoe();
+    const double T = in.model.tokens_per_gpu();
+    if (f.topology_gate() == spec::FasterMoeSpec::FRACTION)
+      return (f.outgoing_fraction() > 0 ? f.outgoing_fraction() : 0.14) * T;
+    const auto& c = in.cluster;
+    double w_local = std::numeric_limits<double>::infinity();
+    for (int j = 1; j < c.gpus_per_node(); ++j) w_local = std::min(w_local, c.route_bandwidth(c.intra_route(0, j)));
+    return c.node_uplink_bandwidth() / (c.gpus_per_node() * w_local) * T * in.model.top_k();
+  }
+
+  std::string name_;
+  bool shadow_, smart_;
+  std::optional<CostModel> cost_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_fastermoe() { return std::make_unique<FasterMoe>("fastermoe", true, true); }
+std::unique_ptr<Policy> make_fastermoe_shadow() { return std::make_unique<FasterMoe>("fastermoe-shadow", true, false); }
+std::unique_ptr<Policy> make_fastermoe_smart() { return std::make_unique<FasterMoe>("fastermoe-smart", false, true); }
+
+}  // namespace moesim
