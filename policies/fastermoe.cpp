@@ -161,11 +161,13 @@ class FasterMoe final : public Policy {
       LayerPlan plan{routing, {}};
       if (f.topology_gate() != spec::FasterMoeSpec::NONE && in.cluster.nodes() > 1)
         in.report.rerouted_tokens += topology_aware_gate(plan.routing, in.cluster, in.model.tokens_per_gpu(), gate_limit(in));
-      if (shadow_)
-        plan.shadowed = f.shadow_variant() == spec::FasterMoeSpec::RELEASED
-                            ? released_shadowing(*cost_, in.model, plan.routing)
-                            : dynamic_shadowing(*cost_, in.model, plan.routing);
-      in.report.shadowed_experts += int(plan.shadowed.size());
+      if (shadow_) {
+        const auto experts = f.shadow_variant() == spec::FasterMoeSpec::RELEASED
+                                 ? released_shadowing(*cost_, in.model, plan.routing)
+                                 : dynamic_shadowing(*cost_, in.model, plan.routing);
+        for (int e : experts) plan.replicas.push_back(everywhere(e, in.model.experts(), in.cluster.num_gpus()));
+      }
+      in.report.shadowed_experts += int(plan.replicas.size());
       plans.push_back(std::move(plan));
     }
     in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -6,6 +6,30 @@
 #include <map>
 
 namespace moesim {
+
+Replica everywhere(int expert, int experts, int gpus) {
+  Replica r{expert, {}};
+  for (int g = 0; g < gpus; ++g)
+    if (g != expert_owner(expert, experts, gpus)) r.holders.push_back(g);
+  return r;
+}
+
+int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int e) {
+  const int owner = expert_owner(e, plan.routing.experts, cluster.num_gpus());
+  const Replica* rep = nullptr;
+  for (const auto& r : plan.replicas)
+    if (r.expert == e) rep = &r;
+  if (!rep || src == owner) return owner;
+  std::vector<int> copies{owner}, near;
+  copies.insert(copies.end(), rep->holders.begin(), rep->holders.end());
+  for (int c : copies) {
+    if (c == src) return src;
+    if (cluster.node_of(c) == cluster.node_of(src)) near.push_back(c);
+  }
+  const auto& pool = near.empty() ? copies : near;
+  return pool[std::size_t(src) % pool.size()];
+}
+
 namespace {
 
 // Backward GEMMs of a forward GEMM C[m×n] = A[m×k]·B[k×n]: dA = dC·Bᵀ (m×k, inner n) and
@@ -23,7 +47,7 @@ class Builder {
  public:
   Builder(const IterationInput& in, const std::vector<LayerPlan>& plans, const ScheduleOptions& s)
       : in_(in), plans_(plans), schedule_(s), G_(in.cluster.num_gpus()), E_(in.model.experts()),
-        g_(G_), everyone_(G_), ready_(G_) {
+        g_(G_), everyone_(G_), ready_(G_), target_(plans.size()), bcast_(plans.size()) {
     for (int r = 0; r < G_; ++r) everyone_[r] = r;
     a2a_ = collective_algorithm(in.spec, CollectiveType::all_to_all);
     ar_ = collective_algorithm(in.spec, CollectiveType::all_reduce);
@@ -32,42 +56,52 @@ class Builder {
     scores_bytes_ = 2 * T * E_ * 4;             // softmax + top-k over fp32 scores
     permute_bytes_ = 2 * T * k * token_bytes_;  // read + write each routed token
     expert_bytes_ = in.model.expert_params() * in.model.dtype_bytes();
+    for (std::size_t l = 0; l < plans.size(); ++l) {
+      target_[l].resize(std::size_t(G_) * E_);
+      for (int s = 0; s < G_; ++s)
+        for (int e = 0; e < E_; ++e) target_[l][std::size_t(s) * E_ + e] = expert_target(plans[l], in.cluster, s, e);
+    }
   }
 
   TaskGraph build() {
     const int L = in_.model.layers();
     const auto dense = in_.model.dense_forward_gemms();
     const Gemm gate = in_.model.gate_gemm();
-    std::vector<OpId> shadow_reduces;
+    if (schedule_.prefetch_replicas && L > 0) broadcast_replicas(0, Stream::comm2);
     for (int l = 0; l < L; ++l) {
+      if (schedule_.prefetch_replicas && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0});
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, {}, permute_bytes_});
       }
+      if (!schedule_.prefetch_replicas) broadcast_replicas(l, Stream::comm);
       const OpId done = moe_layer(l, false);
       for (int r = 0; r < G_; ++r)
         g_.add_compute(r, fmt::format("L{}.fwd.decode", l), {ComputeKind::decode, {}, permute_bytes_}, {done});
     }
+    std::vector<OpId> reduces;
     for (int l = L - 1; l >= 0; --l) {
       for (int r = 0; r < G_; ++r)
         ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.decode", l), {ComputeKind::decode, {}, permute_bytes_});
       const OpId done = moe_layer(l, true);
+      // Replicas' gradients go back to their owners (a reduce each): on the second stream, under
+      // the rest of the backward, with prefetch; after the layer otherwise.
+      for (const auto& rep : plans_[l].replicas)
+        reduces.push_back(g_.add_collective(schedule_.prefetch_replicas ? Stream::comm2 : Stream::comm,
+                                            fmt::format("L{}.bwd.replica_reduce.e{}", l, rep.expert),
+                                            {CollectiveType::reduce, ring(rep), {expert_bytes_}, "ring"},
+                                            users_[{l, rep.expert}]));
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, {}, permute_bytes_}, {done});
         g_.add_compute(r, fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward({gate}), scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward(dense), 0});
       }
-      // Shadowed experts' gradients go back to their owners (a reduce each, FasterMoE §4.1).
-      for (int e : plans_[l].shadowed)
-        shadow_reduces.push_back(g_.add_collective(Stream::comm, fmt::format("L{}.bwd.shadow_reduce.e{}", l, e),
-                                                   {CollectiveType::reduce, ring_from(e), {expert_bytes_}, "ring"},
-                                                   shadow_grads_[l]));
     }
     // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
     const double dense_params = in_.model.dense_params_per_layer() * L;
     std::vector<OpId> before_ar(ready_);
-    before_ar.insert(before_ar.end(), shadow_reduces.begin(), shadow_reduces.end());
+    before_ar.insert(before_ar.end(), reduces.begin(), reduces.end());
     const OpId allreduce = g_.add_collective(
         Stream::comm, "allreduce.dense",
         {CollectiveType::all_reduce, everyone_, {dense_params * in_.model.dtype_bytes()}, ar_}, before_ar);
@@ -80,51 +114,59 @@ class Builder {
   }
 
  private:
-  // The ring of a shadowed expert's broadcast / reduce: its owner first, then everyone else.
-  std::vector<int> ring_from(int expert) const {
-    const int owner = expert_owner(expert, E_, G_);
-    std::vector<int> ring{owner};
-    for (int r = 0; r < G_; ++r)
-      if (r != owner) ring.push_back(r);
-    return ring;
+  // The chain of a replica's broadcast / reduce: its owner first, then the holders.
+  std::vector<int> ring(const Replica& rep) const {
+    std::vector<int> chain{expert_owner(rep.expert, E_, G_)};
+    chain.insert(chain.end(), rep.holders.begin(), rep.holders.end());
+    return chain;
   }
 
-  bool shadowed(int layer, int e) const {
-    const auto& s = plans_[layer].shadowed;
-    return std::find(s.begin(), s.end(), e) != s.end();
+  void broadcast_replicas(int l, Stream stream) {
+    for (const auto& rep : plans_[l].replicas)
+      bcast_[l][rep.expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, rep.expert),
+                                                {CollectiveType::broadcast, ring(rep), {expert_bytes_}, "ring"});
   }
 
-  // Token-slots GPU `src` sends to GPU `dst` through the all-to-all (shadowed experts stay local).
-  std::vector<double> exchanged(int layer) const {
-    const auto& R = plans_[layer].routing;
+  int target(int l, int s, int e) const { return target_[l][std::size_t(s) * E_ + e]; }
+
+  // Token-slots GPU `src` sends to GPU `dst` through the all-to-all.
+  std::vector<double> exchanged(int l) const {
+    const auto& R = plans_[l].routing;
     std::vector<double> tokens(std::size_t(G_) * G_, 0.0);
-    for (int i = 0; i < G_; ++i)
-      for (int e = 0; e < E_; ++e)
-        if (!shadowed(layer, e)) tokens[std::size_t(i) * G_ + expert_owner(e, E_, G_)] += double(R.at(i, e));
+    for (int s = 0; s < G_; ++s)
+      for (int e = 0; e < E_; ++e) tokens[std::size_t(s) * G_ + target(l, s, e)] += double(R.at(s, e));
     return tokens;
   }
 
-  // Expert work of GPU `rank` on the tokens from the sources in [from, to): its own experts'
-  // share of those tokens; with `local`, also its own tokens for the shadowed experts.
-  Compute expert_work(int layer, int rank, int from, int to, bool local, bool bwd) const {
-    const auto& R = plans_[layer].routing;
+  // The expert op of GPU `rank` for the tokens of sources [from, to): one GEMM pair per expert.
+  // `deps` gets the broadcasts of the replicas it computes with.
+  Compute expert_work(int l, int rank, int from, int to, bool bwd, std::vector<OpId>& deps) {
+    const auto& R = plans_[l].routing;
     Compute c{ComputeKind::grouped_gemm, {}, 0};
-    auto add = [&](long tokens) {
+    for (int e = 0; e < E_; ++e) {
+      long tokens = 0;
+      for (int s = from; s < to; ++s)
+        if (target(l, s, e) == rank) tokens += long(R.at(s, e));
+      if (tokens == 0) continue;
       const auto fwd = in_.model.expert_gemms(tokens);
       const auto gemms = bwd ? backward(fwd) : fwd;
       c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
       c.tokens += tokens;
-    };
-    for (int e = 0; e < E_; ++e) {
-      if (shadowed(layer, e)) {
-        if (local && R.at(rank, e) > 0) add(long(R.at(rank, e)));
-      } else if (expert_owner(e, E_, G_) == rank) {
-        long tokens = 0;
-        for (int s = from; s < to; ++s) tokens += long(R.at(s, e));
-        if (tokens > 0) add(tokens);
+      if (rank != expert_owner(e, E_, G_)) {
+        if (!bwd) deps.push_back(bcast_[l].at(e));
+        computing_.push_back(e);
       }
     }
     return c;
+  }
+
+  OpId add_expert_op(int l, int rank, const std::string& label, int from, int to, bool bwd, std::vector<OpId> deps) {
+    computing_.clear();
+    Compute c = expert_work(l, rank, from, to, bwd, deps);
+    const OpId id = g_.add_compute(rank, label, std::move(c), std::move(deps));
+    if (bwd)
+      for (int e : computing_) users_[{l, e}].push_back(id);
+    return id;
   }
 
   Collective exchange(const std::vector<double>& tokens, bool transpose, int stride_group = -1) const {
@@ -145,22 +187,12 @@ class Builder {
   OpId moe_layer(int l, bool bwd) {
     const char* dir = bwd ? "bwd" : "fwd";
     const auto tokens = exchanged(l);
-    // Shadowed experts: broadcast their parameters in the forward pass (issued with the layer).
-    std::vector<OpId> bcasts;
-    if (!bwd)
-      for (int e : plans_[l].shadowed)
-        bcasts.push_back(g_.add_collective(Stream::comm, fmt::format("L{}.fwd.shadow_bcast.e{}", l, e),
-                                           {CollectiveType::broadcast, ring_from(e), {expert_bytes_}, "ring"}));
-    if (schedule_.smart) return smart_layer(l, bwd, tokens, bcasts);
-
+    if (schedule_.smart) return smart_layer(l, bwd, tokens);
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
                                             exchange(tokens, false), ready_);
-    std::vector<OpId> deps{dispatch};
-    deps.insert(deps.end(), bcasts.begin(), bcasts.end());
     std::vector<OpId> experts(G_);
     for (int r = 0; r < G_; ++r)
-      experts[r] = g_.add_compute(r, fmt::format("L{}.{}.experts", l, dir), expert_work(l, r, 0, G_, true, bwd), deps);
-    if (bwd) shadow_grads_[l] = experts;
+      experts[r] = add_expert_op(l, r, fmt::format("L{}.{}.experts", l, dir), 0, G_, bwd, {dispatch});
     return g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(tokens, true), experts);
   }
 
@@ -169,8 +201,8 @@ class Builder {
   // computes the tokens received from group f = (i + j) mod n (C_j), and returns the outputs of
   // its tokens from group t (R_j). Comm stream: S_0..S_{n−1}, then R_0..R_{n−1}; compute stream:
   // C_0..C_{n−1}. Step 0 stays inside the group, step n−1 talks to the ring neighbour: the two
-  // cheapest exchanges are the exposed ones.
-  OpId smart_layer(int l, bool bwd, const std::vector<double>& tokens, const std::vector<OpId>& bcasts) {
+  // cheapest exchanges are the exposed ones. A GPU's own tokens for its replicas are in C_0.
+  OpId smart_layer(int l, bool bwd, const std::vector<double>& tokens) {
     const char* dir = bwd ? "bwd" : "fwd";
     const int gs = schedule_.group_size, n = G_ / gs;
     std::vector<OpId> S(n), R(n);
@@ -181,25 +213,15 @@ class Builder {
     for (int j = 0; j < n; ++j)
       for (int r = 0; r < G_; ++r) {
         const int from_group = (r / gs + j) % n;
-        C[j][r] = g_.add_compute(r, fmt::format("L{}.{}.C{}", l, dir, j),
-                                 expert_work(l, r, from_group * gs, from_group * gs + gs, false, bwd), {S[j]});
+        C[j][r] = add_expert_op(l, r, fmt::format("L{}.{}.C{}", l, dir, j), from_group * gs, from_group * gs + gs, bwd,
+                                {S[j]});
       }
-    // Shadowed experts on the local tokens, after the regular steps (as smart_schedule.h does).
-    std::vector<OpId> shadow(G_);
-    if (!plans_[l].shadowed.empty())
-      for (int r = 0; r < G_; ++r) {
-        Compute c = expert_work(l, r, 0, 0, true, bwd);
-        shadow[r] = g_.add_compute(r, fmt::format("L{}.{}.shadowed", l, dir), std::move(c), bcasts);
-      }
-    if (bwd) shadow_grads_[l] = plans_[l].shadowed.empty() ? C[n - 1] : shadow;
-    for (int j = 0; j < n; ++j) R[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.R{}", l, dir, j),
-                                                         exchange(tokens, true, j), C[j]);
-    std::vector<OpId> done(R.begin(), R.end());
-    if (!plans_[l].shadowed.empty()) done.insert(done.end(), shadow.begin(), shadow.end());
+    for (int j = 0; j < n; ++j)
+      R[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.R{}", l, dir, j), exchange(tokens, true, j), C[j]);
     // One marker op per layer keeps the next ops' dependencies short: an empty all-to-all.
-    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.smart_done", l, dir),
-                             {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_},
-                             done);
+    return g_.add_collective(
+        Stream::comm, fmt::format("L{}.{}.smart_done", l, dir),
+        {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, R);
   }
 
   const IterationInput& in_;
@@ -209,7 +231,10 @@ class Builder {
   TaskGraph g_;
   std::vector<int> everyone_;
   std::vector<OpId> ready_;
-  std::map<int, std::vector<OpId>> shadow_grads_;
+  std::vector<std::vector<int>> target_;           // per layer: [source · E + expert] -> GPU
+  std::vector<std::map<int, OpId>> bcast_;         // per layer: expert -> its broadcast
+  std::map<std::pair<int, int>, std::vector<OpId>> users_;  // (layer, expert) -> bwd ops on its copies
+  std::vector<int> computing_;
   std::string a2a_, ar_;
   double token_bytes_ = 0, scores_bytes_ = 0, permute_bytes_ = 0, expert_bytes_ = 0;
 };

@@ -41,7 +41,7 @@ double moe_part(const TaskGraph& g, const Timing& t) {
     for (const auto& op : g.ops()) {
       const bool moe = op.label.find(dir) != std::string::npos &&
                        (std::holds_alternative<Collective>(op.body) || op.label.find("experts") != std::string::npos ||
-                        op.label.find(".C") != std::string::npos || op.label.find("shadowed") != std::string::npos);
+                        op.label.find(".C") != std::string::npos);
       if (!moe) continue;
       start = std::min(start, t.start[op.id]);
       end = std::max(end, t.end[op.id]);
