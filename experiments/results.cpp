@@ -31,26 +31,13 @@ void write_atomically(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-nlohmann::json summary_json(const Experiment& ex, const RunResult& r) {
-  const auto& s = ex.spec;
+namespace {
+
+// The numbers of one run: its policy, mean time and breakdown, and one row per iteration.
+nlohmann::json run_json(const RunResult& r) {
   nlohmann::json j;
-  j["name"] = s.name();
-  j["spec"] = ex.spec_path;
-  j["platform"] = ex.cluster_spec.name();
-  j["nodes"] = ex.cluster_spec.nodes();
-  j["gpus"] = r.gpus;
+  if (!r.name.empty()) j["name"] = r.name;
   j["policy"] = r.policy;
-  j["seed"] = s.seed();
-  j["model"] = {{"name", s.model().name()},         {"layers", s.model().layers()},
-                {"d_model", s.model().d_model()},   {"d_ffn", s.model().d_ffn()},
-                {"experts", s.model().experts()},   {"top_k", s.model().top_k()},
-                {"tokens_per_gpu", s.model().tokens_per_gpu()}};
-  const char* sources[] = {"uniform", "uniform", "zipf", "generator", "trace"};
-  j["gating"] = sources[s.gating().source_case() <= 4 ? s.gating().source_case() : 0];
-  if (s.gate().has_capacity_factor())
-    j["gate"] = {{"capacity_factor", s.gate().capacity_factor()},
-                 {"drop_policy", spec::GateSpec::DropPolicy_Name(s.gate().drop_policy())},
-                 {"pad_to_capacity", s.gate().pad_to_capacity()}};
   j["iterations"] = r.iterations.size();
   j["iteration_time_s"] = r.mean_time();
   j["breakdown"] = breakdown_json(r.mean_breakdown());
@@ -69,62 +56,128 @@ nlohmann::json summary_json(const Experiment& ex, const RunResult& r) {
   return j;
 }
 
-nlohmann::json timeline_json(const RunResult& r) {
-  auto events = nlohmann::json::array();
-  for (int rank = 0; rank < r.gpus; ++rank) {
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("GPU {}", rank)}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
-    for (int s = 0; s < kNumStreams; ++s)
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", s},
-                        {"args", {{"name", stream_name(Stream(s))}}}});
+}  // namespace
+
+nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result) {
+  const auto& s = ex.spec;
+  nlohmann::json j;
+  j["name"] = s.name();
+  j["spec"] = ex.spec_path;
+  j["platform"] = ex.cluster_spec.name();
+  j["nodes"] = ex.cluster_spec.nodes();
+  j["gpus"] = result.runs.front().gpus;
+  j["seed"] = s.seed();
+  j["model"] = {{"name", s.model().name()},         {"layers", s.model().layers()},
+                {"d_model", s.model().d_model()},   {"d_ffn", s.model().d_ffn()},
+                {"experts", s.model().experts()},   {"top_k", s.model().top_k()},
+                {"tokens_per_gpu", s.model().tokens_per_gpu()}};
+  const char* sources[] = {"uniform", "uniform", "zipf", "generator", "trace"};
+  j["gating"] = sources[s.gating().source_case() <= 4 ? s.gating().source_case() : 0];
+  if (s.gate().has_capacity_factor())
+    j["gate"] = {{"capacity_factor", s.gate().capacity_factor()},
+                 {"drop_policy", spec::GateSpec::DropPolicy_Name(s.gate().drop_policy())},
+                 {"pad_to_capacity", s.gate().pad_to_capacity()}};
+  if (ex.variants.empty()) {
+    j.update(run_json(result.runs.front()));
+    return j;
   }
-  for (std::size_t i = 0; i < r.graphs.size(); ++i) {
-    const double t0 = r.iterations[i].start;
-    for (const auto& op : r.graphs[i].ops()) {
-      const double start = t0 + r.timings[i].start[op.id], end = t0 + r.timings[i].end[op.id];
-      nlohmann::json args = {{"iteration", i}, {"op", op.id}};
-      if (const auto* c = std::get_if<Compute>(&op.body)) {
-        args["kind"] = compute_kind_name(c->kind);
-        args["gflop"] = c->flops() / 1e9;
-      } else if (const auto* c = std::get_if<Collective>(&op.body)) {
-        args["algorithm"] = c->algorithm;
-        args["mbytes"] = c->total_bytes() / 1e6;
-      } else {
-        args["mbytes"] = std::get<Transfer>(op.body).bytes / 1e6;
+  auto& variants = j["variants"] = nlohmann::json::array();
+  for (const auto& r : result.runs) variants.push_back(run_json(r));
+  auto& paper = j["paper"] = nlohmann::json::array();
+  for (const auto& c : result.paper)
+    paper.push_back({{"claim", c.paper.claim()},
+                     {"variant", c.paper.variant()},
+                     {"baseline", c.paper.baseline()},
+                     {"source", c.paper.source()},
+                     {"paper_speedup", c.paper.speedup()},
+                     {"simulated_speedup", c.simulated},
+                     {"ratio", c.ratio()},
+                     {"pass", c.pass()}});
+  return j;
+}
+
+nlohmann::json timeline_json(const ExperimentResult& result) {
+  auto events = nlohmann::json::array();
+  for (std::size_t v = 0; v < result.runs.size(); ++v) {
+    const auto& r = result.runs[v];
+    const std::string prefix = r.name.empty() ? "" : r.name + ": ";
+    const int base = int(v) * r.gpus;  // one block of processes per variant
+    for (int rank = 0; rank < r.gpus; ++rank) {
+      events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", base + rank},
+                        {"args", {{"name", fmt::format("{}GPU {}", prefix, rank)}}}});
+      events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", base + rank}, {"args", {{"sort_index", base + rank}}}});
+      for (int s = 0; s < kNumStreams; ++s)
+        events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", base + rank}, {"tid", s},
+                          {"args", {{"name", stream_name(Stream(s))}}}});
+    }
+    const double origin = r.iterations.empty() ? 0 : r.iterations.front().start;  // each variant from 0
+    for (std::size_t i = 0; i < r.graphs.size(); ++i) {
+      const double t0 = r.iterations[i].start - origin;
+      for (const auto& op : r.graphs[i].ops()) {
+        const double start = t0 + r.timings[i].start[op.id], end = t0 + r.timings[i].end[op.id];
+        nlohmann::json args = {{"iteration", i}, {"op", op.id}};
+        if (const auto* c = std::get_if<Compute>(&op.body)) {
+          args["kind"] = compute_kind_name(c->kind);
+          args["gflop"] = c->flops() / 1e9;
+          if (c->tokens) args["tokens"] = c->tokens;
+        } else if (const auto* c = std::get_if<Collective>(&op.body)) {
+          args["algorithm"] = c->algorithm;
+          args["mbytes"] = c->total_bytes() / 1e6;
+        } else {
+          args["mbytes"] = std::get<Transfer>(op.body).bytes / 1e6;
+        }
+        for (int rank : op.ranks())
+          events.push_back({{"name", op.label}, {"cat", category_name(op.category())}, {"ph", "X"},
+                            {"ts", start * 1e6}, {"dur", (end - start) * 1e6}, {"pid", base + rank},
+                            {"tid", int(op.stream)}, {"args", args}});
       }
-      for (int rank : op.ranks())
-        events.push_back({{"name", op.label}, {"cat", category_name(op.category())}, {"ph", "X"},
-                          {"ts", start * 1e6}, {"dur", (end - start) * 1e6}, {"pid", rank},
-                          {"tid", int(op.stream)}, {"args", args}});
     }
   }
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-void write_results(const std::string& dir, const Experiment& ex, const RunResult& r) {
+std::string paper_table(const ExperimentResult& result) {
+  std::string out = "| claim | paper | simulated | ratio | within tolerance | source |\n|---|---:|---:|---:|---|---|\n";
+  for (const auto& c : result.paper)
+    out += fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", c.paper.claim(), c.paper.speedup(),
+                       c.simulated, c.ratio(), c.pass() ? "yes" : "no", c.paper.source());
+  return out;
+}
+
+void write_results(const std::string& dir, const Experiment& ex, const ExperimentResult& r) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create the output directory: " + ec.message());
   write_atomically(fs::path(dir) / "summary.json", summary_json(ex, r).dump(2) + "\n");
   write_atomically(fs::path(dir) / "timeline.json", timeline_json(r).dump() + "\n");
+  if (!r.paper.empty())
+    write_atomically(fs::path(dir) / "paper.md", "# " + ex.spec.name() + "\n\n" + ex.spec.description() + "\n\n" +
+                                                    paper_table(r));
 }
 
-std::string summary_table(const Experiment& ex, const RunResult& r) {
-  const auto b = r.mean_breakdown();
-  const double t = r.mean_time();
-  std::string out = fmt::format("{}: {} GPUs ({} × {}), policy {}, {} iteration(s)\n", ex.spec.name(), r.gpus,
-                                ex.cluster_spec.nodes(), ex.cluster_spec.name(), r.policy, r.iterations.size());
-  out += fmt::format("  {:<16}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
-  for (int c = 0; c < kNumCategories; ++c)
-    out += fmt::format("  {:<16}{:>12}  {:5.1f}% of the critical path\n", category_name(Category(c)),
-                       fmt::format("{:.3f} ms", b.seconds[c] * 1e3), t > 0 ? 100 * b.seconds[c] / t : 0.0);
-  double load = 0;
-  for (const auto& it : r.iterations) load += it.max_mean_load / double(r.iterations.size());
-  out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
-  std::int64_t dropped = 0;
-  for (const auto& it : r.iterations) dropped += it.dropped;
-  if (ex.spec.gate().has_capacity_factor())
-    out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
+std::string summary_table(const Experiment& ex, const ExperimentResult& result) {
+  std::string out;
+  for (const auto& r : result.runs) {
+    const auto b = r.mean_breakdown();
+    const double t = r.mean_time();
+    out += fmt::format("{}{}: {} GPUs ({} × {}), policy {}, {} iteration(s)\n", ex.spec.name(),
+                       r.name.empty() ? "" : " / " + r.name, r.gpus, ex.cluster_spec.nodes(), ex.cluster_spec.name(),
+                       r.policy, r.iterations.size());
+    out += fmt::format("  {:<16}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
+    for (int c = 0; c < kNumCategories; ++c)
+      out += fmt::format("  {:<16}{:>12}  {:5.1f}% of the critical path\n", category_name(Category(c)),
+                         fmt::format("{:.3f} ms", b.seconds[c] * 1e3), t > 0 ? 100 * b.seconds[c] / t : 0.0);
+    double load = 0;
+    std::int64_t dropped = 0;
+    for (const auto& it : r.iterations) {
+      load += it.max_mean_load / double(r.iterations.size());
+      dropped += it.dropped;
+    }
+    out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
+    if (ex.spec.gate().has_capacity_factor())
+      out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
+  }
+  if (!result.paper.empty()) out += "\n" + paper_table(result);
   return out;
 }
 

@@ -8,14 +8,17 @@
 
 namespace moesim {
 
-nlohmann::json summary_json(const Experiment& ex, const RunResult& r);
-nlohmann::json timeline_json(const RunResult& r);
+nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& r);
+/// Chrome trace of the first iterations of every run (variants one after another in pid blocks).
+nlohmann::json timeline_json(const ExperimentResult& r);
+/// The "claim | paper | simulated | ratio" table of an experiment with paper values.
+std::string paper_table(const ExperimentResult& r);
 
-/// Writes DIR/summary.json and DIR/timeline.json, each through a temporary file renamed into
-/// place, so a reader never sees half a file.
-void write_results(const std::string& dir, const Experiment& ex, const RunResult& r);
+/// Writes DIR/summary.json, DIR/timeline.json and, with paper values, DIR/paper.md, each through
+/// a temporary file renamed into place, so a reader never sees half a file.
+void write_results(const std::string& dir, const Experiment& ex, const ExperimentResult& r);
 
 /// The short human table `moesim run` prints.
-std::string summary_table(const Experiment& ex, const RunResult& r);
+std::string summary_table(const Experiment& ex, const ExperimentResult& r);
 
 }  // namespace moesim

@@ -1,6 +1,8 @@
 #include "runner.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <stdexcept>
 
 #include "gate.hpp"
 #include "gating.hpp"
@@ -39,16 +41,12 @@ double max_mean_gpu_load(const std::vector<RoutingMatrix>& routing, int gpus) {
 
 }  // namespace
 
-RunResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress) {
-  const auto& s = ex.spec;
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(s.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), s.model().dtype());
-  auto policy = make_policy(s.policy());
-  SimOptions options;
-  options.aggregate = !s.sim().has_aggregate() || s.sim().aggregate();
-  SimBackend backend(cluster, gpu, options);
+namespace {
 
+RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const GpuModel& gpu, SimBackend& backend,
+                  const std::function<void()>& iteration_done) {
+  const MoeModel model(s.model());
+  auto policy = make_policy(s.policy());
   RunResult result;
   result.policy = policy->name();
   result.gpus = cluster.num_gpus();
@@ -85,7 +83,45 @@ RunResult run_experiment(const Experiment& ex, const std::function<void(int, int
       result.graphs.push_back(std::move(graph));
       result.timings.push_back(std::move(timing));
     }
-    if (progress) progress(it + 1, iterations);
+    if (iteration_done) iteration_done();
+  }
+  return result;
+}
+
+}  // namespace
+
+bool PaperComparison::pass() const {
+  const double tol = paper.tolerance() > 0 ? paper.tolerance() : 0.15;
+  return std::abs(ratio() - 1) <= tol;
+}
+
+const RunResult& ExperimentResult::run(const std::string& name) const {
+  for (const auto& r : runs)
+    if (r.name == name) return r;
+  throw std::logic_error("no run named " + name);
+}
+
+ExperimentResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress) {
+  const Cluster cluster(ex.cluster_spec);
+  const GpuModel gpu(ex.cluster_spec.gpu(), ex.spec.model().dtype());
+  SimOptions options;
+  options.aggregate = !ex.spec.sim().has_aggregate() || ex.spec.sim().aggregate();
+  SimBackend backend(cluster, gpu, options);
+
+  std::vector<std::pair<std::string, spec::ExperimentSpec>> runs = ex.variants;
+  if (runs.empty()) runs.emplace_back("", ex.spec);
+  int total = 0, done = 0;
+  for (const auto& [name, s] : runs) total += int(s.iterations());
+  ExperimentResult result;
+  for (const auto& [name, s] : runs) {
+    result.runs.push_back(run_one(s, cluster, gpu, backend, [&] {
+      if (progress) progress(++done, total);
+    }));
+    result.runs.back().name = name;
+  }
+  for (const auto& p : ex.spec.paper()) {
+    PaperComparison c{p, result.run(p.baseline()).mean_time() / result.run(p.variant()).mean_time()};
+    result.paper.push_back(c);
   }
   return result;
 }

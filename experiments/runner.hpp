@@ -27,6 +27,7 @@ struct IterationRecord {
 };
 
 struct RunResult {
+  std::string name;  // the variant's name ("" for a plain experiment)
   std::string policy;
   int gpus = 0;
   std::vector<IterationRecord> iterations;
@@ -38,7 +39,22 @@ struct RunResult {
   Breakdown mean_breakdown() const;
 };
 
-/// Simulates every iteration. `progress(done, total)` is called after each.
-RunResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress = {});
+/// A paper's number next to the simulated one.
+struct PaperComparison {
+  spec::PaperValue paper;
+  double simulated = 0;  // time(baseline) / time(variant)
+  double ratio() const { return simulated / paper.speedup(); }
+  bool pass() const;     // |ratio − 1| within the tolerance (default 0.15)
+};
+
+struct ExperimentResult {
+  std::vector<RunResult> runs;  // one per variant, or the spec's own run
+  std::vector<PaperComparison> paper;
+  const RunResult& run(const std::string& name) const;
+};
+
+/// Simulates every iteration of every run (the variants, or the spec itself) on one SimGrid
+/// engine. `progress(done, total)` is called after each iteration.
+ExperimentResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress = {});
 
 }  // namespace moesim

@@ -7,6 +7,9 @@
 #include "gpu.hpp"
 
 #include <cmath>
+#include <fmt/format.h>
+#include <functional>
+#include <set>
 
 namespace moesim {
 namespace fs = std::filesystem;
@@ -90,19 +93,55 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     throw InputError(cluster_file.describe(e.field(), e.message()));
   }
 
-  std::optional<MoeModel> model;
-  try {
-    model.emplace(s.model());
-    GpuModel(ex.cluster_spec.gpu(), s.model().dtype());
-  } catch (const FieldError& e) {
-    if (e.field().rfind("gpu.", 0) == 0) throw in_spec("model.dtype", e.message());
-    throw in_spec("model." + e.field(), e.message());
+  // The model, policy and gating of one run (the spec itself, or one of its variants).
+  auto validate_run = [&](const spec::ExperimentSpec& run, const std::function<InputError(std::string, std::string)>& error) {
+    std::optional<MoeModel> model;
+    try {
+      model.emplace(run.model());
+      GpuModel(ex.cluster_spec.gpu(), run.model().dtype());
+    } catch (const FieldError& e) {
+      if (e.field().rfind("gpu.", 0) == 0) throw error("model.dtype", e.message());
+      throw error("model." + e.field(), e.message());
+    }
+    try {
+      make_policy(run.policy())->validate(*cluster, *model, run.policy());
+      validate_gating(run.gating(), *model, int(run.iterations()));
+    } catch (const FieldError& e) {
+      throw error(e.field(), e.message());
+    }
+  };
+  validate_run(s, in_spec);
+
+  // Variants: the spec with their overrides; they share the cluster.
+  std::set<std::string> names;
+  for (int i = 0; i < s.variants_size(); ++i) {
+    const auto& v = s.variants(i);
+    const std::string where = fmt::format("variants[{}]", i);
+    if (v.name().empty() || !names.insert(v.name()).second)
+      throw in_spec(where + ".name", "variants need distinct, non-empty names");
+    spec::ExperimentSpec run = s;
+    run.clear_variants();
+    run.clear_paper();
+    for (int j = 0; j < v.set_size(); ++j) {
+      if (v.set(j).rfind("cluster.", 0) == 0 || v.set(j).rfind("model.dtype", 0) == 0)
+        throw in_spec(fmt::format("{}.set[{}]", where, j), "variants share the cluster and the dtype; make another experiment for those");
+      try {
+        apply_override(run, v.set(j));
+      } catch (const InputError& e) {
+        throw in_spec(fmt::format("{}.set[{}]", where, j), e.what());
+      }
+    }
+    validate_run(run, [&](const std::string& field, const std::string& message) {
+      return in_spec(where, "variant '" + v.name() + "': field '" + field + "': " + message);
+    });
+    ex.variants.emplace_back(v.name(), std::move(run));
   }
-  try {
-    make_policy(s.policy())->validate(*cluster, *model, s.policy());
-    validate_gating(s.gating(), *model, int(s.iterations()));
-  } catch (const FieldError& e) {
-    throw in_spec(e.field(), e.message());
+  for (int i = 0; i < s.paper_size(); ++i) {
+    const auto& p = s.paper(i);
+    for (const auto& name : {p.variant(), p.baseline()})
+      if (!names.count(name))
+        throw in_spec(fmt::format("paper[{}]", i), "names the variant '" + name + "', which the experiment does not have");
+    if (!(p.speedup() > 0)) throw in_spec(fmt::format("paper[{}].speedup", i), "must be > 0");
   }
   return ex;
 }

@@ -22,6 +22,8 @@ struct Experiment {
   spec::ClusterSpec cluster_spec;   // from the catalog, node count applied
   std::string spec_path;
   std::vector<std::string> overrides;
+  /// The variants to run instead of the spec itself, each the spec with its overrides applied.
+  std::vector<std::pair<std::string, spec::ExperimentSpec>> variants;
 };
 
 /// Reads, overrides and validates. `path` nullopt: the embedded demo.

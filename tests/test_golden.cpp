@@ -30,7 +30,7 @@ std::string timeline_text(const RunResult& r) {
 void check_golden(const std::string& name) {
   const std::string dir = std::string(MOESIM_SOURCE_DIR) + "/tests/golden/";
   const auto ex = load_experiment(dir + name + ".textproto", {});
-  const auto text = timeline_text(run_experiment(ex));
+  const auto text = timeline_text(run_experiment(ex).runs.front());
   if (std::getenv("MOESIM_UPDATE_GOLDEN")) test::write_file(dir + name + ".expected", text);
   CHECK(text == test::read_file(dir + name + ".expected"));
 }

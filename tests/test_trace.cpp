@@ -348,7 +348,7 @@ TEST_CASE("replaying 20 iterations of the real trace on 16 GPUs gives one row pe
   const auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.experts=32", "model.layers=24",
                                                  "model.top_k=2", "iterations=20", "gating.trace.path=" + dir + "/t.trace",
                                                  "gating.trace.first_iteration=1001", "gate.capacity_factor=1.0"});
-  const auto r = run_experiment(ex);
+  const auto r = run_experiment(ex).runs.front();
   REQUIRE(r.iterations.size() == 20);
   for (int i = 0; i < 20; ++i) {
     CHECK(r.iterations[i].trace_iteration == std::uint64_t(1001 + 10 * i));
