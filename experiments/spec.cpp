@@ -71,6 +71,15 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   };
 
   auto& s = ex.spec;
+  // Paths written in a spec file are relative to it; paths given with --set to the current directory.
+  auto relative_to_spec = [&](std::string* value, const std::string& field) {
+    if (!path || value->empty() || fs::path(*value).is_absolute() || override_of(overrides, field)) return;
+    const auto candidate = fs::path(*path).parent_path() / *value;
+    if (fs::exists(candidate)) *value = candidate.lexically_normal().string();
+  };
+  if (s.gating().has_trace()) relative_to_spec(s.mutable_gating()->mutable_trace()->mutable_path(), "gating.trace.path");
+  if (s.cluster().platform().find('/') != std::string::npos)
+    relative_to_spec(s.mutable_cluster()->mutable_platform(), "cluster.platform");
   if (s.iterations() == 0) s.set_iterations(1);
   if (s.gating().source_case() == spec::GatingSpec::SOURCE_NOT_SET) s.mutable_gating()->mutable_uniform();
   if (s.gate().has_capacity_factor() && !std::isfinite(s.gate().capacity_factor()))

@@ -9,6 +9,10 @@
 #include "errors.hpp"
 #include "generator.hpp"
 #include "trace.hpp"
+#include "trace_import.hpp"
+
+#include <filesystem>
+#include <functional>
 
 namespace moesim {
 
@@ -52,6 +56,18 @@ std::vector<std::int64_t> rescale_row(const std::vector<std::int64_t>& row, std:
   return out;
 }
 
+RoutingMatrix split_experts(const RoutingMatrix& trace, int experts) {
+  if (experts == trace.experts) return trace;
+  const int m = experts / trace.experts;
+  RoutingMatrix out(trace.sources, experts);
+  for (int s = 0; s < trace.sources; ++s)
+    for (int e = 0; e < trace.experts; ++e) {
+      const std::int64_t c = trace.at(s, e);
+      for (int i = 0; i < m; ++i) out.at(s, e * m + i) = c / m + (i < c % m ? 1 : 0);  // even, remainder first
+    }
+  return out;
+}
+
 RoutingMatrix map_sources(const RoutingMatrix& trace, int gpus, std::int64_t tokens, int top_k) {
   RoutingMatrix out(gpus, trace.experts);
   const int S = trace.sources;
@@ -66,6 +82,18 @@ RoutingMatrix map_sources(const RoutingMatrix& trace, int gpus, std::int64_t tok
     std::copy(scaled.begin(), scaled.end(), out.counts.begin() + std::ptrdiff_t(g) * trace.experts);
   }
   return out;
+}
+
+std::string replay_trace_path(const std::string& path) {
+  if (path.size() < 4 || path.substr(path.size() - 4) != ".csv") return path;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw InputError(path + ": cannot open (check the path)");
+  const auto stamp = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+  const auto key = derive_seed(std::hash<std::string>{}(std::filesystem::absolute(path).string()), size, std::uint64_t(stamp));
+  const auto cached = std::filesystem::temp_directory_path() / fmt::format("moesim-{:016x}.trace", key);
+  if (!std::filesystem::exists(cached)) import_csv(path, cached.string(), {});
+  return cached.string();
 }
 
 namespace {
@@ -115,7 +143,7 @@ class GeneratorSource final : public GatingSource {
 class TraceSource final : public GatingSource {
  public:
   TraceSource(const spec::TraceReplay& t, const MoeModel& m, int gpus)
-      : replay_(t), model_(m), gpus_(gpus), reader_(t.path()) {}
+      : replay_(t), model_(m), gpus_(gpus), reader_(replay_trace_path(t.path())) {}
 
   std::vector<RoutingMatrix> next() override {
     const auto& h = reader_.header();
@@ -125,8 +153,9 @@ class TraceSource final : public GatingSource {
       if (layers.empty())
         throw InputError(fmt::format("{}: the trace ends after iteration {}; select fewer iterations", replay_.path(), label_));
       if ((label_ - first_) / h.iteration_stride() % stride != 0) continue;
-      std::vector<RoutingMatrix> out;
-      for (const auto& m : layers) out.push_back(map_sources(m, gpus_, model_.tokens_per_gpu(), model_.top_k()));
+      std::vector<RoutingMatrix> out;  // a deeper trace gives its first model.layers() layers
+      for (int l = 0; l < model_.layers(); ++l)
+        out.push_back(map_sources(split_experts(layers[l], model_.experts()), gpus_, model_.tokens_per_gpu(), model_.top_k()));
       return out;
     }
   }
@@ -184,16 +213,19 @@ void validate_gating(const spec::GatingSpec& g, const MoeModel& model, int itera
   if (t.path().empty()) throw FieldError("gating.trace.path", "is empty; name a .trace file (`moesim trace import` makes one)");
   std::optional<TraceReader> reader;
   try {
-    reader.emplace(t.path());
+    reader.emplace(replay_trace_path(t.path()));
   } catch (const InputError& e) {
     throw FieldError("gating.trace.path", e.what());
   }
   const auto& h = reader->header();
   const std::string hint = "; make a matching trace with `moesim trace rescale`";
-  if (int(h.experts()) != model.experts())
+  const bool splits = t.split_experts() && model.experts() % int(h.experts()) == 0;
+  if (int(h.experts()) != model.experts() && !splits)
     throw FieldError("gating.trace.path",
-                     fmt::format("the trace has {} experts, the model {}{}", h.experts(), model.experts(), hint));
-  if (int(h.layers()) != model.layers())
+                     fmt::format("the trace has {} experts, the model {}{}{}", h.experts(), model.experts(),
+                                 model.experts() % int(h.experts()) == 0 ? " (set gating.trace.split_experts)" : "",
+                                 hint));
+  if (int(h.layers()) < model.layers())
     throw FieldError("gating.trace.path",
                      fmt::format("the trace has {} layers, the model {} (set model.layers){}", h.layers(), model.layers(), hint));
   if (int(h.top_k()) != model.top_k())

@@ -24,8 +24,9 @@ class GatingSource {
 };
 
 /// Checks the gating spec against the model before any work starts (FieldError with a path
-/// relative to the experiment: "gating.trace.path", ...): a trace must exist and match the
-/// model's experts, layers and top-k, and hold records in the selected range.
+/// relative to the experiment: "gating.trace.path", ...): a trace must exist, match the model's
+/// experts (or divide them, with split_experts) and top-k, have at least its layers (a deeper
+/// trace gives its first layers), and hold records in the selected range.
 void validate_gating(const spec::GatingSpec& gating, const MoeModel& model, int iterations);
 
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& gating, const MoeModel& model, int gpus,
@@ -34,6 +35,13 @@ std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& gating,
 /// Scales a row of counts to sum to `total` (largest remainder; deterministic), then enforces
 /// `cap` per cell by moving the excess onto the cells below the cap in proportion to their counts.
 std::vector<std::int64_t> rescale_row(const std::vector<std::int64_t>& row, std::int64_t total, std::int64_t cap);
+
+/// The path to read for a trace replay: a .trace file as it is, a CSV imported once into a cached
+/// .trace in the temp directory (keyed by the CSV's path, size and time).
+std::string replay_trace_path(const std::string& path);
+
+/// Splits each expert's counts evenly over experts / trace.experts new experts (remainder first).
+RoutingMatrix split_experts(const RoutingMatrix& trace, int experts);
 
 /// Maps a trace's S sources onto G GPUs and scales each row to `tokens` × `top_k`: when S is a
 /// multiple of G, GPU g replays the sum of sources g·S/G .. (g+1)·S/G − 1; otherwise GPU g
