@@ -56,11 +56,19 @@ class Builder {
     scores_bytes_ = 2 * T * E_ * 4;             // softmax + top-k over fp32 scores
     permute_bytes_ = 2 * T * k * token_bytes_;  // read + write each routed token
     expert_bytes_ = in.model.expert_params() * in.model.dtype_bytes();
+    zero_ = s.sharding != ExpertSharding::owner;
     for (std::size_t l = 0; l < plans.size(); ++l) {
       target_[l].resize(std::size_t(G_) * E_);
       for (int s = 0; s < G_; ++s)
-        for (int e = 0; e < E_; ++e) target_[l][std::size_t(s) * E_ + e] = expert_target(plans[l], in.cluster, s, e);
+        for (int e = 0; e < E_; ++e)
+          target_[l][std::size_t(s) * E_ + e] = zero_ ? s : expert_target(plans[l], in.cluster, s, e);
     }
+  }
+
+  // ZeRO: a layer's experts gathered (all-gather) or their gradients scattered (reduce-scatter).
+  OpId zero_collective(int l, CollectiveType type, const char* what, std::vector<OpId> deps) {
+    return g_.add_collective(Stream::comm, fmt::format("L{}.{}", l, what),
+                             {type, everyone_, {expert_bytes_ * E_}, "ring"}, std::move(deps));
   }
 
   TaskGraph build() {
@@ -109,7 +117,11 @@ class Builder {
     // low-precision copy.
     const double params = dense_params + double(E_ / G_) * L * in_.model.expert_params();
     const double adam_bytes = params * (6 * 4 + 2 * in_.model.dtype_bytes());
-    for (int r = 0; r < G_; ++r) g_.add_compute(r, "optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce});
+    std::vector<OpId> steps(G_);
+    for (int r = 0; r < G_; ++r) steps[r] = g_.add_compute(r, "optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce});
+    // ZeRO-2 keeps full parameters: every GPU gathers the shards the others updated.
+    if (schedule_.sharding == ExpertSharding::zero2)
+      for (int l = 0; l < L; ++l) zero_collective(l, CollectiveType::all_gather, "experts_allgather_updated", steps);
     return std::move(g_);
   }
 
@@ -152,7 +164,7 @@ class Builder {
       const auto gemms = bwd ? backward(fwd) : fwd;
       c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
       c.tokens += tokens;
-      if (rank != expert_owner(e, E_, G_)) {
+      if (!zero_ && rank != expert_owner(e, E_, G_)) {
         if (!bwd) deps.push_back(bcast_[l].at(e));
         computing_.push_back(e);
       }
@@ -188,12 +200,31 @@ class Builder {
     const char* dir = bwd ? "bwd" : "fwd";
     const auto tokens = exchanged(l);
     if (schedule_.smart) return smart_layer(l, bwd, tokens);
+    if (zero_) return zero_layer(l, bwd);
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
                                             exchange(tokens, false), ready_);
     std::vector<OpId> experts(G_);
     for (int r = 0; r < G_; ++r)
       experts[r] = add_expert_op(l, r, fmt::format("L{}.{}.experts", l, dir), 0, G_, bwd, {dispatch});
     return g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(tokens, true), experts);
+  }
+
+  // ZeRO over the experts: every GPU runs every expert on its own tokens.
+  OpId zero_layer(int l, bool bwd) {
+    const char* dir = bwd ? "bwd" : "fwd";
+    std::vector<OpId> deps;
+    if (schedule_.sharding == ExpertSharding::zero3)
+      deps.push_back(zero_collective(l, CollectiveType::all_gather, bwd ? "bwd.experts_allgather" : "fwd.experts_allgather", {}));
+    std::vector<OpId> experts(G_);
+    for (int r = 0; r < G_; ++r) {
+      std::vector<OpId> d(deps);
+      d.push_back(ready_[r]);
+      experts[r] = add_expert_op(l, r, fmt::format("L{}.{}.experts", l, dir), r, r + 1, bwd, d);
+    }
+    if (!bwd) return g_.add_collective(Stream::comm, fmt::format("L{}.fwd.experts_done", l),
+                                       {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_},
+                                       experts);
+    return zero_collective(l, CollectiveType::reduce_scatter, "bwd.grads_reduce_scatter", experts);
   }
 
   // FasterMoE's smart schedule (fastermoe.md §3): groups of `group_size` consecutive ranks,
@@ -235,6 +266,7 @@ class Builder {
   std::vector<std::map<int, OpId>> bcast_;         // per layer: expert -> its broadcast
   std::map<std::pair<int, int>, std::vector<OpId>> users_;  // (layer, expert) -> bwd ops on its copies
   std::vector<int> computing_;
+  bool zero_ = false;
   std::string a2a_, ar_;
   double token_bytes_ = 0, scores_bytes_ = 0, permute_bytes_ = 0, expert_bytes_ = 0;
 };

@@ -37,10 +37,19 @@ struct LayerPlan {
   std::vector<Replica> replicas;
 };
 
+/// Where expert parameters live. `owner`: each expert on one GPU (expert parallelism, replicas
+/// copied per iteration). `zero2` / `zero3`: every GPU computes every expert on its own tokens
+/// (data parallelism over the experts, no all-to-all) with ZeRO's sharding: stage 3 all-gathers a
+/// layer's experts before its forward and again before its backward and reduce-scatters their
+/// gradients; stage 2 keeps the parameters, reduce-scatters the gradients and all-gathers the
+/// updated parameters after the optimizer step.
+enum class ExpertSharding { owner, zero2, zero3 };
+
 struct ScheduleOptions {
   bool smart = false;              // FasterMoE's fine-grained smart schedule
   int group_size = 4;              // workers per group in the smart schedule
   bool prefetch_replicas = false;  // Pro-Prophet's block-wise overlap of replica transfers
+  ExpertSharding sharding = ExpertSharding::owner;
 };
 
 /// The GPU that owns expert e when E/G experts live on each GPU.

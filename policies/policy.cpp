@@ -9,6 +9,8 @@ std::unique_ptr<Policy> make_expert_parallel();
 std::unique_ptr<Policy> make_fastermoe();
 std::unique_ptr<Policy> make_fastermoe_shadow();
 std::unique_ptr<Policy> make_fastermoe_smart();
+std::unique_ptr<Policy> make_zero2();
+std::unique_ptr<Policy> make_zero3();
 
 namespace {
 struct Entry {
@@ -20,6 +22,8 @@ const Entry kPolicies[] = {
     {"fastermoe", make_fastermoe},
     {"fastermoe-shadow", make_fastermoe_shadow},
     {"fastermoe-smart", make_fastermoe_smart},
+    {"zero2", make_zero2},
+    {"zero3", make_zero3},
 };
 }  // namespace
 

@@ -133,13 +133,17 @@ TEST_CASE("every policy computes each routed token-slot exactly once") {
   for (int l = 0; l < 2; ++l)
     routing.push_back(generate_routing(ex.spec.gating(), 16, 32, model.tokens_per_gpu(), 2, 11, 0, l));
   const long slots = 2L * 16 * model.tokens_per_gpu() * 2;
-  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe"}) {
+  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3"}) {
     INFO(name);
     spec::PolicySpec ps;
     ps.set_name(name);
     PolicyReport report;
     const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
     CHECK(forward_tokens(g) == slots);
+    if (std::string(name).rfind("zero", 0) == 0)  // data parallel experts: tokens never leave their GPU
+      for (const auto& op : g.ops())
+        if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::all_to_all)
+          CHECK(c->total_bytes() == 0);
     if (std::string(name) != "ep" && std::string(name) != "fastermoe-smart") CHECK(report.shadowed_experts > 0);
   }
 }

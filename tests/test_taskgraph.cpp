@@ -63,3 +63,19 @@ TEST_CASE("ring all-reduce puts 2(n-1)/n of the buffer on every ring edge") {
   }
   CHECK(lower(Collective{CollectiveType::all_reduce, {3}, {S}, "ring"}).empty());
 }
+
+TEST_CASE("ring all-gather and reduce-scatter put (n-1)/n of the buffer on every ring edge") {
+  const double S = 8e6;
+  for (auto type : {CollectiveType::all_gather, CollectiveType::reduce_scatter}) {
+    const auto steps = lower(Collective{type, {2, 4, 6, 8}, {S}, "ring"});
+    REQUIRE(steps.size() == 1);
+    REQUIRE(steps[0].transfers.size() == 4);
+    for (const auto& t : steps[0].transfers) CHECK(t.bytes * steps[0].rounds == Approx(3.0 / 4 * S));
+  }
+  const auto b = lower(Collective{CollectiveType::broadcast, {5, 1, 3}, {S}, "ring"});
+  REQUIRE(b.size() == 1);
+  CHECK(b[0].transfers.size() == 2);  // a chain from the root: 5 -> 1 -> 3, S on each edge
+  CHECK(b[0].transfers[0].src == 5);
+  CHECK(b[0].transfers[1].dst == 3);
+  CHECK(b[0].transfers[1].bytes == S);
+}

@@ -8,9 +8,12 @@ extern const CollectiveAlgorithm linear_alltoall;
 extern const CollectiveAlgorithm ring_allreduce;
 extern const CollectiveAlgorithm ring_broadcast;
 extern const CollectiveAlgorithm ring_reduce;
+extern const CollectiveAlgorithm ring_allgather;
+extern const CollectiveAlgorithm ring_reduce_scatter;
 
 const std::vector<const CollectiveAlgorithm*>& collective_algorithms() {
-  static const std::vector<const CollectiveAlgorithm*> all = {&linear_alltoall, &ring_allreduce, &ring_broadcast, &ring_reduce};
+  static const std::vector<const CollectiveAlgorithm*> all = {&linear_alltoall, &ring_allreduce, &ring_broadcast, &ring_reduce, &ring_allgather,
+                                                                  &ring_reduce_scatter};
   return all;
 }
 

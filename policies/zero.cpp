@@ -1,0 +1,38 @@
+// ZeRO data parallelism for the expert weights (DeepSpeed; FasterMoE's and Pro-Prophet's baseline,
+// fastermoe.md §5.3: "ZeRO runs over a single-worker FastMoE with all 16 experts on each GPU"):
+// every GPU computes every expert on its own tokens, so there is no all-to-all, and the experts'
+// parameters, gradients and optimizer states are sharded ZeRO-style (stage 2 or 3, see
+// moe_iteration.hpp ExpertSharding). Expert gradients are never all-reduced: ZeRO reduce-scatters
+// them; the dense parameters are all-reduced as in every other policy.
+#include "moe_iteration.hpp"
+
+namespace moesim {
+namespace {
+
+class Zero final : public Policy {
+ public:
+  explicit Zero(int stage) : stage_(stage) {}
+  std::string name() const override { return stage_ == 3 ? "zero3" : "zero2"; }
+
+  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
+    validate_expert_placement(cluster, model, spec);  // the optimizer shards E/G experts' states per GPU
+  }
+
+  TaskGraph build_iteration(const IterationInput& in) override {
+    std::vector<LayerPlan> plans;
+    for (const auto& R : in.routing) plans.push_back({R, {}});
+    ScheduleOptions schedule;
+    schedule.sharding = stage_ == 3 ? ExpertSharding::zero3 : ExpertSharding::zero2;
+    return build_moe_iteration(in, plans, schedule);
+  }
+
+ private:
+  int stage_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_zero2() { return std::make_unique<Zero>(2); }
+std::unique_ptr<Policy> make_zero3() { return std::make_unique<Zero>(3); }
+
+}  // namespace moesim
