@@ -9,6 +9,10 @@ std::unique_ptr<Policy> make_expert_parallel();
 std::unique_ptr<Policy> make_fastermoe();
 std::unique_ptr<Policy> make_fastermoe_shadow();
 std::unique_ptr<Policy> make_fastermoe_smart();
+std::unique_ptr<Policy> make_pro_prophet();
+std::unique_ptr<Policy> make_pro_prophet_planner();
+std::unique_ptr<Policy> make_replicate_top2();
+std::unique_ptr<Policy> make_replicate_top3();
 
 namespace {
 struct Entry {
@@ -20,6 +24,10 @@ const Entry kPolicies[] = {
     {"fastermoe", make_fastermoe},
     {"fastermoe-shadow", make_fastermoe_shadow},
     {"fastermoe-smart", make_fastermoe_smart},
+    {"pro-prophet", make_pro_prophet},
+    {"pro-prophet-planner", make_pro_prophet_planner},
+    {"replicate-top2", make_replicate_top2},
+    {"replicate-top3", make_replicate_top3},
 };
 }  // namespace
 
