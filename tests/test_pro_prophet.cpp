@@ -19,26 +19,19 @@ using namespace moesim;
 
 namespace {
 
-spec::ModelSpec layer_model(int experts, int d_model, int tokens, int top_k = 2, int layers = 1) {
-  spec::ModelSpec m;
-  m.set_name("layer");
-  m.set_layers(layers);
-  m.set_d_model(d_model);
-  m.set_d_ffn(2 * d_model);
-  m.set_experts(experts);
-  m.set_top_k(top_k);
-  m.set_seq_len(tokens);
-  m.set_tokens_per_gpu(tokens);
-  m.set_heads(16);
-  m.set_dtype(spec::FP16);
-  return m;
+// The demo experiment's model (d_model 1024, d_ffn 4096, 4,096 tokens per GPU, top-2, FP16), one
+// layer unless overridden.
+MoeModel moe_model(std::vector<std::string> overrides) {
+  overrides.insert(overrides.begin(), {"cluster.nodes=1", "model.layers=1"});
+  return MoeModel(load_experiment(std::nullopt, overrides).spec.model());
 }
 
-// Token-slots every expert op of the forward pass computes, summed.
-long forward_tokens(const TaskGraph& g) {
-  long n = 0;
+// Token-slots the expert ops compute, forward and backward: each routed slot exactly once in each.
+std::pair<long, long> expert_slots(const TaskGraph& g) {
+  std::pair<long, long> n{0, 0};
   for (const auto& op : g.ops())
-    if (const auto* c = std::get_if<Compute>(&op.body); c && op.label.find(".fwd.") != std::string::npos) n += c->tokens;
+    if (const auto* c = std::get_if<Compute>(&op.body); c && c->kind == ComputeKind::grouped_gemm)
+      (op.label.find(".fwd.") != std::string::npos ? n.first : n.second) += c->tokens;
   return n;
 }
 
@@ -91,7 +84,7 @@ TEST_CASE("Pro-Prophet's performance model, Eqs. 1-8, on hand cases") {
   const Cluster c(test::platform("dgx-a100", 2));
   const GpuModel gpu(c.spec().gpu(), spec::FP16);
   const CostModel cost(c, gpu);
-  const MoeModel model(layer_model(16, 1024, 4096));
+  const MoeModel model = moe_model({"model.experts=16"});
   const auto pm = prophet_model(cost, model, gpu);
   std::vector<double> uniform(16 * 16, 1000 * model.token_bytes());
   for (int i = 0; i < 16; ++i) uniform[i * 16 + i] = 0;
@@ -108,7 +101,7 @@ TEST_CASE("the greedy search stops balanced (Eq. 7) or with the heaviest device 
   const Cluster c(test::platform("dgx-a100", 1));  // 8 GPUs, one expert each (E = D, as in the paper)
   const GpuModel gpu(c.spec().gpu(), spec::FP16);
   const CostModel cost(c, gpu);
-  const MoeModel model(layer_model(8, 1024, 4096));
+  const MoeModel model = moe_model({"model.experts=8"});
   const auto pm = prophet_model(cost, model, gpu);
   SearchOptions o;
   o.alpha = 0.1;
@@ -151,7 +144,7 @@ TEST_CASE("Pro-Prophet replicates nothing under a uniform load") {
   const Cluster c(test::platform("dgx-a100", 2));
   const GpuModel gpu(c.spec().gpu(), spec::FP16);
   const CostModel cost(c, gpu);
-  const MoeModel model(layer_model(32, 1024, 4096));
+  const MoeModel model = moe_model({"model.experts=32"});
   const auto pm = prophet_model(cost, model, gpu);
   RoutingMatrix uniform(16, 32);
   for (auto& x : uniform.counts) x = 256;
@@ -195,7 +188,7 @@ TEST_CASE("Pro-Prophet and top-k replication compute each routed token-slot exac
         routing.push_back(generate_routing(ex.spec.gating(), 16, 32, model.tokens_per_gpu(), 2, 11, it, l));
       PolicyReport report;
       const auto g = policy->build_iteration({cluster, model, gpu, ps, routing, report});
-      CHECK(forward_tokens(g) == slots);
+      CHECK(expert_slots(g) == std::make_pair(slots, slots));
       if (it == 0 && std::string(name).rfind("pro-prophet", 0) == 0) CHECK(report.shadowed_experts == 0);
       shadowed += report.shadowed_experts;
     }
@@ -211,7 +204,9 @@ TEST_CASE("the block-wise schedule hides Trans and Agg") {
   const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
   SimBackend sim(cluster, gpu);
   auto run = [&](int d_model, int tokens, ReplicaSchedule mode) {
-    const MoeModel model(layer_model(16, d_model, tokens, 2, 4));
+    const MoeModel model = moe_model({"model.layers=4", "model.experts=16", fmt::format("model.d_model={}", d_model),
+                                      fmt::format("model.d_ffn={}", 2 * d_model),
+                                      fmt::format("model.tokens_per_gpu={}", tokens)});
     const CostModel cost(cluster, gpu);
     const auto pm = prophet_model(cost, model, gpu);
     std::vector<LayerPlan> plans;
@@ -229,7 +224,7 @@ TEST_CASE("the block-wise schedule hides Trans and Agg") {
     s.trans_under_dense = int(std::floor(pm.fnec / trans_time(pm, 1, 0)));
     s.agg_under_dense = int(std::floor(pm.bnec / agg_time(pm, 1, 0)));
     const auto g = build_moe_iteration({cluster, model, gpu, ps, routing, report}, plans, s);
-    CHECK(forward_tokens(g) == 4L * 16 * tokens * 2);
+    CHECK(expert_slots(g) == std::make_pair(4L * 16 * tokens * 2, 4L * 16 * tokens * 2));
     return sim.execute(g).makespan();
   };
   // Small experts: Trans is short, block-wise is no slower.
@@ -277,7 +272,7 @@ TEST_CASE("the greedy search at 1024 GPUs x 1024 experts") {
   const Cluster cluster(test::platform("dgx-a100", 128));
   const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
   const CostModel cost(cluster, gpu);
-  const MoeModel model(layer_model(1024, 1024, 4096));
+  const MoeModel model = moe_model({"model.experts=1024"});
   auto t0 = std::chrono::steady_clock::now();
   const auto pm = prophet_model(cost, model, gpu);
   const double profile = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
