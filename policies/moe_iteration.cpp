@@ -15,19 +15,30 @@ Replica everywhere(int expert, int experts, int gpus) {
 }
 
 int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int e) {
-  const int owner = expert_owner(e, plan.routing.experts, cluster.num_gpus());
   const Replica* rep = nullptr;
   for (const auto& r : plan.replicas)
     if (r.expert == e) rep = &r;
-  if (!rep || src == owner) return owner;
-  std::vector<int> copies{owner}, near;
-  copies.insert(copies.end(), rep->holders.begin(), rep->holders.end());
+  if (!rep) return expert_owner(e, plan.routing.experts, cluster.num_gpus());
+  return replica_targets(*rep, cluster, plan.routing.experts)[std::size_t(src)];
+}
+
+std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int experts) {
+  const int G = cluster.num_gpus();
+  std::vector<int> copies{expert_owner(rep.expert, experts, G)};
+  copies.insert(copies.end(), rep.holders.begin(), rep.holders.end());
+  std::vector<std::vector<int>> near(std::size_t(cluster.nodes()));  // copies per node, in order
+  std::vector<int> target(std::size_t(G), -1);
   for (int c : copies) {
-    if (c == src) return src;
-    if (cluster.node_of(c) == cluster.node_of(src)) near.push_back(c);
+    near[std::size_t(cluster.node_of(c))].push_back(c);
+    target[std::size_t(c)] = c;
   }
-  const auto& pool = near.empty() ? copies : near;
-  return pool[std::size_t(src) % pool.size()];
+  for (int s = 0; s < G; ++s) {
+    if (target[std::size_t(s)] >= 0) continue;
+    const auto& on_node = near[std::size_t(cluster.node_of(s))];
+    const auto& pool = on_node.empty() ? copies : on_node;
+    target[std::size_t(s)] = pool[std::size_t(s) % pool.size()];
+  }
+  return target;
 }
 
 namespace {
@@ -60,9 +71,29 @@ class Builder {
     for (std::size_t l = 0; l < plans.size(); ++l) {
       target_[l].resize(std::size_t(G_) * E_);
       for (int s = 0; s < G_; ++s)
-        for (int e = 0; e < E_; ++e)
-          target_[l][std::size_t(s) * E_ + e] = zero_ ? s : expert_target(plans[l], in.cluster, s, e);
+        for (int e = 0; e < E_; ++e) target_[l][std::size_t(s) * E_ + e] = zero_ ? s : expert_owner(e, E_, G_);
+      if (!zero_)
+        for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
+          const auto t = replica_targets(rep, in.cluster, E_);
+          for (int s = 0; s < G_; ++s) target_[l][std::size_t(s) * E_ + rep.expert] = t[std::size_t(s)];
+        }
+      // The experts each GPU computes this layer (its own, and copies some source sends it), so
+      // that building a GPU's expert op costs its experts × sources, not all experts × sources.
+      computes_.emplace_back(G_);
+      std::vector<char> seen(std::size_t(G_) * E_, 0);
+      const auto& R = plans[l].routing;
+      for (int s = 0; s < G_; ++s)
+        for (int e = 0; e < E_; ++e) {
+          const int t = target_[l][std::size_t(s) * E_ + e];
+          if (R.at(s, e) > 0 && !seen[std::size_t(t) * E_ + e]) {
+            seen[std::size_t(t) * E_ + e] = 1;
+            computes_[l][t].push_back(e);
+          }
+        }
+      for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
     }
+    trans_sent_.assign(plans.size(), 0);
+    agg_sent_.assign(plans.size(), 0);
   }
 
   // ZeRO: a layer's experts gathered (all-gather) or their gradients scattered (reduce-scatter).
@@ -75,33 +106,41 @@ class Builder {
     const int L = in_.model.layers();
     const auto dense = in_.model.dense_forward_gemms();
     const Gemm gate = in_.model.gate_gemm();
-    if (schedule_.prefetch_replicas && L > 0) broadcast_replicas(0, Stream::comm2);
+    using RS = ReplicaSchedule;
+    const RS mode = schedule_.replicas;
+    if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
     for (int l = 0; l < L; ++l) {
-      if (schedule_.prefetch_replicas && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
+      if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0});
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, {}, permute_bytes_});
       }
-      if (!schedule_.prefetch_replicas) broadcast_replicas(l, Stream::comm);
+      if (mode == RS::stream_order || (mode == RS::block_wise && l == 0)) broadcast_replicas(l, Stream::comm);
+      if (mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
       const OpId done = moe_layer(l, false);
+      if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
       for (int r = 0; r < G_; ++r)
         g_.add_compute(r, fmt::format("L{}.fwd.decode", l), {ComputeKind::decode, {}, permute_bytes_}, {done});
     }
-    std::vector<OpId> reduces;
     for (int l = L - 1; l >= 0; --l) {
       for (int r = 0; r < G_; ++r)
         ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.decode", l), {ComputeKind::decode, {}, permute_bytes_});
       const OpId done = moe_layer(l, true);
       // Replicas' gradients go back to their owners (a reduce each): on the second stream, under
-      // the rest of the backward, with prefetch; after the layer otherwise.
-      for (const auto& rep : plans_[l].replicas)
-        reduces.push_back(g_.add_collective(schedule_.prefetch_replicas ? Stream::comm2 : Stream::comm,
-                                            fmt::format("L{}.bwd.replica_reduce.e{}", l, rep.expert),
-                                            {CollectiveType::reduce, ring(rep), {expert_bytes_}, "ring"},
-                                            users_[{l, rep.expert}]));
+      // the rest of the backward, with second_stream; after the layer otherwise; block_wise keeps
+      // part of them for the next layer's experts (see ReplicaSchedule).
+      std::vector<OpId> after{done};
+      if (mode == RS::block_wise) {
+        if (l + 1 < L) reduce_replicas(l + 1, Stream::comm);  // SubAgg2 left over (smart schedule)
+        const int n = int(plans_[l].replicas.size());
+        reduce_replicas(l, Stream::comm, l == 0 ? n : std::min(n, schedule_.agg_under_dense));  // SubAgg1
+      } else {
+        reduce_replicas(l, mode == RS::second_stream ? Stream::comm2 : Stream::comm);
+        if (mode == RS::exposed) after.insert(after.end(), reduces_.end() - std::ptrdiff_t(plans_[l].replicas.size()), reduces_.end());
+      }
       for (int r = 0; r < G_; ++r) {
-        g_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, {}, permute_bytes_}, {done});
+        g_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, {}, permute_bytes_}, after);
         g_.add_compute(r, fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward({gate}), scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward(dense), 0});
       }
@@ -109,7 +148,7 @@ class Builder {
     // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
     const double dense_params = in_.model.dense_params_per_layer() * L;
     std::vector<OpId> before_ar(ready_);
-    before_ar.insert(before_ar.end(), reduces.begin(), reduces.end());
+    before_ar.insert(before_ar.end(), reduces_.begin(), reduces_.end());
     const OpId allreduce = g_.add_collective(
         Stream::comm, "allreduce.dense",
         {CollectiveType::all_reduce, everyone_, {dense_params * in_.model.dtype_bytes()}, ar_}, before_ar);
@@ -133,10 +172,33 @@ class Builder {
     return chain;
   }
 
-  void broadcast_replicas(int l, Stream stream) {
-    for (const auto& rep : plans_[l].replicas)
-      bcast_[l][rep.expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, rep.expert),
-                                                {CollectiveType::broadcast, ring(rep), {expert_bytes_}, "ring"});
+  // The broadcasts of layer l's replicas not yet sent, up to the first `limit` of them.
+  void broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps = {}, int limit = -1) {
+    const auto& reps = plans_[l].replicas;
+    const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
+    for (int& i = trans_sent_[l]; i < end; ++i)
+      bcast_[l][reps[i].expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, reps[i].expert),
+                                                    {CollectiveType::broadcast, ring(reps[i]), {expert_bytes_}, "ring"},
+                                                    deps);
+  }
+
+  // The reduces of layer l's replicas not yet sent, up to the first `limit` of them.
+  void reduce_replicas(int l, Stream stream, int limit = -1) {
+    const auto& reps = plans_[l].replicas;
+    const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
+    for (int& i = agg_sent_[l]; i < end; ++i)
+      reduces_.push_back(g_.add_collective(stream, fmt::format("L{}.bwd.replica_reduce.e{}", l, reps[i].expert),
+                                           {CollectiveType::reduce, ring(reps[i]), {expert_bytes_}, "ring"},
+                                           users_[{l, reps[i].expert}]));
+  }
+
+  // Block-wise schedule, between a layer's dispatch and combine (under its experts): the next
+  // layer's SubTrans1 (forward) or the later layer's SubAgg2 (backward).
+  void under_experts(int l, bool bwd) {
+    if (schedule_.replicas != ReplicaSchedule::block_wise || l + 1 >= int(plans_.size())) return;
+    if (bwd) return reduce_replicas(l + 1, Stream::comm);
+    const int n = int(plans_[l + 1].replicas.size());
+    broadcast_replicas(l + 1, Stream::comm, {}, n - std::min(n, schedule_.trans_under_dense));
   }
 
   int target(int l, int s, int e) const { return target_[l][std::size_t(s) * E_ + e]; }
@@ -155,7 +217,7 @@ class Builder {
   Compute expert_work(int l, int rank, int from, int to, bool bwd, std::vector<OpId>& deps) {
     const auto& R = plans_[l].routing;
     Compute c{ComputeKind::grouped_gemm, {}, 0};
-    for (int e = 0; e < E_; ++e) {
+    for (int e : computes_[l][rank]) {
       long tokens = 0;
       for (int s = from; s < to; ++s)
         if (target(l, s, e) == rank) tokens += long(R.at(s, e));
@@ -206,6 +268,7 @@ class Builder {
     std::vector<OpId> experts(G_);
     for (int r = 0; r < G_; ++r)
       experts[r] = add_expert_op(l, r, fmt::format("L{}.{}.experts", l, dir), 0, G_, bwd, {dispatch});
+    under_experts(l, bwd);
     return g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(tokens, true), experts);
   }
 
@@ -267,6 +330,9 @@ class Builder {
   std::map<std::pair<int, int>, std::vector<OpId>> users_;  // (layer, expert) -> bwd ops on its copies
   std::vector<int> computing_;
   bool zero_ = false;
+  std::vector<std::vector<std::vector<int>>> computes_;  // per layer, per GPU: experts it computes
+  std::vector<int> trans_sent_, agg_sent_;  // per layer: replicas whose broadcast / reduce is added
+  std::vector<OpId> reduces_;
   std::string a2a_, ar_;
   double token_bytes_ = 0, scores_bytes_ = 0, permute_bytes_ = 0, expert_bytes_ = 0;
 };

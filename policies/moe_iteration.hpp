@@ -15,10 +15,10 @@
 // owner, which alone updates it.
 //
 // With the smart schedule (FasterMoE §4.2) each layer's all-to-all / experts / all-to-all is split
-// into n = G / group_size steps S_j, C_j, R_j on two streams (see smart_layer()). With
-// `prefetch_replicas` (Pro-Prophet's block-wise schedule) the broadcasts of layer l run on a second
-// communication stream under layer l−1's forward, and the reduces under the rest of the backward.
+// into n = G / group_size steps S_j, C_j, R_j on two streams (see smart_layer()). Where the
+// replicas' broadcasts and reduces go is a ReplicaSchedule.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "policy.hpp"
@@ -44,12 +44,36 @@ struct LayerPlan {
 /// gradients; stage 2 keeps the parameters, reduce-scatters the gradients and all-gathers the
 /// updated parameters after the optimizer step.
 enum class ExpertSharding { owner, zero2, zero3 };
+/// Where replicas' parameter broadcasts (Pro-Prophet's Trans) and gradient reduces (Agg) go.
+enum class ReplicaSchedule : std::uint8_t {
+  /// On the comm stream in program order: layer l's broadcasts after layer l−1's combine (so under
+  /// its decode and layer l's attention), its reduces after layer l's backward exchange (FasterMoE).
+  stream_order,
+  /// Nothing overlaps: the broadcasts wait for the layer's gate, the backward's next compute waits
+  /// for the reduces (Pro-Prophet's planner without its scheduler, the Eq. 6 setting).
+  exposed,
+  /// Layer l's broadcasts on a second comm stream under layer l−1's forward, reduces under the
+  /// rest of the backward.
+  second_stream,
+  /// Pro-Prophet's block-wise schedule (Algorithm 2 with Partition()), all on the comm stream:
+  /// layer l+1's broadcasts after layer l's dispatch, under its experts (SubTrans1), except the
+  /// last `trans_under_dense`, which go after its combine, under the non-expert compute up to
+  /// layer l+1's dispatch (SubTrans2). Layer l's reduces: the first `agg_under_dense` after its
+  /// backward combine, under the non-expert backward (SubAgg1); the rest after layer l−1's
+  /// backward dispatch, under its experts (SubAgg2). Layer 0's broadcasts (no earlier block) go
+  /// before its dispatch, layer 0's reduces (no later block) all after its backward combine.
+  /// Nothing crosses the iteration boundary. With the smart schedule the "under the experts"
+  /// parts go after the layer.
+  block_wise,
+};
 
 struct ScheduleOptions {
   bool smart = false;              // FasterMoE's fine-grained smart schedule
   int group_size = 4;              // workers per group in the smart schedule
-  bool prefetch_replicas = false;  // Pro-Prophet's block-wise overlap of replica transfers
   ExpertSharding sharding = ExpertSharding::owner;
+  ReplicaSchedule replicas = ReplicaSchedule::stream_order;
+  int trans_under_dense = 0;       // block_wise: broadcasts per layer under the non-expert forward
+  int agg_under_dense = 0;         // block_wise: reduces per layer under the non-expert backward
 };
 
 /// The GPU that owns expert e when E/G experts live on each GPU.
@@ -61,6 +85,8 @@ Replica everywhere(int expert, int experts, int gpus);
 /// The GPU that computes source `src`'s tokens for expert e under a plan: the source itself if it
 /// holds a copy (or owns e), else a holder on its node, else any holder (spread by source).
 int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int expert);
+/// expert_target() of every source for one replicated expert, in O(G + holders).
+std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int experts);
 
 TaskGraph build_moe_iteration(const IterationInput& in, const std::vector<LayerPlan>& plans,
                               const ScheduleOptions& schedule);

@@ -11,6 +11,10 @@ std::unique_ptr<Policy> make_fastermoe_shadow();
 std::unique_ptr<Policy> make_fastermoe_smart();
 std::unique_ptr<Policy> make_zero2();
 std::unique_ptr<Policy> make_zero3();
+std::unique_ptr<Policy> make_pro_prophet();
+std::unique_ptr<Policy> make_pro_prophet_planner();
+std::unique_ptr<Policy> make_replicate_top2();
+std::unique_ptr<Policy> make_replicate_top3();
 
 namespace {
 struct Entry {
@@ -24,6 +28,10 @@ const Entry kPolicies[] = {
     {"fastermoe-smart", make_fastermoe_smart},
     {"zero2", make_zero2},
     {"zero3", make_zero3},
+    {"pro-prophet", make_pro_prophet},
+    {"pro-prophet-planner", make_pro_prophet_planner},
+    {"replicate-top2", make_replicate_top2},
+    {"replicate-top3", make_replicate_top3},
 };
 }  // namespace
 

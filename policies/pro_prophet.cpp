@@ -1,0 +1,340 @@
+// Pro-Prophet (Wang et al.; shared/papers/pro-prophet.md) as a policy: the lightweight expert
+// placement (Trans / Agg, §1.2), its performance model (Eqs. 1-8, §1.3), the locality-based greedy
+// search (Algorithm 1, §2) and the block-wise scheduler (Algorithm 2, §3, built by
+// moe_iteration.cpp as ReplicaSchedule::block_wise). Symbols follow the paper: D devices, E experts,
+// H_i inputs computed on device i, R_i inputs it receives from others, B̄ the average bandwidth,
+// t the computation throughput, s selected experts, n devices a selected expert is not sent to,
+// I inputs of the iteration, α the balance coefficient.
+//
+// Choices where the paper is unclear:
+//  - The model's scalars come from the shared cost model, once per policy (the paper profiles
+//    them before training): B̄ of Eq. 1 is what a device receives per second in a uniform
+//    all-to-all, B̄ of Eqs. 4-5 is size(params) over a ring broadcast to all GPUs (so Trans with
+//    n = 0 costs one broadcast), t is a device's expert GEMM throughput at the mean load, T_FNEC the
+//    GEMMs of a layer's attention and gate, T_BNEC = 2·T_FNEC. The paper has one B̄; the cost model
+//    gives both primitives theirs.
+//  - Inputs are token-slots (tokens × k), for H, R and I alike.
+//  - E/G experts per GPU (the paper has E = D): H and R are per device; the search takes the
+//    heaviest device's heaviest expert not yet selected, and stops ("already relieved") when the
+//    heaviest device has none left. With E = D this is Algorithm 1 exactly.
+//  - n counts devices besides the home (BottomK over the D − 1 others); a device with no input for
+//    the expert never gets a copy (Fig. 6: "Dev. 2 has no inputs routed to E0"). Eqs. 4-5 are
+//    charged per selected expert with its own n_e = D − 1 − (receivers), so D − n_e counts the home
+//    with the receivers: s·(D − n)/D · size / B̄ when every expert has n_e = n.
+//  - Replace_Inputs follows the iteration builder (expert_target()): a source without a copy sends
+//    its tokens to a copy on its node if there is one, else to a copy spread by source, so the
+//    plan's H and R are those the simulated iteration has.
+//  - Eq. 7 compares the spread of H with α·I/D, the mean device load (the paper's I/E, E = D).
+#include "pro_prophet.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <numeric>
+#include <optional>
+
+#include "errors.hpp"
+
+namespace moesim {
+
+ProphetModel prophet_model(const CostModel& cost, const MoeModel& model, const GpuModel& gpu) {
+  ProphetModel m;
+  const int G = cost.cluster().num_gpus();
+  m.devices = G;
+  m.input_bytes = model.token_bytes();
+  m.params_bytes = m.grads_bytes = model.expert_params() * model.dtype_bytes();
+  const double inf = std::numeric_limits<double>::infinity();
+  m.a2a_bandwidth = m.xfer_bandwidth = inf;
+  if (G > 1) {
+    const double b = 1e6;
+    std::vector<double> uniform(std::size_t(G) * G, b);
+    for (int i = 0; i < G; ++i) uniform[std::size_t(i) * G + i] = 0;
+    m.a2a_bandwidth = (G - 1) * b / cost.alltoall_time(uniform);
+    std::vector<int> all(std::size_t(G), 0);
+    std::iota(all.begin(), all.end(), 0);
+    m.xfer_bandwidth = m.params_bytes / cost.broadcast_time(all, m.params_bytes);
+  }
+  const int per_gpu = model.experts() / G;
+  const double slots = double(model.tokens_per_gpu()) * model.top_k();  // a device's mean load
+  m.throughput = slots / (per_gpu * cost.expert_time(model, slots / per_gpu));
+  for (const auto& g : model.dense_forward_gemms()) m.fnec += gpu.gemm_time(g);
+  m.fnec += gpu.gemm_time(model.gate_gemm());
+  m.bnec = 2 * m.fnec;
+  return m;
+}
+
+/// Eq. 1, Tutel's P2P all-to-all: T_A2A(R) = max_i R_i · size(input) / B̄.
+double a2a_time(const ProphetModel& m, const std::vector<double>& R) {
+  const double r = R.empty() ? 0 : *std::max_element(R.begin(), R.end());
+  return r > 0 ? r * m.input_bytes / m.a2a_bandwidth : 0;
+}
+
+/// Eq. 2: T_FEC(H) = max_i H_i / t (a device's experts run one after another).
+double fec_time(const ProphetModel& m, const std::vector<double>& H) {
+  const double h = H.empty() ? 0 : *std::max_element(H.begin(), H.end());
+  return h / m.throughput;
+}
+
+/// Eq. 3: T_BEC(H) = 2 · max_i H_i / t.
+double bec_time(const ProphetModel& m, const std::vector<double>& H) { return 2 * fec_time(m, H); }
+
+/// Eq. 4: T_Trans(s, n) = s · (D − n) · size(e.params) / (D · B̄).
+double trans_time(const ProphetModel& m, double s, double n) {
+  return s * (m.devices - n) * m.params_bytes / (m.devices * m.xfer_bandwidth);
+}
+
+/// Eq. 5: T_Agg(s, n) = s · (D − n) · size(e.grads) / (D · B̄).
+double agg_time(const ProphetModel& m, double s, double n) {
+  return s * (m.devices - n) * m.grads_bytes / (m.devices * m.xfer_bandwidth);
+}
+
+/// Eq. 6: T' = 4·T_A2A + 3·T_FEC + T_Trans + T_Agg (FEC + BEC = 3·FEC; 2 + 2 all-to-alls).
+double layer_time(double a2a, double fec, double trans, double agg) { return 4 * a2a + 3 * fec + trans + agg; }
+
+/// Eq. 8: T' = 4·T_A2A + 3·T_FEC + T_PTrans + T_PAgg, T_PTrans = max(0, T_Trans − T_FEC − T_FNEC),
+/// T_PAgg = max(0, T_Agg − T_BEC − T_BNEC): only what the block's compute cannot hide. The real
+/// schedule hides Trans_{i+1} under block i; Eq. 8 subtracts the layer's own T_FEC (the paper's
+/// approximation, kept).
+double layer_time_overlapped(const ProphetModel& m, double a2a, double fec, double trans, double agg) {
+  return 4 * a2a + 3 * fec + std::max(0.0, trans - fec - m.fnec) + std::max(0.0, agg - 2 * fec - m.bnec);
+}
+
+/// Eq. 7: max(H) − min(H) < α · I / D.
+bool balanced(const std::vector<double>& H, double alpha) {
+  if (H.empty()) return true;
+  const auto [lo, hi] = std::minmax_element(H.begin(), H.end());
+  const double I = std::accumulate(H.begin(), H.end(), 0.0);
+  return *hi - *lo < alpha * I / double(H.size());
+}
+
+/// Algorithm 1 (reconstructed, pro-prophet.md §2.2): from the no-replica baseline, repeatedly take
+/// the heaviest device's heaviest unselected expert (greedy rule 1), send it to every device but
+/// the n with the fewest inputs for it (rule 2, BottomK), re-assign the inputs, score the prefix with
+/// Eq. 6 or 8, and keep the best prefix. Stops when Eq. 7 holds (balanced) or when the heaviest
+/// device has no expert left to select (relieved: the paper's "i in Used"; it also ends the search
+/// once every expert is selected). The listing's fixes (a)-(c) are as in the extract.
+///
+/// Cost: the loop selects each expert at most once, and a pass is O(D) (argmax, BottomK by
+/// nth_element, the new expert's targets and the incremental H/R update, Eq. 6/8 as two O(D)
+/// maxima) plus O(E/D) to pick the expert: O(E·D) per layer with the initial column sums, against
+/// the extract's O(D³) for a from-scratch Replace_Inputs.
+ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const RoutingMatrix& gating,
+                          const SearchOptions& o) {
+  const int D = cluster.num_gpus(), E = gating.experts, per = E / D;
+  std::vector<double> load(std::size_t(E), 0.0), H(std::size_t(D), 0.0), R(std::size_t(D), 0.0);
+  for (int s = 0; s < D; ++s)
+    for (int e = 0; e < E; ++e) {
+      const double x = double(gating.at(s, e));
+      const int home = e / per;
+      load[std::size_t(e)] += x;
+      H[std::size_t(home)] += x;
+      if (s != home) R[std::size_t(home)] += x;
+    }
+  double trans = 0, agg = 0;
+  auto score = [&] {
+    const double a2a = a2a_time(m, R), fec = fec_time(m, H);
+    return o.overlap ? layer_time_overlapped(m, a2a, fec, trans, agg) : layer_time(a2a, fec, trans, agg);
+  };
+  ProphetPlan plan;
+  plan.time_before = plan.time_after = score();  // T_output, fix (a)
+  plan.H = H, plan.R = R;
+  std::vector<Replica> L;
+  std::vector<char> used(std::size_t(E), 0);  // fix (b)
+  std::vector<int> others;
+  others.reserve(std::size_t(D));
+  std::size_t cnt = 0;
+  for (;;) {
+    if (balanced(H, o.alpha)) {
+      plan.stop = ProphetPlan::Stop::balanced;
+      break;
+    }
+    const int i = int(std::max_element(H.begin(), H.end()) - H.begin());  // heaviest device, fix (c)
+    int e = -1;
+    for (int c = i * per; c < (i + 1) * per; ++c)
+      if (!used[std::size_t(c)] && (e < 0 || load[std::size_t(c)] > load[std::size_t(e)])) e = c;
+    if (e < 0) {
+      plan.stop = ProphetPlan::Stop::relieved;
+      break;
+    }
+    used[std::size_t(e)] = 1;
+    // BottomK(gating[:, e], n) over the devices other than the home; ties: the higher index excluded.
+    others.clear();
+    for (int d = 0; d < D; ++d)
+      if (d != i) others.push_back(d);
+    auto fewer = [&](int a, int b) {
+      const auto x = gating.at(a, e), y = gating.at(b, e);
+      return x != y ? x < y : a > b;
+    };
+    const auto excluded = std::min<std::size_t>(std::size_t(o.n), others.size());
+    std::nth_element(others.begin(), others.begin() + std::ptrdiff_t(excluded), others.end(), fewer);
+    Replica rep{e, {}};
+    for (std::size_t k = excluded; k < others.size(); ++k)
+      if (gating.at(others[k], e) > 0) rep.holders.push_back(others[k]);
+    if (rep.holders.empty()) continue;  // nobody else computes it: nothing to send
+    std::sort(rep.holders.begin(), rep.holders.end());
+    // Replace_Inputs for e: its inputs leave the home for the copy each source uses.
+    const auto target = replica_targets(rep, cluster, E);
+    for (int s = 0; s < D; ++s) {
+      const double x = double(gating.at(s, e));
+      if (x == 0) continue;
+      H[std::size_t(i)] -= x;
+      if (s != i) R[std::size_t(i)] -= x;
+      const int t = target[std::size_t(s)];
+      H[std::size_t(t)] += x;
+      if (s != t) R[std::size_t(t)] += x;
+    }
+    const double n_e = double(D - 1) - double(rep.holders.size());
+    trans += trans_time(m, 1, n_e);
+    agg += agg_time(m, 1, n_e);
+    L.push_back(std::move(rep));
+    const double t = score();
+    if (t < plan.time_after) {
+      plan.time_after = t;
+      cnt = L.size();
+      plan.H = H, plan.R = R;
+    }
+  }
+  plan.searched = int(L.size());
+  L.resize(cnt);
+  plan.replicas = std::move(L);
+  return plan;
+}
+
+std::vector<int> top_experts(const RoutingMatrix& routing, int k) {
+  std::vector<std::int64_t> load(std::size_t(routing.experts));
+  for (int e = 0; e < routing.experts; ++e) load[std::size_t(e)] = routing.expert_load(e);
+  std::vector<int> order(std::size_t(routing.experts));
+  std::iota(order.begin(), order.end(), 0);
+  const auto top = std::min<std::size_t>(std::size_t(std::max(k, 0)), order.size());
+  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(top), order.end(),
+                    [&](int a, int b) { return load[std::size_t(a)] != load[std::size_t(b)] ? load[std::size_t(a)] > load[std::size_t(b)] : a < b; });
+  order.resize(top);
+  return order;
+}
+
+namespace {
+
+// The policy. Locality (§2.2): the plan for iteration j + 1 is searched at the end of iteration j
+// from the loads observed so far (the last `history` iterations, averaged), as the paper runs
+// Plan^{j+1} under iteration j's all-to-all. In the simulator that is a modelling statement: the
+// search's wall time goes to PolicyReport.decision_seconds and no Plan op is on the simulated
+// critical path (the paper's claim that A2A hides it). The first iteration has no observed loads
+// and runs as plain EP (no replica). `plan_every` > 1 keeps a plan for that many iterations.
+class ProProphet final : public Policy {
+ public:
+  ProProphet(std::string name, bool scheduler) : name_(std::move(name)), scheduler_(scheduler) {}
+  std::string name() const override { return name_; }
+
+  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
+    validate_expert_placement(cluster, model, spec);
+    const auto& p = spec.pro_prophet();
+    if (p.has_alpha() && !(p.alpha() > 0))
+      throw FieldError("policy.pro_prophet.alpha", "the balance coefficient α must be > 0");
+    if (int(p.n()) > cluster.num_gpus() - 1)
+      throw FieldError("policy.pro_prophet.n", fmt::format("at most D − 1 = {} devices can be left out", cluster.num_gpus() - 1));
+  }
+
+  TaskGraph build_iteration(const IterationInput& in) override {
+    const auto& p = in.spec.pro_prophet();
+    if (!cost_) {  // profiled once, "before training"
+      cost_.emplace(in.cluster, in.gpu);
+      model_ = prophet_model(*cost_, in.model, in.gpu);
+    }
+    std::vector<LayerPlan> plans;
+    for (std::size_t l = 0; l < in.routing.size(); ++l) {
+      plans.push_back({in.routing[l], l < next_.size() ? next_[l] : std::vector<Replica>{}});
+      in.report.shadowed_experts += int(plans.back().replicas.size());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    plan_next(in, p);
+    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ScheduleOptions schedule;
+    schedule.replicas = scheduler_ ? ReplicaSchedule::block_wise : ReplicaSchedule::exposed;
+    // Partition(): as many experts' transfers under the non-MoE compute as fit (static, from the
+    // profiled T_FNEC / T_BNEC and one expert's transfer); the rest under the expert compute.
+    schedule.trans_under_dense = fit(model_.fnec, trans_time(model_, 1, 0));
+    schedule.agg_under_dense = fit(model_.bnec, agg_time(model_, 1, 0));
+    return build_moe_iteration(in, plans, schedule);
+  }
+
+ private:
+  static int fit(double window, double one) {
+    return one > 0 ? int(std::min(std::floor(window / one), 1e9)) : std::numeric_limits<int>::max();
+  }
+
+  // Plan^{j+1}, from this iteration's loads and the window before it.
+  void plan_next(const IterationInput& in, const spec::ProProphetSpec& p) {
+    const std::size_t history = p.history() ? p.history() : 1;
+    const int every = int(p.plan_every() ? p.plan_every() : 1);
+    if (history > 1) {
+      window_.push_back(in.routing);
+      if (window_.size() > history) window_.pop_front();
+    }
+    if (iteration_++ % every != 0) return;
+    SearchOptions o;
+    o.alpha = p.has_alpha() ? p.alpha() : 0.1;
+    o.n = int(p.n());
+    o.overlap = scheduler_;  // "Full": the planner knows what the scheduler hides (Eq. 8)
+    next_.assign(in.routing.size(), {});
+    for (std::size_t l = 0; l < in.routing.size(); ++l)
+      next_[l] = greedy_search(model_, in.cluster, history > 1 ? mean_load(l) : in.routing[l], o).replicas;
+  }
+
+  // The window's mean routing of layer l, rounded to whole token-slots.
+  RoutingMatrix mean_load(std::size_t l) const {
+    RoutingMatrix m = window_.front()[l];
+    for (std::size_t j = 1; j < window_.size(); ++j)
+      for (std::size_t c = 0; c < m.counts.size(); ++c) m.counts[c] += window_[j][l].counts[c];
+    const auto h = std::int64_t(window_.size());
+    for (auto& x : m.counts) x = (x + h / 2) / h;
+    return m;
+  }
+
+  std::string name_;
+  bool scheduler_;
+  std::optional<CostModel> cost_;
+  ProphetModel model_;
+  std::deque<std::vector<RoutingMatrix>> window_;  // the last `history` iterations' routing
+  std::vector<std::vector<Replica>> next_;         // per layer: the plan for the next iteration
+  long iteration_ = 0;
+};
+
+// Fig. 15's baseline: the k heaviest experts of the iteration (torch.topk on the gate's output,
+// negligible cost) replicated on every GPU, broadcasts and reduces in stream order.
+class ReplicateTop final : public Policy {
+ public:
+  explicit ReplicateTop(int k) : k_(k) {}
+  std::string name() const override { return fmt::format("replicate-top{}", k_); }
+  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
+    validate_expert_placement(cluster, model, spec);
+  }
+  TaskGraph build_iteration(const IterationInput& in) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<LayerPlan> plans;
+    for (const auto& R : in.routing) {
+      LayerPlan plan{R, {}};
+      if (in.cluster.num_gpus() > 1)
+        for (int e : top_experts(R, k_)) plan.replicas.push_back(everywhere(e, in.model.experts(), in.cluster.num_gpus()));
+      in.report.shadowed_experts += int(plan.replicas.size());
+      plans.push_back(std::move(plan));
+    }
+    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return build_moe_iteration(in, plans, {});
+  }
+
+ private:
+  int k_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_pro_prophet() { return std::make_unique<ProProphet>("pro-prophet", true); }
+std::unique_ptr<Policy> make_pro_prophet_planner() { return std::make_unique<ProProphet>("pro-prophet-planner", false); }
+std::unique_ptr<Policy> make_replicate_top2() { return std::make_unique<ReplicateTop>(2); }
+std::unique_ptr<Policy> make_replicate_top3() { return std::make_unique<ReplicateTop>(3); }
+
+}  // namespace moesim
