@@ -142,9 +142,12 @@ int main(int argc, char** argv) {
       "moesim: simulate distributed Mixture-of-Experts training on GPU clusters.\n"
       "A policy (expert parallelism, shadowing, ...) turns each iteration's token routing into a graph of\n"
       "compute and communication ops; SimGrid times it on a model of the cluster.\n\n"
-      "  moesim run                         the default experiment (64 simulated A100s)\n"
-      "  moesim run my.textproto --out res  an experiment of yours (schema: proto/moesim.proto)\n"
-      "  moesim platform list               the cluster catalog\n",
+      "  moesim run                          the default experiment (64 simulated A100s)\n"
+      "  moesim run my.textproto --out res   an experiment of yours (schema: proto/moesim.proto)\n"
+      "  moesim run experiments/fastermoe/fig13-johnny.textproto   a paper's figure: paper.md compares\n"
+      "  moesim run --set policy.name=fastermoe --set cluster.nodes=4   any field, from the command line\n"
+      "  moesim trace import|gen|stats|rescale|export ...   gating traces\n"
+      "  moesim platform list                the cluster catalog; `moesim algorithms` the policies\n",
       "moesim"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "moesim 0.1.0; hw backend: " + hw_backend_description());
@@ -274,8 +277,8 @@ int main(int argc, char** argv) {
     }
     if (*algos) {
       for (const auto* a : collective_algorithms())
-        fmt::print("{:<12} {:<8} {}\n", collective_type_name(a->type), a->name, a->summary);
-      for (const auto& p : policy_names()) fmt::print("policy       {}\n", p);
+        fmt::print("{:<15} {:<8} {}\n", collective_type_name(a->type), a->name, a->summary);
+      for (const auto& p : policy_names()) fmt::print("{:<15} {}\n", "policy", p);
       return 0;
     }
   } catch (const InputError& e) {
