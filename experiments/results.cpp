@@ -41,6 +41,11 @@ nlohmann::json run_json(const RunResult& r) {
   j["iterations"] = r.iterations.size();
   j["iteration_time_s"] = r.mean_time();
   j["breakdown"] = breakdown_json(r.mean_breakdown());
+  auto& roof = j["roofline"] = nlohmann::json::array();  // FasterMoE §1.6, first iteration, EP placement
+  for (const auto& [layer, x] : r.roofline)
+    roof.push_back({{"layer", layer}, {"lat_comp_s", x.lat_comp}, {"lat_comm_s", x.lat_comm}, {"r_cc", x.r_cc},
+                    {"lat_e2e_s", x.lat_e2e}, {"p_bar_flops", x.p_bar}, {"p_worker_flops", x.p_worker},
+                    {"p_ideal_flops", x.p_ideal}, {"p_semi_flops", x.p_semi}});
   auto& rows = j["per_iteration"] = nlohmann::json::array();
   for (const auto& it : r.iterations)
     rows.push_back({{"iteration", it.iteration},

@@ -66,6 +66,10 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
       routed.push_back(std::move(g.routed));
     }
     rec.trace_iteration = gating->label();
+    if (it == 0) {
+      const CostModel cost(cluster, gpu);
+      for (int l = 0; l < model.layers(); ++l) result.roofline.push_back({l, cost.roofline(model, routed[l])});
+    }
     PolicyReport report;
     const IterationInput input{cluster, model, gpu, s.policy(), routed, report};
     TaskGraph graph = policy->build_iteration(input);

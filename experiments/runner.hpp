@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cost_model.hpp"
 #include "spec.hpp"
 #include "taskgraph.hpp"
 
@@ -26,11 +27,18 @@ struct IterationRecord {
   double max_mean_load = 0;  // mean over layers of max/mean tokens routed per GPU (before capacity drops)
 };
 
+/// The cost model's DDL-Roofline quantities of one layer (first iteration).
+struct LayerRoofline {
+  int layer = 0;
+  Roofline r;
+};
+
 struct RunResult {
   std::string name;  // the variant's name ("" for a plain experiment)
   std::string policy;
   int gpus = 0;
   std::vector<IterationRecord> iterations;
+  std::vector<LayerRoofline> roofline;  // per layer, the first iteration's routing (after the gate)
   // Graph and timing of the first iterations, for timeline.json.
   std::vector<TaskGraph> graphs;
   std::vector<Timing> timings;
