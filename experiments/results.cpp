@@ -57,7 +57,8 @@ nlohmann::json run_json(const RunResult& r) {
                     {"dropped_per_layer", it.dropped_per_layer},
                     {"capacity_factor", it.capacity_factor},
                     {"rerouted_tokens", it.rerouted},
-                    {"shadowed_experts", it.shadowed}});
+                    {"shadowed_experts", it.shadowed},
+                    {"load_stddev_per_layer", it.load_stddev_per_layer}});
   return j;
 }
 
@@ -92,10 +93,13 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
   for (const auto& c : result.paper)
     paper.push_back({{"claim", c.paper.claim()},
                      {"variant", c.paper.variant()},
-                     {"baseline", c.paper.baseline()},
+                     {"baseline", std::vector<std::string>(c.paper.baseline().begin(), c.paper.baseline().end())},
+                     {"quantity", spec::PaperValue::Quantity_Name(c.paper.quantity())},
+                     {"groups", std::vector<std::string>(c.paper.groups().begin(), c.paper.groups().end())},
+                     {"aggregate", spec::PaperValue::Aggregate_Name(c.paper.aggregate())},
                      {"source", c.paper.source()},
-                     {"paper_speedup", c.paper.speedup()},
-                     {"simulated_speedup", c.simulated},
+                     {"paper_value", c.paper.value()},
+                     {"simulated_value", c.simulated},
                      {"ratio", c.ratio()},
                      {"pass", c.pass()}});
   return j;
@@ -144,7 +148,7 @@ nlohmann::json timeline_json(const ExperimentResult& result) {
 std::string paper_table(const ExperimentResult& result) {
   std::string out = "| claim | paper | simulated | ratio | within tolerance | source |\n|---|---:|---:|---:|---|---|\n";
   for (const auto& c : result.paper)
-    out += fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", c.paper.claim(), c.paper.speedup(),
+    out += fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", c.paper.claim(), c.paper.value(),
                        c.simulated, c.ratio(), c.pass() ? "yes" : "no", c.paper.source());
   return out;
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <stdexcept>
 
 #include "gate.hpp"
@@ -22,6 +24,12 @@ Breakdown RunResult::mean_breakdown() const {
   for (const auto& it : iterations)
     for (int c = 0; c < kNumCategories; ++c) b.seconds[c] += it.breakdown.seconds[c] / double(iterations.size());
   return b;
+}
+
+double RunResult::mean_load_stddev(int layer) const {
+  double sum = 0;
+  for (const auto& it : iterations) sum += it.load_stddev_per_layer.at(std::size_t(layer)) / double(iterations.size());
+  return sum;
 }
 
 namespace {
@@ -82,6 +90,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.rerouted = report.rerouted_tokens;
     rec.shadowed = report.shadowed_experts;
     rec.decision_seconds = report.decision_seconds;
+    rec.load_stddev_per_layer = report.load_stddev;
     result.iterations.push_back(rec);
     if (it < keep) {
       result.graphs.push_back(std::move(graph));
@@ -123,11 +132,37 @@ ExperimentResult run_experiment(const Experiment& ex, const std::function<void(i
     }));
     result.runs.back().name = name;
   }
-  for (const auto& p : ex.spec.paper()) {
-    PaperComparison c{p, result.run(p.baseline()).mean_time() / result.run(p.variant()).mean_time()};
-    result.paper.push_back(c);
-  }
+  for (const auto& p : ex.spec.paper()) result.paper.push_back({p, simulated_value(p, result)});
   return result;
+}
+
+double simulated_value(const spec::PaperValue& p, const ExperimentResult& result) {
+  using PV = spec::PaperValue;
+  std::vector<std::string> groups(p.groups().begin(), p.groups().end());
+  if (groups.empty()) groups.emplace_back();
+  std::vector<double> values;
+  for (const auto& g : groups) {
+    auto run = [&](const std::string& name) -> const RunResult& { return result.run(g.empty() ? name : g + "/" + name); };
+    const RunResult& variant = run(p.variant());
+    // The quantity of a run (lower is better): mean iteration time, or a layer's load std-dev.
+    auto best = [&](const std::function<double(const RunResult&)>& quantity) {
+      double b = std::numeric_limits<double>::infinity();
+      for (const auto& name : p.baseline()) b = std::min(b, quantity(run(name)));
+      return b / quantity(variant);
+    };
+    if (p.quantity() == PV::SPEEDUP) {
+      values.push_back(best([](const RunResult& r) { return r.mean_time(); }));
+    } else {
+      const int layers = variant.iterations.empty() ? 0 : int(variant.iterations.front().load_stddev_per_layer.size());
+      for (int l = 0; l < layers; ++l) values.push_back(best([l](const RunResult& r) { return r.mean_load_stddev(l); }));
+    }
+  }
+  if (values.empty()) return 0;
+  switch (p.aggregate()) {
+    case PV::MIN: return *std::min_element(values.begin(), values.end());
+    case PV::MEAN: return std::accumulate(values.begin(), values.end(), 0.0) / double(values.size());
+    default: return *std::max_element(values.begin(), values.end());
+  }
 }
 
 }  // namespace moesim

@@ -25,6 +25,7 @@ struct IterationRecord {
   double time = 0;           // iteration time (makespan), seconds
   Breakdown breakdown;       // critical path by category
   double max_mean_load = 0;  // mean over layers of max/mean tokens routed per GPU (before capacity drops)
+  std::vector<double> load_stddev_per_layer;  // std-dev over GPUs of the token-slots each computes
 };
 
 /// The cost model's DDL-Roofline quantities of one layer (first iteration).
@@ -45,13 +46,14 @@ struct RunResult {
 
   double mean_time() const;
   Breakdown mean_breakdown() const;
+  double mean_load_stddev(int layer) const;  // over iterations
 };
 
 /// A paper's number next to the simulated one.
 struct PaperComparison {
   spec::PaperValue paper;
-  double simulated = 0;  // time(baseline) / time(variant)
-  double ratio() const { return simulated / paper.speedup(); }
+  double simulated = 0;  // see simulated_value()
+  double ratio() const { return simulated / paper.value(); }
   bool pass() const;     // |ratio − 1| within the tolerance (default 0.15)
 };
 
@@ -60,6 +62,10 @@ struct ExperimentResult {
   std::vector<PaperComparison> paper;
   const RunResult& run(const std::string& name) const;
 };
+
+/// The simulated counterpart of a paper's value (PaperValue in proto/moesim.proto): the quantity of
+/// the best baseline over the variant's, per group (per group and layer for BALANCE), aggregated.
+double simulated_value(const spec::PaperValue& p, const ExperimentResult& result);
 
 /// Simulates every iteration of every run (the variants, or the spec itself) on one SimGrid
 /// engine. `progress(done, total)` is called after each iteration.

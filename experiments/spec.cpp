@@ -147,10 +147,20 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   }
   for (int i = 0; i < s.paper_size(); ++i) {
     const auto& p = s.paper(i);
-    for (const auto& name : {p.variant(), p.baseline()})
-      if (!names.count(name))
-        throw in_spec(fmt::format("paper[{}]", i), "names the variant '" + name + "', which the experiment does not have");
-    if (!(p.speedup() > 0)) throw in_spec(fmt::format("paper[{}].speedup", i), "must be > 0");
+    if (p.baseline().empty()) throw in_spec(fmt::format("paper[{}].baseline", i), "name at least one baseline variant");
+    std::vector<std::string> groups(p.groups().begin(), p.groups().end());
+    if (groups.empty()) groups.emplace_back();
+    for (const auto& g : groups) {
+      std::vector<std::string> wanted(p.baseline().begin(), p.baseline().end());
+      wanted.push_back(p.variant());
+      for (const auto& n : wanted) {
+        const std::string name = g.empty() ? n : g + "/" + n;
+        if (!names.count(name))
+          throw in_spec(fmt::format("paper[{}]", i), "names the variant '" + name + "', which the experiment does not have" +
+                                                         (g.empty() ? "" : " (with groups, variants are named GROUP/NAME)"));
+      }
+    }
+    if (!(p.value() > 0)) throw in_spec(fmt::format("paper[{}].value", i), "must be > 0");
   }
   return ex;
 }

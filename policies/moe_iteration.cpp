@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace moesim {
@@ -54,6 +55,15 @@ std::vector<Gemm> backward(const std::vector<Gemm>& forward) {
   return out;
 }
 
+// Population standard deviation.
+double stddev(const std::vector<double>& x) {
+  if (x.empty()) return 0;
+  double mean = 0, var = 0;
+  for (double v : x) mean += v / double(x.size());
+  for (double v : x) var += (v - mean) * (v - mean) / double(x.size());
+  return std::sqrt(var);
+}
+
 class Builder {
  public:
   Builder(const IterationInput& in, const std::vector<LayerPlan>& plans, const ScheduleOptions& s)
@@ -81,16 +91,19 @@ class Builder {
       // that building a GPU's expert op costs its experts × sources, not all experts × sources.
       computes_.emplace_back(G_);
       std::vector<char> seen(std::size_t(G_) * E_, 0);
+      std::vector<double> H(std::size_t(G_), 0.0);  // token-slots each GPU computes
       const auto& R = plans[l].routing;
       for (int s = 0; s < G_; ++s)
         for (int e = 0; e < E_; ++e) {
           const int t = target_[l][std::size_t(s) * E_ + e];
+          H[std::size_t(t)] += double(R.at(s, e));
           if (R.at(s, e) > 0 && !seen[std::size_t(t) * E_ + e]) {
             seen[std::size_t(t) * E_ + e] = 1;
             computes_[l][t].push_back(e);
           }
         }
       for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
+      in.report.load_stddev.push_back(stddev(H));
     }
     trans_sent_.assign(plans.size(), 0);
     agg_sent_.assign(plans.size(), 0);
@@ -116,8 +129,8 @@ class Builder {
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, {}, permute_bytes_});
       }
-      if (mode == RS::stream_order || (mode == RS::block_wise && l == 0)) broadcast_replicas(l, Stream::comm);
-      if (mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
+      if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
+      if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
       const OpId done = moe_layer(l, false);
       if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
       for (int r = 0; r < G_; ++r)

@@ -46,8 +46,9 @@ struct LayerPlan {
 enum class ExpertSharding { owner, zero2, zero3 };
 /// Where replicas' parameter broadcasts (Pro-Prophet's Trans) and gradient reduces (Agg) go.
 enum class ReplicaSchedule : std::uint8_t {
-  /// On the comm stream in program order: layer l's broadcasts after layer l−1's combine (so under
-  /// its decode and layer l's attention), its reduces after layer l's backward exchange (FasterMoE).
+  /// On the comm stream in program order: layer l's broadcasts after its gate (the choice is made
+  /// from this iteration's routing, so nothing can be sent before the gate has counted), its
+  /// reduces after layer l's backward exchange, under the rest of the backward (FasterMoE).
   stream_order,
   /// Nothing overlaps: the broadcasts wait for the layer's gate, the backward's next compute waits
   /// for the reduces (Pro-Prophet's planner without its scheduler, the Eq. 6 setting).

@@ -19,6 +19,9 @@ struct PolicyReport {
   std::int64_t rerouted_tokens = 0;  // token-slots a topology-aware gate sent elsewhere
   int shadowed_experts = 0;          // experts replicated this iteration (all layers)
   double decision_seconds = 0;       // wall time of the policy's decisions (not of graph building)
+  /// Per MoE layer, the std-dev over GPUs of the token-slots each GPU's experts compute (Pro-Prophet's
+  /// "balance degree", §6.9); filled by build_moe_iteration().
+  std::vector<double> load_stddev;
 };
 
 /// Everything a policy sees when it builds an iteration.

@@ -8,8 +8,12 @@
 //
 // Choices where the paper is unclear:
 //  - The model's scalars come from the shared cost model, once per policy (the paper profiles
-//    them before training): B̄ of Eq. 1 is what a device receives per second in a uniform
-//    all-to-all, B̄ of Eqs. 4-5 is size(params) over a ring broadcast to all GPUs (so Trans with
+//    them before training): B̄ of Eq. 1 is what one device receives per second when every other
+//    device sends to it. Eq. 1 is receiver-bound (max_i R_i), and under skew the heaviest
+//    receiver is a hot expert's device fed by everyone: profiled so, Eq. 1 is within ~6% of the
+//    simulated all-to-alls of skewed routings (the paper's Fig. 13 claims < 5%), where a B̄ from a
+//    uniform all-to-all (a per-GPU share of the NIC) overestimates them 2.7× and over-replicates
+//    (tests/test_pro_prophet.cpp, "Eq. 1 estimates ..."). B̄ of Eqs. 4-5 is size(params) over a ring broadcast to all GPUs (so Trans with
 //    n = 0 costs one broadcast), t is a device's expert GEMM throughput at the mean load, T_FNEC the
 //    GEMMs of a layer's attention and gate, T_BNEC = 2·T_FNEC. The paper has one B̄; the cost model
 //    gives both primitives theirs.
@@ -51,9 +55,9 @@ ProphetModel prophet_model(const CostModel& cost, const MoeModel& model, const G
   m.a2a_bandwidth = m.xfer_bandwidth = inf;
   if (G > 1) {
     const double b = 1e6;
-    std::vector<double> uniform(std::size_t(G) * G, b);
-    for (int i = 0; i < G; ++i) uniform[std::size_t(i) * G + i] = 0;
-    m.a2a_bandwidth = (G - 1) * b / cost.alltoall_time(uniform);
+    std::vector<double> hot(std::size_t(G) * G, 0.0);  // every device sends b to device 0
+    for (int i = 1; i < G; ++i) hot[std::size_t(i) * G] = b;
+    m.a2a_bandwidth = (G - 1) * b / cost.alltoall_time(hot);
     std::vector<int> all(std::size_t(G), 0);
     std::iota(all.begin(), all.end(), 0);
     m.xfer_bandwidth = m.params_bytes / cost.broadcast_time(all, m.params_bytes);
@@ -278,7 +282,7 @@ class ProProphet final : public Policy {
     SearchOptions o;
     o.alpha = p.has_alpha() ? p.alpha() : 0.1;
     o.n = int(p.n());
-    o.overlap = scheduler_;  // "Full": the planner knows what the scheduler hides (Eq. 8)
+    o.overlap = p.has_overlap_model() ? p.overlap_model() : scheduler_;  // "Full": Eq. 8
     next_.assign(in.routing.size(), {});
     for (std::size_t l = 0; l < in.routing.size(); ++l)
       next_[l] = greedy_search(model_, in.cluster, history > 1 ? mean_load(l) : in.routing[l], o).replicas;
@@ -304,7 +308,8 @@ class ProProphet final : public Policy {
 };
 
 // Fig. 15's baseline: the k heaviest experts of the iteration (torch.topk on the gate's output,
-// negligible cost) replicated on every GPU, broadcasts and reduces in stream order.
+// negligible cost) replicated on every GPU. Only the choice differs from the planner alone: the
+// transfers are exposed as there (ReplicaSchedule::exposed).
 class ReplicateTop final : public Policy {
  public:
   explicit ReplicateTop(int k) : k_(k) {}
@@ -323,7 +328,9 @@ class ReplicateTop final : public Policy {
       plans.push_back(std::move(plan));
     }
     in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return build_moe_iteration(in, plans, {});
+    ScheduleOptions schedule;
+    schedule.replicas = ReplicaSchedule::exposed;
+    return build_moe_iteration(in, plans, schedule);
   }
 
  private:

@@ -13,7 +13,7 @@ namespace moesim {
 struct ProphetModel {
   int devices = 1;            // D
   double input_bytes = 0;     // size(input): one token's hidden vector
-  double a2a_bandwidth = 0;   // B̄ of Eq. 1 (bytes/s a device receives in a uniform all-to-all)
+  double a2a_bandwidth = 0;   // B̄ of Eq. 1 (bytes/s one device receives when all others send to it)
   double xfer_bandwidth = 0;  // B̄ of Eqs. 4-5 (size(params) / a ring broadcast over all GPUs)
   double throughput = 0;      // t: inputs per second of a device's expert GEMMs
   double params_bytes = 0;    // size(e.params)
