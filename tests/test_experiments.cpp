@@ -1,0 +1,112 @@
+// Experiments that carry a paper's numbers: the simulated counterpart of each claim (best of several
+// baselines, groups and their aggregate, the RB balance ratio) on hand cases, the balance degree the
+// iteration builder reports, and a claim naming a variant that does not exist.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+
+#include "helpers.hpp"
+#include "moe_iteration.hpp"
+#include "runner.hpp"
+
+using namespace moesim;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A run whose iterations take `times` seconds, with per-layer load std-devs `stddev`.
+RunResult run(const std::string& name, std::vector<double> times, std::vector<double> stddev = {}) {
+  RunResult r;
+  r.name = name;
+  for (double t : times) {
+    IterationRecord it;
+    it.time = t;
+    it.load_stddev_per_layer = stddev;
+    r.iterations.push_back(it);
+  }
+  return r;
+}
+
+spec::PaperValue claim(const std::string& text) {
+  spec::PaperValue p;
+  REQUIRE(google::protobuf::TextFormat::ParseFromString(text, &p));
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggregates, balance") {
+  ExperimentResult r;
+  // Mean times. Group A: ep 10 s, fastermoe 6 s, pro-prophet 5 s. Group B: ep 8 s, fastermoe 9 s,
+  // pro-prophet 4 s.
+  r.runs = {run("A/ep", {10, 10}), run("A/fastermoe", {5, 7}), run("A/pro-prophet", {5, 5}),
+            run("B/ep", {8, 8}),   run("B/fastermoe", {9, 9}), run("B/pro-prophet", {3, 5}),
+            run("solo", {2, 4}),   run("base", {6, 6})};
+  // One baseline, no groups: time(base) / time(solo) = 6 / 3.
+  CHECK(simulated_value(claim(R"(variant: "solo" baseline: "base" value: 2)"), r) == Approx(2.0));
+  // The best of two baselines, per group: A 6/5 = 1.2, B 8/4 = 2.
+  const std::string best = R"(variant: "pro-prophet" baseline: "ep" baseline: "fastermoe" groups: "A" groups: "B" value: 1 )";
+  CHECK(simulated_value(claim(best), r) == Approx(2.0));  // MAX is the default
+  CHECK(simulated_value(claim(best + "aggregate: MIN"), r) == Approx(1.2));
+  CHECK(simulated_value(claim(best + "aggregate: MEAN"), r) == Approx(1.6));
+  // A single baseline: against ep only, A 10/5 = 2, B 8/4 = 2; against fastermoe A 1.2, B 2.25.
+  CHECK(simulated_value(claim(R"(variant: "pro-prophet" baseline: "fastermoe" groups: "A" groups: "B" value: 1)"), r) ==
+        Approx(2.25));
+
+  // BALANCE: per layer, std(best baseline) / std(variant), mean over iterations.
+  ExperimentResult b;
+  b.runs = {run("k1/fastermoe", {1, 1}, {4, 3}), run("k1/planner", {1, 1}, {1, 6}),
+            run("k2/fastermoe", {1, 1}, {10, 2}), run("k2/planner", {1, 1}, {2, 2})};
+  // Layer ratios: k1 4, 0.5; k2 5, 1.
+  const std::string rb = R"(variant: "planner" baseline: "fastermoe" quantity: BALANCE groups: "k1" groups: "k2" value: 1 )";
+  CHECK(simulated_value(claim(rb), b) == Approx(5.0));
+  CHECK(simulated_value(claim(rb + "aggregate: MIN"), b) == Approx(0.5));
+  CHECK(simulated_value(claim(rb + "aggregate: MEAN"), b) == Approx((4 + 0.5 + 5 + 1) / 4));
+}
+
+TEST_CASE("the builder reports each layer's balance degree, the std-dev of the per-GPU computed load") {
+  // One HPWNV node (4 RTX 3090), one expert per GPU; every source sends 3 slots to expert 0 and 1
+  // to expert 1. EP: GPU loads 12, 4, 0, 0 (std-dev sqrt(24) = 4.899). Expert 0 copied everywhere:
+  // each GPU computes its own 3 slots for it, GPU 1 also the 4 for expert 1: 3, 7, 3, 3 (std-dev
+  // sqrt(3) = 1.732).
+  const spec::ClusterSpec cs = test::platform("rtx3090-pcie", 1);
+  const Cluster cluster(cs);
+  auto ex = load_experiment(std::nullopt, {"cluster.platform=rtx3090-pcie", "cluster.nodes=1", "model.layers=1", "model.experts=4", "model.top_k=1",
+                                          "model.tokens_per_gpu=4", "model.seq_len=4"});
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(cs.gpu(), model.dtype());
+  RoutingMatrix R(4, 4);
+  for (int s = 0; s < 4; ++s) R.at(s, 0) = 3, R.at(s, 1) = 1;
+  const std::vector<RoutingMatrix> routing{R};
+  auto stddev = [&](std::vector<Replica> replicas) {
+    PolicyReport report;
+    spec::PolicySpec ps;
+    build_moe_iteration({cluster, model, gpu, ps, routing, report}, {{R, std::move(replicas)}}, {});
+    REQUIRE(report.load_stddev.size() == 1);
+    return report.load_stddev[0];
+  };
+  CHECK(stddev({}) == Approx(std::sqrt(24.0)));
+  CHECK(stddev({everywhere(0, 4, 4)}) == Approx(std::sqrt(3.0)));
+}
+
+TEST_CASE("a paper value naming a variant the experiment lacks is rejected") {
+  const auto dir = test::temp_dir("paper-groups");
+  const std::string spec = dir + "/bad.textproto";
+  test::write_file(spec, R"(name: "x"
+cluster { platform: "dgx-a100" nodes: 2 }
+model { layers: 1 d_model: 512 d_ffn: 1024 experts: 16 top_k: 1 seq_len: 128 tokens_per_gpu: 128 heads: 8 dtype: FP16 }
+iterations: 1
+variants { name: "A/ep" set: "policy.name=ep" }
+variants { name: "A/pro-prophet" set: "policy.name=pro-prophet" }
+variants { name: "B/ep" set: "policy.name=ep" }
+paper { claim: "c" variant: "pro-prophet" baseline: "ep" groups: "A" groups: "B" value: 1.2 }
+)");
+  std::string out;
+  const int rc = test::run_command(std::string(MOESIM_BIN) + " run " + spec + " --out " + dir + "/out", out);
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK_THAT(out, Contains("bad.textproto:8"));
+  CHECK_THAT(out, Contains("'B/pro-prophet'"));
+  CHECK_THAT(out, Contains("GROUP/NAME"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/out"));
+}
