@@ -43,6 +43,8 @@ class Cluster {
   int num_gpus() const { return nodes() * gpus_per_node(); }
   int node_of(int rank) const { return rank / gpus_per_node(); }
   int local_of(int rank) const { return rank % gpus_per_node(); }
+  /// Send/recv rounds NCCL keeps in flight (NodeSpec.p2p_peers).
+  int p2p_peers() const { return spec_.node().p2p_peers() ? int(spec_.node().p2p_peers()) : 8; }
 
   /// The links of one node (every node has the same).
   const std::vector<NodeLink>& node_links() const { return links_; }

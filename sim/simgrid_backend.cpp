@@ -184,24 +184,57 @@ struct SimBackend::Impl {
         entry[op.id] = exit[op.id] =
             keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0, false));
       } else {
+        // A collective: its lanes run side by side from a start marker to a finish marker; in a
+        // lane each step waits for the previous one. A step's copies are memory-bound execs on their
+        // GPUs; its transfers one parallel task (aggregate) or one each.
         const auto& coll = std::get<Collective>(op.body);
-        sg4::ExecPtr last = entry[op.id] = keep(marker(op.rank));
-        for (const auto& step : lower(coll)) {
-          auto done = keep(marker(op.rank));
-          if (options.aggregate) {
-            auto p = keep(ptask(step.transfers, step.rounds, !ports.empty()));
-            last->add_successor(p);
-            p->add_successor(done);
-          } else {
-            for (const auto& tr : step.transfers) {
-              auto p = keep(ptask({tr}, step.rounds, false));
+        auto start = entry[op.id] = keep(marker(op.rank));
+        auto finish = exit[op.id] = keep(marker(op.rank));
+        const Lowering lowering = lower(coll, cluster);
+        if (lowering.empty()) start->add_successor(finish);
+        for (const auto& lane : lowering) {
+          sg4::ExecPtr last = start;
+          for (const auto& step : lane) {
+            auto done = keep(marker(op.rank));
+            std::vector<sg4::ExecPtr> parts;
+            for (const auto& copy : step.copies)
+              if (copy.bytes > 0) {
+                auto exec = sg4::Exec::init();
+                exec->set_flops_amount(gpu.memory_time(2 * copy.bytes) * gpu.peak_flops())->set_host(hosts[copy.rank]);
+                parts.push_back(keep(exec));
+              }
+            // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
+            // on the step's longest route (an inter-node pair if there is one), each paying the
+            // route latency; the step ends when both the chain and the bytes are done.
+            if (step.serial_rounds > 1 && !step.transfers.empty()) {
+              Transfer probe = step.transfers.front();
+              for (const auto& tr : step.transfers)
+                if (cluster.node_of(tr.src) != cluster.node_of(tr.dst)) {
+                  probe = tr;
+                  break;
+                }
+              probe.bytes = 1;
+              sg4::ExecPtr prev = last;
+              for (int k = 0; k < step.serial_rounds; ++k) {
+                auto round = keep(ptask({probe}, 1.0, false));
+                prev->add_successor(round);
+                prev = round;
+              }
+              prev->add_successor(done);
+            }
+            if (options.aggregate && !step.transfers.empty())
+              parts.push_back(keep(ptask(step.transfers, step.rounds, !ports.empty())));
+            else
+              for (const auto& tr : step.transfers) parts.push_back(keep(ptask({tr}, step.rounds, false)));
+            if (parts.empty() && step.serial_rounds <= 1) last->add_successor(done);
+            for (auto& p : parts) {
               last->add_successor(p);
               p->add_successor(done);
             }
+            last = done;
           }
-          last = done;
+          last->add_successor(finish);
         }
-        exit[op.id] = last;
       }
     }
     const auto preds = graph.predecessors();

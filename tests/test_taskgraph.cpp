@@ -1,7 +1,6 @@
-// The TaskGraph contract, the critical-path walk and the collective lowerings.
+// The TaskGraph contract and the critical-path walk.
 #include <catch2/catch.hpp>
 
-#include "collectives/collectives.hpp"
 #include "taskgraph.hpp"
 
 using namespace moesim;
@@ -32,50 +31,4 @@ TEST_CASE("the critical path adds up to the makespan on a hand case") {
   CHECK(br.seconds[int(Category::all_to_all)] == Approx(2));
   CHECK(br.seconds[int(Category::other)] == Approx(0.5));
   CHECK(br.total() == Approx(t.makespan()));
-}
-
-TEST_CASE("linear all-to-all lowers to one step carrying every off-diagonal byte") {
-  Collective c{CollectiveType::all_to_all, {4, 5, 6}, {1, 2, 0, 4, 5, 6, 7, 0, 9}, "linear"};
-  const auto steps = lower(c);
-  REQUIRE(steps.size() == 1);
-  CHECK(steps[0].rounds == 1);
-  double bytes = 0;
-  for (const auto& t : steps[0].transfers) {
-    CHECK(t.src != t.dst);
-    CHECK(t.bytes > 0);
-    bytes += t.bytes;
-  }
-  CHECK(steps[0].transfers.size() == 4);  // 2, 4, 6, 7 (zeros and the diagonal skipped)
-  CHECK(bytes == 2 + 4 + 6 + 7);
-  CHECK(find_collective_algorithm(CollectiveType::all_to_all, "linear")->bytes_sent_per_rank(c) == Approx(19.0 / 3));
-}
-
-TEST_CASE("ring all-reduce puts 2(n-1)/n of the buffer on every ring edge") {
-  const double S = 1 << 20;
-  Collective c{CollectiveType::all_reduce, {0, 1, 2, 3, 4}, {S}, "ring"};
-  const auto steps = lower(c);
-  REQUIRE(steps.size() == 1);
-  CHECK(steps[0].rounds == 8);
-  REQUIRE(steps[0].transfers.size() == 5);
-  for (const auto& t : steps[0].transfers) {
-    CHECK(t.dst == (t.src + 1) % 5);
-    CHECK(t.bytes * steps[0].rounds == Approx(2.0 * 4 / 5 * S));
-  }
-  CHECK(lower(Collective{CollectiveType::all_reduce, {3}, {S}, "ring"}).empty());
-}
-
-TEST_CASE("ring all-gather and reduce-scatter put (n-1)/n of the buffer on every ring edge") {
-  const double S = 8e6;
-  for (auto type : {CollectiveType::all_gather, CollectiveType::reduce_scatter}) {
-    const auto steps = lower(Collective{type, {2, 4, 6, 8}, {S}, "ring"});
-    REQUIRE(steps.size() == 1);
-    REQUIRE(steps[0].transfers.size() == 4);
-    for (const auto& t : steps[0].transfers) CHECK(t.bytes * steps[0].rounds == Approx(3.0 / 4 * S));
-  }
-  const auto b = lower(Collective{CollectiveType::broadcast, {5, 1, 3}, {S}, "ring"});
-  REQUIRE(b.size() == 1);
-  CHECK(b[0].transfers.size() == 2);  // a chain from the root: 5 -> 1 -> 3, S on each edge
-  CHECK(b[0].transfers[0].src == 5);
-  CHECK(b[0].transfers[1].dst == 3);
-  CHECK(b[0].transfers[1].bytes == S);
 }

@@ -1,10 +1,14 @@
 #include "collectives/collectives.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace moesim {
 
 extern const CollectiveAlgorithm linear_alltoall;
+extern const CollectiveAlgorithm two_dh_alltoall;
+extern const CollectiveAlgorithm pipe_alltoall;
+extern const CollectiveAlgorithm one_dh_alltoall;
 extern const CollectiveAlgorithm ring_allreduce;
 extern const CollectiveAlgorithm ring_broadcast;
 extern const CollectiveAlgorithm ring_reduce;
@@ -12,8 +16,9 @@ extern const CollectiveAlgorithm ring_allgather;
 extern const CollectiveAlgorithm ring_reduce_scatter;
 
 const std::vector<const CollectiveAlgorithm*>& collective_algorithms() {
-  static const std::vector<const CollectiveAlgorithm*> all = {&linear_alltoall, &ring_allreduce, &ring_broadcast, &ring_reduce, &ring_allgather,
-                                                                  &ring_reduce_scatter};
+  static const std::vector<const CollectiveAlgorithm*> all = {
+      &linear_alltoall, &two_dh_alltoall, &pipe_alltoall,  &one_dh_alltoall,    &ring_allreduce,
+      &ring_broadcast,  &ring_reduce,     &ring_allgather, &ring_reduce_scatter};
   return all;
 }
 
@@ -30,10 +35,34 @@ std::string collective_algorithm_names(CollectiveType type) {
   return names;
 }
 
-Lowering lower(const Collective& c) {
+Lowering lower(const Collective& c, const Cluster& cluster) {
   const auto* a = find_collective_algorithm(c.type, c.algorithm);
   if (!a) throw std::logic_error(std::string("no ") + collective_type_name(c.type) + " algorithm '" + c.algorithm + "'");
-  return a->lower(c);
+  return a->lower(c, cluster);
+}
+
+double alltoall_bytes_sent_per_rank(const Collective& c) {
+  const std::size_t n = c.group.size();
+  double off_diagonal = c.total_bytes();
+  for (std::size_t i = 0; i < n; ++i) off_diagonal -= c.bytes[i * n + i];
+  return n ? off_diagonal / double(n) : 0;
+}
+
+Step rotating_pairs(const std::vector<int>& group, const std::vector<int>& rounds, int peers,
+                    const std::function<double(std::size_t, std::size_t)>& bytes) {
+  const std::size_t n = group.size();
+  Step step;
+  int busy = 0;
+  for (int d : rounds) {
+    const std::size_t before = step.transfers.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t j = (i + std::size_t(d)) % n;
+      if (const double b = bytes(i, j); i != j && b > 0) step.transfers.push_back({group[i], group[j], b});
+    }
+    busy += step.transfers.size() > before ? 1 : 0;
+  }
+  step.serial_rounds = std::max(1, (busy + std::max(peers, 1) - 1) / std::max(peers, 1));
+  return step;
 }
 
 }  // namespace moesim

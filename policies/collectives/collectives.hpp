@@ -1,28 +1,47 @@
 // Collective algorithms: each one file, each filling one small table of hooks (in the manner of
 // nccl-tests): its name, the collective it implements, and `lower`, which turns a Collective into
-// steps of point-to-point transfers that every backend executes the same way.
+// point-to-point transfers and local copies that every backend executes the same way.
+//
+// A lowering is a set of lanes that run concurrently (Pipe-A2A's intra- and inter-node streams;
+// most algorithms have one). A lane is a sequence of steps; a step's transfers start together and
+// the next step starts when all of them (and the step's copies) are done.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "cluster.hpp"
 #include "taskgraph.hpp"
 
 namespace moesim {
 
-/// Transfers that start together. A step with rounds = r is r back-to-back repetitions of the same
-/// transfers, pipelined (as NCCL pipelines chunks around a ring): backends run it as the transfers
-/// with r times the bytes.
+/// A local memory copy of `bytes` on a rank (read + write), e.g. 2DH's stride copies.
+struct Copy {
+  int rank = 0;
+  double bytes = 0;
+};
+
+/// Transfers that start together, and copies. A step with rounds = r is r back-to-back repetitions
+/// of the same transfers, pipelined (as NCCL pipelines chunks around a ring): backends run it as
+/// the transfers with r times the bytes. `serial_rounds` = k: the transfers are send/recv rounds of
+/// which a channel runs k one after another (rotating_pairs()), so the step lasts at least k route
+/// latencies: max(bandwidth term + latency, k · latency). This is what makes message count matter:
+/// many small messages are latency-bound.
 struct Step {
   std::vector<Transfer> transfers;
+  std::vector<Copy> copies;
   int rounds = 1;
+  int serial_rounds = 1;
 };
-using Lowering = std::vector<Step>;
+using Lane = std::vector<Step>;
+using Lowering = std::vector<Lane>;
 
 struct CollectiveAlgorithm {
   const char* name;
   CollectiveType type;
   const char* summary;
-  Lowering (*lower)(const Collective&);
+  /// The steps on `cluster` (its nodes and NCCL's send/recv concurrency matter to some algorithms).
+  Lowering (*lower)(const Collective&, const Cluster&);
   /// Bytes each rank sends in total, for the "bus bandwidth" figure of the benchmarks.
   double (*bytes_sent_per_rank)(const Collective&);
 };
@@ -35,6 +54,23 @@ const CollectiveAlgorithm* find_collective_algorithm(CollectiveType type, const 
 std::string collective_algorithm_names(CollectiveType type);
 
 /// Lowers with the collective's own algorithm (std::logic_error if unknown: validated earlier).
-Lowering lower(const Collective& c);
+Lowering lower(const Collective& c, const Cluster& cluster);
+
+/// Off-diagonal bytes of an all-to-all over the group size: every all-to-all algorithm's figure.
+double alltoall_bytes_sent_per_rank(const Collective& c);
+
+/// Whether `group` is whole nodes in rank order (position p is local GPU p mod m of one node), as
+/// the hierarchical algorithms need.
+bool whole_nodes(const std::vector<int>& group, const Cluster& cluster);
+
+/// Send/recv pairs as NCCL schedules a group of them (NVIDIA/nccl#784: rotating pairs): in round d
+/// every rank i of the group sends to rank i + d and receives from rank i − d (positions in the
+/// group), and `peers` rounds are in flight at once on separate channels (NCCL's p2p channels /
+/// channels per peer, the platform's `p2p_peers`), each channel running its rounds one after
+/// another. Returns one step with the transfers bytes(i, j) > 0 of `rounds` and serial_rounds =
+/// ⌈busy rounds / peers⌉ (rounds with nothing to send take no channel: NCCL posts no work for
+/// them); an empty step when nothing moves.
+Step rotating_pairs(const std::vector<int>& group, const std::vector<int>& rounds, int peers,
+                    const std::function<double(std::size_t, std::size_t)>& bytes);
 
 }  // namespace moesim

@@ -6,13 +6,13 @@
 namespace moesim {
 namespace {
 
-Lowering lower_ring_gather(const Collective& c) {
+Lowering lower_ring_gather(const Collective& c, const Cluster&) {
   const std::size_t n = c.group.size();
   if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
   Step step;
   step.rounds = int(n - 1);
   for (std::size_t i = 0; i < n; ++i) step.transfers.push_back({c.group[i], c.group[(i + 1) % n], c.bytes[0] / double(n)});
-  return {step};
+  return {{step}};
 }
 
 double bytes_sent_per_rank(const Collective& c) {

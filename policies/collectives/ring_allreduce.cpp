@@ -7,14 +7,14 @@
 namespace moesim {
 namespace {
 
-Lowering lower_ring_allreduce(const Collective& c) {
+Lowering lower_ring_allreduce(const Collective& c, const Cluster&) {
   const std::size_t n = c.group.size();
   if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
   Step step;
   step.rounds = int(2 * (n - 1));
   const double chunk = c.bytes[0] / double(n);
   for (std::size_t i = 0; i < n; ++i) step.transfers.push_back({c.group[i], c.group[(i + 1) % n], chunk});
-  return {step};
+  return {{step}};
 }
 
 double bytes_sent_per_rank(const Collective& c) {

@@ -7,20 +7,20 @@
 namespace moesim {
 namespace {
 
-Lowering lower_ring_broadcast(const Collective& c) {
+Lowering lower_ring_broadcast(const Collective& c, const Cluster&) {
   const std::size_t n = c.group.size();
   if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
   Step step;
   for (std::size_t i = 0; i + 1 < n; ++i) step.transfers.push_back({c.group[i], c.group[i + 1], c.bytes[0]});
-  return {step};
+  return {{step}};
 }
 
-Lowering lower_ring_reduce(const Collective& c) {
+Lowering lower_ring_reduce(const Collective& c, const Cluster&) {
   const std::size_t n = c.group.size();
   if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
   Step step;
   for (std::size_t i = n - 1; i >= 1; --i) step.transfers.push_back({c.group[i], c.group[i - 1], c.bytes[0]});
-  return {step};
+  return {{step}};
 }
 
 double bytes_sent_per_rank(const Collective& c) {

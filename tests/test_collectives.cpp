@@ -1,0 +1,172 @@
+// Collective lowerings: bytes per ring edge, NCCL's rotating rounds, and a layout check for every
+// all-to-all algorithm: chunk sizes are distinct powers of two, so every transfer's byte count says
+// exactly which chunks it carries; following them through the lowered steps, every chunk (s, d)
+// must be held by its sender when sent and end at d, every intra-node step must stay in a node and
+// 2DH's inter-node step on one rail.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "collectives/collectives.hpp"
+#include "helpers.hpp"
+
+using namespace moesim;
+
+namespace {
+
+// `nodes` DGX-A100-like nodes of `gpus` GPUs (an NVSwitch, one NIC per GPU), small enough that n²
+// chunk bits fit in a double's 53-bit mantissa.
+Cluster small_cluster(int nodes, int gpus) {
+  spec::ClusterSpec s = test::platform("dgx-a100", nodes);
+  auto* node = s.mutable_node();
+  node->set_gpus(std::uint32_t(gpus));
+  node->clear_links();
+  node->clear_nics();
+  for (int g = 0; g < gpus; ++g) {
+    auto* l = node->add_links();
+    l->set_a("gpu" + std::to_string(g));
+    l->set_b("nvswitch");
+    l->set_gbytes_per_s(300);
+    l->set_latency_us(0.5);
+    l->set_kind("nvswitch");
+    auto* nic = node->add_nics();
+    nic->set_name("nic" + std::to_string(g));
+    nic->set_gbits_per_s(200);
+    nic->set_latency_us(1);
+    auto* pcie = node->add_links();
+    pcie->set_a("gpu" + std::to_string(g));
+    pcie->set_b("nic" + std::to_string(g));
+    pcie->set_gbytes_per_s(25);
+    pcie->set_latency_us(0.5);
+    pcie->set_kind("pcie");
+  }
+  return Cluster(s);
+}
+
+// Follows chunks of sizes 2^(s·n + d) through the lowering; returns the chunks each rank ends with.
+std::map<int, std::set<int>> follow(const Lowering& lowering, int n) {
+  std::map<int, std::set<int>> held;  // rank -> chunk ids s·n + d
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d) held[s].insert(s * n + d);
+  for (const auto& lane : lowering)  // lanes are disjoint in what they carry, so any order will do
+    for (const auto& step : lane) {
+      std::vector<std::pair<int, std::vector<int>>> arriving;
+      for (const auto& t : step.transfers) {
+        auto bits = std::uint64_t(t.bytes);
+        REQUIRE(double(bits) == t.bytes);
+        std::vector<int> chunks;
+        for (int id = 0; bits; ++id, bits >>= 1)
+          if (bits & 1) {
+            INFO("rank " << t.src << " sends chunk " << id << " it does not hold");
+            CHECK(held[t.src].count(id) == 1);
+            chunks.push_back(id);
+          }
+        for (int id : chunks) held[t.src].erase(id);
+        arriving.push_back({t.dst, chunks});
+      }
+      for (const auto& [dst, chunks] : arriving) held[dst].insert(chunks.begin(), chunks.end());
+    }
+  return held;
+}
+
+Collective powers_of_two(const std::string& algorithm, int n) {
+  Collective c{CollectiveType::all_to_all, {}, std::vector<double>(std::size_t(n) * n), algorithm};
+  for (int r = 0; r < n; ++r) c.group.push_back(r);
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d) c.bytes[std::size_t(s) * n + d] = std::ldexp(1.0, s * n + d);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("every all-to-all algorithm delivers each chunk to its destination") {
+  // Nodes × GPUs per node with rows ≠ columns in 2DH's stride copies (the extract's index fix).
+  for (const auto& [nodes, gpus] : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}, {2, 3}, {3, 2}, {7, 1}}) {
+    const Cluster cluster = small_cluster(nodes, gpus);
+    const int n = cluster.num_gpus();
+    for (const char* algorithm : {"linear", "2dh", "pipe", "1dh"}) {
+      INFO(algorithm << " on " << nodes << " x " << gpus << " GPUs");
+      const auto lowering = lower(powers_of_two(algorithm, n), cluster);
+      const auto held = follow(lowering, n);
+      for (int d = 0; d < n; ++d) {
+        std::set<int> want;
+        for (int s = 0; s < n; ++s) want.insert(s * n + d);
+        CHECK(held.at(d) == want);
+      }
+      if (std::string(algorithm) == "2dh" && nodes > 1) {
+        // copy, intra-node exchange, copy, inter-node exchange on one rail
+        REQUIRE(lowering.size() == 1);
+        const auto& lane = lowering[0];
+        REQUIRE(lane.size() == std::size_t(gpus > 1 ? 4 : 3));
+        CHECK(lane.front().copies.size() == std::size_t(n));
+        for (const auto& t : lane[1].transfers) CHECK(cluster.node_of(t.src) == cluster.node_of(t.dst));
+        for (const auto& t : lane.back().transfers) CHECK(cluster.local_of(t.src) == cluster.local_of(t.dst));
+      }
+      if (std::string(algorithm) == "pipe" && nodes > 1 && gpus > 1) {
+        REQUIRE(lowering.size() == 2);  // an intra-node and an inter-node lane
+        for (const auto& t : lowering[0][0].transfers) CHECK(cluster.node_of(t.src) == cluster.node_of(t.dst));
+        for (const auto& t : lowering[1][0].transfers) CHECK(cluster.node_of(t.src) != cluster.node_of(t.dst));
+      }
+    }
+  }
+}
+
+TEST_CASE("linear all-to-all runs NCCL's rotating rounds, p2p_peers at a time") {
+  spec::ClusterSpec s = test::platform("dgx-a100", 2);
+  s.mutable_node()->set_p2p_peers(4);
+  const Cluster cluster(s);  // 16 GPUs: 15 rounds, 4 in flight: a chain of 4 rounds per channel
+  Collective c{CollectiveType::all_to_all, {}, std::vector<double>(256, 1.0), "linear"};
+  for (int r = 0; r < 16; ++r) c.group.push_back(r);
+  const auto l = lower(c, cluster);
+  REQUIRE(l.size() == 1);
+  REQUIRE(l[0].size() == 1);
+  CHECK(l[0][0].serial_rounds == 4);
+  CHECK(l[0][0].transfers.size() == 16 * 15);  // the diagonal is not sent
+  CHECK(find_collective_algorithm(CollectiveType::all_to_all, "linear")->bytes_sent_per_rank(c) == Approx(15));
+  // One node sending to another only: 8 ranks × 8 peers, at offsets 1..15 from each sender: 15 busy
+  // rounds, a chain of 4; and a ring exchange (offset 1 only) is one round.
+  Collective sparse = c;
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) sparse.bytes[std::size_t(i) * 16 + j] = (i < 8 && j >= 8) ? 1.0 : 0.0;
+  CHECK(lower(sparse, cluster)[0][0].serial_rounds == 4);
+  CHECK(lower(sparse, cluster)[0][0].transfers.size() == 64);
+  Collective ring = c;
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) ring.bytes[std::size_t(i) * 16 + j] = j == (i + 1) % 16 ? 1.0 : 0.0;
+  CHECK(lower(ring, cluster)[0][0].serial_rounds == 1);
+}
+
+TEST_CASE("ring all-reduce puts 2(n-1)/n of the buffer on every ring edge") {
+  const Cluster cluster(test::platform("dgx-a100", 1));
+  const double S = 1 << 20;
+  const auto l = lower(Collective{CollectiveType::all_reduce, {0, 1, 2, 3, 4}, {S}, "ring"}, cluster);
+  REQUIRE(l.size() == 1);
+  REQUIRE(l[0].size() == 1);
+  const auto& step = l[0][0];
+  CHECK(step.rounds == 8);
+  REQUIRE(step.transfers.size() == 5);
+  for (const auto& t : step.transfers) {
+    CHECK(t.dst == (t.src + 1) % 5);
+    CHECK(t.bytes * step.rounds == Approx(2.0 * 4 / 5 * S));
+  }
+  CHECK(lower(Collective{CollectiveType::all_reduce, {3}, {S}, "ring"}, cluster).empty());
+}
+
+TEST_CASE("ring all-gather and reduce-scatter put (n-1)/n of the buffer on every ring edge") {
+  const Cluster cluster(test::platform("dgx-a100", 1));
+  const double S = 8e6;
+  for (auto type : {CollectiveType::all_gather, CollectiveType::reduce_scatter}) {
+    const auto l = lower(Collective{type, {2, 4, 6, 7}, {S}, "ring"}, cluster);
+    REQUIRE(l.size() == 1);
+    REQUIRE(l[0][0].transfers.size() == 4);
+    for (const auto& t : l[0][0].transfers) CHECK(t.bytes * l[0][0].rounds == Approx(3.0 / 4 * S));
+  }
+  const auto b = lower(Collective{CollectiveType::broadcast, {5, 1, 3}, {S}, "ring"}, cluster);
+  REQUIRE(b.size() == 1);
+  const auto& step = b[0][0];
+  CHECK(step.transfers.size() == 2);  // a chain from the root: 5 -> 1 -> 3, S on each edge
+  CHECK(step.transfers[0].src == 5);
+  CHECK(step.transfers[1].dst == 3);
+  CHECK(step.transfers[1].bytes == S);
+}
