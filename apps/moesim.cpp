@@ -6,11 +6,14 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <iostream>
 
-#include "catalog.hpp"
 #include "cluster.hpp"
+#include "catalog.hpp"
+#include "collective_sweep.hpp"
 #include "collectives/collectives.hpp"
 #include "errors.hpp"
 #include "hw_info.hpp"
@@ -109,6 +112,40 @@ int cmd_trace_gen(const GenOptions& o, const std::string& out, bool quiet) {
   return 0;
 }
 
+// One row per (GPUs, size), one column per algorithm, and each algorithm's speedup over the first.
+int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool quiet) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  const auto points = run_collective_sweep(sweep, [&](int done, int total) {
+    if (quiet) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    fmt::print(stderr, "\r  point {}/{}  {:.1f} s elapsed, ETA {:.1f} s   ", done, total, s, s / done * (total - done));
+    if (done == total) fmt::print(stderr, "\n");
+  });
+  const auto& algos = sweep.algorithms;
+  fmt::print("uniform all-to-all on {} (S bytes per GPU, S/n to each peer), simulated time in µs\n\n", sweep.platform);
+  std::string header = fmt::format("{:>6} {:>10}", "GPUs", "S");
+  for (const auto& a : algos) header += fmt::format(" {:>12}", a);
+  for (std::size_t k = 1; k < algos.size(); ++k) header += fmt::format(" {:>14}", algos[0] + "/" + algos[k]);
+  fmt::print("{}\n", header);
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t i = 0; i < points.size(); i += algos.size()) {
+    std::string line = fmt::format("{:>6} {:>10}", points[i].gpus, format_size(points[i].bytes));
+    for (std::size_t k = 0; k < algos.size(); ++k) {
+      line += fmt::format(" {:>12.1f}", points[i + k].seconds * 1e6);
+      rows.push_back({{"gpus", points[i + k].gpus}, {"bytes", points[i + k].bytes}, {"algorithm", algos[k]},
+                      {"seconds", points[i + k].seconds}});
+    }
+    for (std::size_t k = 1; k < algos.size(); ++k) line += fmt::format(" {:>13.2f}×", points[i].seconds / points[i + k].seconds);
+    fmt::print("{}\n", line);
+  }
+  if (!out.empty()) {
+    std::filesystem::create_directories(out);
+    std::ofstream(out + "/collective.json") << nlohmann::json{{"platform", sweep.platform}, {"points", rows}}.dump(2) << "\n";
+    fmt::print("  wrote {}/collective.json\n", out);
+  }
+  return 0;
+}
+
 int cmd_platform_show(const std::string& name) {
   const Cluster c(load_platform(name));
   const auto& s = c.spec();
@@ -179,6 +216,24 @@ int main(int argc, char** argv) {
 
   auto* algos = app.add_subcommand("algorithms", "List the collective algorithms and policies");
 
+  auto* coll = app.add_subcommand(
+      "collective",
+      "Time a uniform all-to-all per GPU count, size and algorithm (like nccl-tests' alltoall_perf)\n"
+      "  moesim collective --gpus 16,64,256,1024 --sizes 1M,32M,256M                 Tutel §3.4: linear vs 2DH\n"
+      "  moesim collective --platform rtx2080ti-pcie --gpus 32 --sizes 1M,64M,512M \\\n"
+      "                    --algorithms linear,1dh,2dh,pipe                           ScheMoE Fig. 9");
+  CollectiveSweep sweep;
+  std::vector<std::string> size_texts = {"1M"};
+  std::string coll_out;
+  coll->add_option("--platform", sweep.platform, "Catalog platform")->capture_default_str();
+  coll->add_option("--gpus", sweep.gpus, "GPU counts (whole nodes)")->delimiter(',')->capture_default_str();
+  coll->add_option("--sizes", size_texts, "S, bytes per GPU: 1K, 32M, 2G, ... (powers of 1024)")->delimiter(',')->capture_default_str();
+  coll->add_option("--algorithms", sweep.algorithms, "All-to-all algorithms (`moesim algorithms`); speedups are over the first")
+      ->delimiter(',')
+      ->capture_default_str();
+  coll->add_option("--out,-o", coll_out, "Also write DIR/collective.json");
+  coll->add_flag("--quiet,-q", quiet, "No progress on stderr");
+
   auto* trace = app.add_subcommand("trace", "Gating traces: import, export, generate, inspect, rescale");
   trace->require_subcommand(1);
   std::string input, output, format = "csv";
@@ -243,6 +298,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*pshow) return cmd_platform_show(pname);
+    if (*coll) {
+      sweep.sizes.clear();
+      for (const auto& t : size_texts) sweep.sizes.push_back(parse_size(t));
+      return cmd_collective(sweep, coll_out, quiet);
+    }
     if (*timport) {
       const bool logs = std::filesystem::is_directory(input);
       const auto h = (timport->count("--from") ? format == "smartmoe" : logs)

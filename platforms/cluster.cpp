@@ -111,7 +111,8 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     require(nic.latency_us() >= 0, fmt::format("node.nics[{}].latency_us", i), "must be >= 0");
     require(nic_names.insert(nic.name()).second, fmt::format("node.nics[{}].name", i),
             "'" + nic.name() + "' is used by two NICs");
-    nics_.push_back(Nic{nic.name(), nic.gbits_per_s() * 1e9 / 8, nic.latency_us() * 1e-6});
+    nics_.push_back(Nic{nic.name(), nic.gbits_per_s() * 1e9 / 8, nic.latency_us() * 1e-6,
+                        (nic.has_message_overhead_us() ? nic.message_overhead_us() : 1.0) * 1e-6});
   }
   auto vertex = [&](const std::string& name, const std::string& field) {
     require(!name.empty(), field, "is empty; name a vertex such as gpu0, nvswitch or nic0");
@@ -178,6 +179,12 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     nic_of_.push_back(best);
     nic_route_.push_back(std::move(best_route));
   }
+}
+
+double Cluster::message_overhead_bytes(int src, int dst) const {
+  if (node_of(src) == node_of(dst) || nics_.empty()) return 0;
+  const Nic& nic = nics_[std::size_t(std::max(nic_of(local_of(src)), 0))];
+  return nic.message_overhead * nic.bandwidth;
 }
 
 double Cluster::node_uplink_bandwidth() const {

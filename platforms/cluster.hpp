@@ -29,6 +29,7 @@ struct Nic {
   std::string name;
   double bandwidth = 0;  // bytes/s each way
   double latency = 0;
+  double message_overhead = 0;  // seconds per message
 };
 
 class Cluster {
@@ -56,6 +57,10 @@ class Cluster {
   const std::vector<Nic>& nics() const { return nics_; }
   /// Sum of the node's NIC bandwidths: the bandwidth of each node's fabric uplink.
   double node_uplink_bandwidth() const;
+
+  /// Bytes a message between two GPUs costs beyond its own: the sender's NIC's per-message
+  /// overhead × its bandwidth between nodes, 0 inside a node.
+  double message_overhead_bytes(int src, int dst) const;
 
   /// Bandwidth and latency of the narrowest link of a route (inf/0 for an empty route).
   double route_bandwidth(const Route& r) const;

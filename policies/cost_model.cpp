@@ -27,7 +27,8 @@ CostModel::CostModel(const Cluster& c, const GpuModel& g, CostOptions o) : clust
         c.node_uplink_bandwidth() * f.spines();
 }
 
-void CostModel::add_route(std::vector<double>& load, int i, int j, double bytes) const {
+void CostModel::add_route(std::vector<double>& load, int i, int j, double bytes, int messages) const {
+  bytes += messages * cluster_.message_overhead_bytes(i, j);  // as the backend charges them
   const int a = cluster_.node_of(i), b = cluster_.node_of(j), li = cluster_.local_of(i), lj = cluster_.local_of(j);
   const int L = int(cluster_.node_links().size()), K = int(cluster_.nics().size());
   auto hops = [&](int node, const Route& r, bool reverse) {
@@ -70,7 +71,8 @@ double CostModel::allreduce_time(const std::vector<int>& group, double bytes) co
   const std::size_t n = group.size();
   if (n < 2) return 0;
   std::vector<double> load(bandwidth_.size(), 0.0);
-  for (std::size_t i = 0; i < n; ++i) add_route(load, group[i], group[(i + 1) % n], 2.0 * double(n - 1) / double(n) * bytes);
+  for (std::size_t i = 0; i < n; ++i)
+    add_route(load, group[i], group[(i + 1) % n], 2.0 * double(n - 1) / double(n) * bytes, int(2 * (n - 1)));
   return max_time(load);
 }
 

@@ -8,7 +8,9 @@
 // Routes are the cluster's: inside a node its links; between nodes GPU -> NIC -> node uplink ->
 // (leaf uplinks, when the nodes are under different leaves) -> node uplink -> NIC -> GPU. Leaf
 // uplinks are one aggregate of `spines` fabric links (perfect spreading, as adaptive routing
-// gives); per-message latency is ignored (FasterMoE: messages are > 4 KB, bandwidth-only).
+// gives). A message between nodes also costs its NIC's per-message overhead, as in the backend;
+// route latency and NCCL's send/recv rounds are ignored (FasterMoE: messages are > 4 KB,
+// bandwidth-only).
 // One cost model serves every policy that needs a prediction.
 #pragma once
 #include <vector>
@@ -61,8 +63,9 @@ class CostModel {
   std::size_t num_links() const { return bandwidth_.size(); }
 
  private:
-  // Adds `bytes` to every directed link on the route from GPU i to GPU j.
-  void add_route(std::vector<double>& load, int i, int j, double bytes) const;
+  // Adds `bytes`, sent as `messages` messages (each with its NIC's overhead), to every directed link
+  // on the route from GPU i to GPU j.
+  void add_route(std::vector<double>& load, int i, int j, double bytes, int messages = 1) const;
   double max_time(const std::vector<double>& load) const;
 
   const Cluster& cluster_;

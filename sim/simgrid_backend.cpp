@@ -122,17 +122,18 @@ struct SimBackend::Impl {
         ->seal();
   }
 
-  // A parallel task moving the transfers' bytes (× scale). All its entries progress at one rate, so
+  // A parallel task moving the transfers' bytes (× scale), each with its NIC's per-message overhead
+  // unless it is a latency `probe`. All its entries progress at one rate, so
   // it ends when its most loaded link has carried its load: the time is max over links of
   // load/bandwidth plus the largest route latency. With `via_ports`, a transfer between nodes is
   // entered as three segments, GPU -> its node's port -> the other node's port -> GPU: they cross
   // exactly the links of the direct route, so every link's load (and so the time) is unchanged,
   // but the entries shrink from one per GPU pair to about one per GPU and per node pair.
-  sg4::ExecPtr ptask(const std::vector<Transfer>& transfers, double scale, bool via_ports) {
+  sg4::ExecPtr ptask(const std::vector<Transfer>& transfers, double scale, bool via_ports, bool probe = false) {
     std::map<sg4::Host*, std::map<sg4::Host*, double>> entries;
     for (const auto& t : transfers) {
       const int a = cluster.node_of(t.src), b = cluster.node_of(t.dst);
-      const double bytes = t.bytes * scale;
+      const double bytes = (t.bytes + (probe ? 0 : cluster.message_overhead_bytes(t.src, t.dst))) * scale;
       if (!via_ports || a == b) {
         entries[hosts[t.src]][hosts[t.dst]] += bytes;
       } else {
@@ -216,7 +217,7 @@ struct SimBackend::Impl {
               probe.bytes = 1;
               sg4::ExecPtr prev = last;
               for (int k = 0; k < step.serial_rounds; ++k) {
-                auto round = keep(ptask({probe}, 1.0, false));
+                auto round = keep(ptask({probe}, 1.0, false, true));
                 prev->add_successor(round);
                 prev = round;
               }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "collectives/collectives.hpp"
+#include "collective_sweep.hpp"
 #include "helpers.hpp"
 
 using namespace moesim;
@@ -169,4 +170,27 @@ TEST_CASE("ring all-gather and reduce-scatter put (n-1)/n of the buffer on every
   CHECK(step.transfers[0].src == 5);
   CHECK(step.transfers[1].dst == 3);
   CHECK(step.transfers[1].bytes == S);
+}
+
+TEST_CASE("2DH loses to linear at small scale and wins at large scale, sooner for small messages") {
+  // Tutel §3.4 (Fig. 20): at 1 MiB 2DH is faster from small scales on; at 32 and 256 MiB it is
+  // slower at small scale (two extra copies, more NVLink traffic) and wins as the GPU count grows
+  // (n/m instead of n messages). DGX-A100 nodes, 16 and 512 GPUs.
+  CollectiveSweep sweep;
+  sweep.gpus = {16, 512};
+  sweep.sizes = {1 << 20, 32 << 20, 256 << 20};
+  const auto p = run_collective_sweep(sweep);
+  REQUIRE(p.size() == 12);
+  auto speedup = [&](int gpus, double bytes) {  // linear / 2DH
+    double lin = 0, two = 0;
+    for (const auto& x : p)
+      if (x.gpus == gpus && x.bytes == bytes) (x.algorithm == "linear" ? lin : two) = x.seconds;
+    return lin / two;
+  };
+  CHECK(speedup(16, 32 << 20) < 0.9);
+  CHECK(speedup(16, 256 << 20) < 0.9);
+  CHECK(speedup(512, 1 << 20) > 2);
+  CHECK(speedup(512, 32 << 20) > 1);
+  CHECK(speedup(512, 256 << 20) > speedup(16, 256 << 20));  // the gap closes with scale
+  CHECK(speedup(512, 1 << 20) > speedup(512, 32 << 20));      // and sooner for small messages
 }

@@ -70,13 +70,13 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
     for (int j = 0; j < 8; ++j)
       if (i != j) bytes[i * 16 + j] = 1e6;  // node 0 only: each NVSwitch port carries 7 MB each way
   CHECK(cost.alltoall_time(bytes) == Approx(7e6 / 300e9));
-  bytes[0 * 16 + 8] = 50e6;  // plus 50 MB from GPU 0 to GPU 8 over its 25 GB/s rail
-  CHECK(cost.alltoall_time(bytes) == Approx(50e6 / 25e9));
+  bytes[0 * 16 + 8] = 50e6;  // plus 50 MB from GPU 0 to GPU 8 over its 25 GB/s rail (1 µs per message)
+  CHECK(cost.alltoall_time(bytes) == Approx(50e6 / 25e9 + 1e-6));
   std::vector<int> ring(16);
   for (int r = 0; r < 16; ++r) ring[r] = r;
-  // Ring edges 7->8 and 15->0 cross nodes on 25 GB/s rails, each carrying 2·15/16·S.
-  CHECK(cost.allreduce_time(ring, 100e6) == Approx(2.0 * 15 / 16 * 100e6 / 25e9));
-  CHECK(cost.broadcast_time(ring, 100e6) == Approx(100e6 / 25e9));
+  // Ring edges 7->8 and 15->0 cross nodes on 25 GB/s rails, each carrying 2·15/16·S in 30 messages.
+  CHECK(cost.allreduce_time(ring, 100e6) == Approx(2.0 * 15 / 16 * 100e6 / 25e9 + 30e-6));
+  CHECK(cost.broadcast_time(ring, 100e6) == Approx(100e6 / 25e9 + 1e-6));
   const MoeModel m(layer_model(16, 1024, 4096));
   RoutingMatrix R(16, 16);
   for (int s = 0; s < 16; ++s) R.at(s, 3) = 4096, R.at(s, 9) = 4096;

@@ -87,9 +87,11 @@ TEST_CASE("Pro-Prophet's performance model, Eqs. 1-8, on hand cases") {
   const CostModel cost(c, gpu);
   const MoeModel model = moe_model({"model.experts=16"});
   const auto pm = prophet_model(cost, model, gpu);
-  std::vector<double> uniform(16 * 16, 1000 * model.token_bytes());
+  // One NIC per GPU: a uniform all-to-all loads every receiver as one fed by all others, so Eq. 1
+  // (B̄ profiled with 1 MB messages) gives its time exactly at that message size.
+  std::vector<double> uniform(16 * 16, 1e6);
   for (int i = 0; i < 16; ++i) uniform[i * 16 + i] = 0;
-  CHECK(a2a_time(pm, std::vector<double>(16, 15 * 1000)) == Approx(cost.alltoall_time(uniform)));
+  CHECK(a2a_time(pm, std::vector<double>(16, 15 * 1e6 / model.token_bytes())) == Approx(cost.alltoall_time(uniform)));
   std::vector<int> all(16);
   std::iota(all.begin(), all.end(), 0);
   CHECK(trans_time(pm, 1, 0) == Approx(cost.broadcast_time(all, pm.params_bytes)));

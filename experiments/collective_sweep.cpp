@@ -1,0 +1,70 @@
+#include "collective_sweep.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cluster.hpp"
+#include "collectives/collectives.hpp"
+#include "errors.hpp"
+#include "gpu.hpp"
+#include "simgrid_backend.hpp"
+#include "spec.hpp"
+
+namespace moesim {
+
+double parse_size(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw InputError("size '" + text + "': expected a number with an optional K, M or G suffix (powers of 1024)");
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1024.0 * 1024 : unit == "G" ? 1024.0 * 1024 * 1024 : -1;
+  if (scale < 0 || !(value > 0))
+    throw InputError("size '" + text + "': expected a positive number with an optional K, M or G suffix (e.g. 32M)");
+  return value * scale;
+}
+
+std::string format_size(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (u < 3 && bytes >= 1024 && std::fmod(bytes, 1024) == 0) bytes /= 1024, ++u;
+  return fmt::format("{:g} {}", bytes, units[u]);
+}
+
+std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, const std::function<void(int, int)>& progress) {
+  spec::ClusterSpec spec = load_platform(sweep.platform);
+  const int per_node = int(spec.node().gpus());
+  if (sweep.gpus.empty()) throw InputError("--gpus: give at least one GPU count");
+  for (int g : sweep.gpus)
+    if (g < per_node || g % per_node != 0)
+      throw InputError(fmt::format("--gpus {}: {} has {} GPUs per node; use whole nodes (a multiple of {})", g,
+                                   sweep.platform, per_node, per_node));
+  for (const auto& a : sweep.algorithms)
+    if (!find_collective_algorithm(CollectiveType::all_to_all, a))
+      throw InputError(fmt::format("--algorithms: no all-to-all algorithm '{}'; use {}", a,
+                                   collective_algorithm_names(CollectiveType::all_to_all)));
+  spec.set_nodes(std::uint32_t(*std::max_element(sweep.gpus.begin(), sweep.gpus.end()) / per_node));
+  const Cluster cluster(spec);
+  const GpuModel gpu(spec.gpu(), spec::FP16);
+  SimBackend sim(cluster, gpu);
+  std::vector<CollectivePoint> points;
+  const int total = int(sweep.gpus.size() * sweep.sizes.size() * sweep.algorithms.size());
+  for (int n : sweep.gpus)
+    for (double S : sweep.sizes)
+      for (const auto& a : sweep.algorithms) {
+        Collective c{CollectiveType::all_to_all, {}, std::vector<double>(std::size_t(n) * n, S / n), a};
+        for (int r = 0; r < n; ++r) c.group.push_back(r);
+        TaskGraph g(cluster.num_gpus());
+        g.add_collective(Stream::comm, "alltoall", std::move(c), {});
+        points.push_back({n, S, a, sim.execute(g).makespan()});
+        if (progress) progress(int(points.size()), total);
+      }
+  return points;
+}
+
+}  // namespace moesim

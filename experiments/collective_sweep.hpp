@@ -1,0 +1,36 @@
+// Collective sweeps, in the manner of nccl-tests' alltoall_perf: the simulated time of a uniform
+// all-to-all of S bytes per GPU (S/n to each peer) for each GPU count, size and algorithm, on one
+// catalog platform. Tutel §3.4 (linear vs 2DH against GPU count) and ScheMoE Fig. 9 (four
+// algorithms against message size) are such sweeps.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace moesim {
+
+struct CollectiveSweep {
+  std::string platform = "dgx-a100";
+  std::vector<int> gpus = {16, 64, 256};      // multiples of the platform's GPUs per node
+  std::vector<double> sizes = {1 << 20};      // S, bytes per GPU
+  std::vector<std::string> algorithms = {"linear", "2dh"};
+};
+
+struct CollectivePoint {
+  int gpus = 0;
+  double bytes = 0;
+  std::string algorithm;
+  double seconds = 0;
+};
+
+/// Validates the sweep (InputError naming the option) and simulates every point on one platform of
+/// max(gpus) GPUs, each all-to-all among the first `gpus` of them. `progress(done, total)` after
+/// each point.
+std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep,
+                                                  const std::function<void(int, int)>& progress = {});
+
+/// "1M" = 1 MiB, "32K", "2G", or a byte count.
+double parse_size(const std::string& text);
+std::string format_size(double bytes);
+
+}  // namespace moesim
