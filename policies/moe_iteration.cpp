@@ -227,13 +227,17 @@ class Builder {
 
   // The expert op of GPU `rank` for the tokens of sources [from, to): one GEMM pair per expert.
   // `deps` gets the broadcasts of the replicas it computes with.
-  Compute expert_work(int l, int rank, int from, int to, bool bwd, std::vector<OpId>& deps) {
+  // With parts > 1, only part `part` of each (source, expert) count: x·(part+1)/parts − x·part/parts.
+  Compute expert_work(int l, int rank, int from, int to, bool bwd, std::vector<OpId>& deps, int part = 0, int parts = 1) {
     const auto& R = plans_[l].routing;
     Compute c{ComputeKind::grouped_gemm, {}, 0};
     for (int e : computes_[l][rank]) {
       long tokens = 0;
       for (int s = from; s < to; ++s)
-        if (target(l, s, e) == rank) tokens += long(R.at(s, e));
+        if (target(l, s, e) == rank) {
+          const auto x = long(R.at(s, e));
+          tokens += x * (part + 1) / parts - x * part / parts;
+        }
       if (tokens == 0) continue;
       const auto fwd = in_.model.expert_gemms(tokens);
       const auto gemms = bwd ? backward(fwd) : fwd;
@@ -247,9 +251,10 @@ class Builder {
     return c;
   }
 
-  OpId add_expert_op(int l, int rank, const std::string& label, int from, int to, bool bwd, std::vector<OpId> deps) {
+  OpId add_expert_op(int l, int rank, const std::string& label, int from, int to, bool bwd, std::vector<OpId> deps,
+                     int part = 0, int parts = 1) {
     computing_.clear();
-    Compute c = expert_work(l, rank, from, to, bwd, deps);
+    Compute c = expert_work(l, rank, from, to, bwd, deps, part, parts);
     const OpId id = g_.add_compute(rank, label, std::move(c), std::move(deps));
     if (bwd)
       for (int e : computing_) users_[{l, e}].push_back(id);
@@ -276,6 +281,7 @@ class Builder {
     const auto tokens = exchanged(l);
     if (schedule_.smart) return smart_layer(l, bwd, tokens);
     if (zero_) return zero_layer(l, bwd);
+    if (schedule_.partitions > 1 || schedule_.compress_bytes_per_s > 0) return pipelined_layer(l, bwd, tokens);
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
                                             exchange(tokens, false), ready_);
     std::vector<OpId> experts(G_);
@@ -329,6 +335,59 @@ class Builder {
     return g_.add_collective(
         Stream::comm, fmt::format("L{}.{}.smart_done", l, dir),
         {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, R);
+  }
+
+  // ScheMoE's layer (schemoe.md §2-3): r parts, each the chain C1 → A1 → D1 → E → C2 → A2 → D2,
+  // added in OptSche's order (Theorem 1, Eq. 12): on the compute stream C1¹..C1ʳ, then (D1ⁱ Eⁱ C2ⁱ)
+  // for each part, then D2¹..D2ʳ; on the comm stream A1¹..A1ʳ then A2¹..A2ʳ, each starting as soon as
+  // its input is ready and the stream is free (Eqs. 13-14). Compression scales the all-to-all
+  // bytes by wire_ratio and costs payload / throughput on each side; without a compressor the chain
+  // is A1 → E → A2 (Tutel's pipelining with the same order). Backward has the same shape.
+  OpId pipelined_layer(int l, bool bwd, const std::vector<double>& tokens) {
+    const char* dir = bwd ? "bwd" : "fwd";
+    const int r = std::max(1, schedule_.partitions);
+    const bool compress = schedule_.compress_bytes_per_s > 0;
+    std::vector<double> sent(std::size_t(G_), 0.0), received(std::size_t(G_), 0.0);  // token-slots
+    for (int i = 0; i < G_; ++i)
+      for (int j = 0; j < G_; ++j) {
+        sent[std::size_t(i)] += tokens[std::size_t(i) * G_ + j];
+        received[std::size_t(j)] += tokens[std::size_t(i) * G_ + j];
+      }
+    auto codec = [&](int rank, const std::string& what, int part, double slots, std::vector<OpId> deps) {
+      Compute c{ComputeKind::compress, {}, 0};
+      c.fixed_seconds = slots / r * token_bytes_ / schedule_.compress_bytes_per_s;
+      return g_.add_compute(rank, fmt::format("L{}.{}.{}.p{}", l, dir, what, part), std::move(c), std::move(deps));
+    };
+    auto wire = [&](bool transpose) {
+      Collective c = exchange(tokens, transpose);
+      for (auto& b : c.bytes) b *= schedule_.wire_ratio / r;
+      return c;
+    };
+    std::vector<std::vector<OpId>> ready(static_cast<std::size_t>(r), ready_);  // what each part's dispatch waits for
+    if (compress)
+      for (int p = 0; p < r; ++p)
+        for (int k = 0; k < G_; ++k) ready[std::size_t(p)][std::size_t(k)] = codec(k, "C1", p, sent[std::size_t(k)], {ready_[std::size_t(k)]});
+    const auto parts = static_cast<std::size_t>(r);
+    std::vector<OpId> A1(parts), A2(parts);
+    for (int p = 0; p < r; ++p)
+      A1[std::size_t(p)] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch.p{}", l, dir, p), wire(false), ready[std::size_t(p)]);
+    std::vector<std::vector<OpId>> done(parts, std::vector<OpId>(static_cast<std::size_t>(G_)));
+    for (int p = 0; p < r; ++p)
+      for (int k = 0; k < G_; ++k) {
+        OpId in = A1[std::size_t(p)];
+        if (compress) in = codec(k, "D1", p, received[std::size_t(k)], {in});
+        OpId out = add_expert_op(l, k, fmt::format("L{}.{}.experts.p{}", l, dir, p), 0, G_, bwd, {in}, p, r);
+        if (compress) out = codec(k, "C2", p, received[std::size_t(k)], {out});
+        done[std::size_t(p)][std::size_t(k)] = out;
+      }
+    for (int p = 0; p < r; ++p)
+      A2[std::size_t(p)] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine.p{}", l, dir, p), wire(true), done[std::size_t(p)]);
+    std::vector<OpId> last(A2);
+    if (compress)
+      for (int p = 0; p < r; ++p)
+        for (int k = 0; k < G_; ++k) last.push_back(codec(k, "D2", p, sent[std::size_t(k)], {A2[std::size_t(p)]}));
+    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.pipeline_done", l, dir),
+                             {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, last);
   }
 
   const IterationInput& in_;

@@ -75,6 +75,12 @@ struct ScheduleOptions {
   ReplicaSchedule replicas = ReplicaSchedule::stream_order;
   int trans_under_dense = 0;       // block_wise: broadcasts per layer under the non-expert forward
   int agg_under_dense = 0;         // block_wise: reduces per layer under the non-expert backward
+  /// ScheMoE (schemoe.md §2-3): each layer's all-to-all / experts / all-to-all split into
+  /// `partitions` parts along the capacity dimension, each a chain compress → dispatch → decompress
+  /// → experts → compress → combine → decompress, in OptSche's order (pipelined_layer()).
+  int partitions = 1;
+  double wire_ratio = 1;            // bytes on the wire / payload bytes (a compressor's bits / dtype bits)
+  double compress_bytes_per_s = 0;  // compressor throughput; 0 = no compress / decompress tasks
 };
 
 /// The GPU that owns expert e when E/G experts live on each GPU.

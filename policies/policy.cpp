@@ -15,6 +15,7 @@ std::unique_ptr<Policy> make_pro_prophet();
 std::unique_ptr<Policy> make_pro_prophet_planner();
 std::unique_ptr<Policy> make_replicate_top2();
 std::unique_ptr<Policy> make_replicate_top3();
+std::unique_ptr<Policy> make_schemoe();
 
 namespace {
 struct Entry {
@@ -32,6 +33,7 @@ const Entry kPolicies[] = {
     {"pro-prophet-planner", make_pro_prophet_planner},
     {"replicate-top2", make_replicate_top2},
     {"replicate-top3", make_replicate_top3},
+    {"schemoe", make_schemoe},
 };
 }  // namespace
 

@@ -24,6 +24,7 @@ const char* compute_kind_name(ComputeKind k) {
     case ComputeKind::encode: return "encode";
     case ComputeKind::decode: return "decode";
     case ComputeKind::optimizer: return "optimizer";
+    case ComputeKind::compress: return "compress";
   }
   return "?";
 }
@@ -57,7 +58,7 @@ double Compute::flops() const {
 }
 
 double Compute::seconds(const GpuModel& gpu) const {
-  double t = gpu.memory_time(memory_bytes);
+  double t = fixed_seconds + gpu.memory_time(memory_bytes);
   for (const auto& g : gemms) t += gpu.gemm_time(g);
   return t;
 }

@@ -20,7 +20,7 @@ enum class Stream : std::uint8_t { compute = 0, comm = 1, comm2 = 2 };
 constexpr int kNumStreams = 3;
 const char* stream_name(Stream s);
 
-enum class ComputeKind : std::uint8_t { gemm, grouped_gemm, elementwise, gate, encode, decode, optimizer };
+enum class ComputeKind : std::uint8_t { gemm, grouped_gemm, elementwise, gate, encode, decode, optimizer, compress };
 const char* compute_kind_name(ComputeKind k);
 
 /// Work on one GPU: GEMMs (run one after another) plus memory-bound traffic in bytes.
@@ -29,6 +29,7 @@ struct Compute {
   std::vector<Gemm> gemms;
   double memory_bytes = 0;
   long tokens = 0;  // token-slots an expert op computes (0 for other ops)
+  double fixed_seconds = 0;  // time given directly (a compressor's modelled throughput)
   double flops() const;
   /// Seconds on one GPU: its GEMMs through the GEMM-efficiency curve plus its memory traffic.
   double seconds(const GpuModel& gpu) const;

@@ -1,0 +1,134 @@
+// ScheMoE: OptSche's makespan recurrence on hand cases and against its own order; an exhaustive
+// search over orders at r = 2 that never beats OptSche; the simulated layer against the
+// recurrence on an uncontended node; compressors on the wire.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iostream>
+#include <random>
+
+#include "helpers.hpp"
+#include "moe_iteration.hpp"
+#include "routing.hpp"
+#include "schemoe.hpp"
+#include "simgrid_backend.hpp"
+
+using namespace moesim;
+
+TEST_CASE("OptSche's makespan: Eq. 10 at r = 1, max(2A, E + 2A/r) without compression") {
+  const TaskTimes t{1, 3, 2, 5};
+  CHECK(optsche_makespan(1, t) == Approx(2 * 1 + 2 * 3 + 2 * 2 + 5));
+  for (int r : {2, 3, 4, 8}) {
+    const TaskTimes nc{0, 7.0 / r, 0, 4.0 / r};  // A = 7, E = 4 for the whole layer
+    CHECK(optsche_makespan(r, nc) == Approx(std::max(2 * 7.0, 4 + 2 * 7.0 / r)));
+    const TaskTimes comp{4.0 / r, 7.0 / r, 2.0 / r, 4.0 / r};
+    const auto [compute, comm] = optsche_order(r);
+    CHECK(order_makespan(compute, comm, comp) == Approx(optsche_makespan(r, comp)));
+  }
+}
+
+TEST_CASE("no order of the 7r tasks beats OptSche at r = 2") {
+  // Every interleaving of the two parts' compute chains C1 D1 E C2 D2 (252) × every comm order
+  // with A1ⁱ before A2ⁱ (6), on random task times.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.1, 3.0);
+  std::vector<std::vector<Task>> computes, comms;
+  const int chain[5] = {0, 2, 3, 4, 6};
+  for (int mask = 0; mask < 1 << 10; ++mask) {
+    if (__builtin_popcount(unsigned(mask)) != 5) continue;
+    std::vector<Task> order;
+    int next[2] = {0, 0};
+    for (int b = 0; b < 10; ++b) {
+      const int part = (mask >> b) & 1;
+      order.push_back({chain[next[part]++], part});
+    }
+    computes.push_back(order);
+  }
+  std::vector<Task> comm = {{1, 0}, {1, 1}, {5, 0}, {5, 1}};
+  std::sort(comm.begin(), comm.end(), [](const Task& a, const Task& b) { return a.kind * 2 + a.part < b.kind * 2 + b.part; });
+  do {
+    bool ok = true;
+    for (std::size_t i = 0; i < comm.size(); ++i)
+      for (std::size_t j = i + 1; j < comm.size(); ++j)
+        if (comm[i].part == comm[j].part && comm[i].kind > comm[j].kind) ok = false;
+    if (ok) comms.push_back(comm);
+  } while (std::next_permutation(comm.begin(), comm.end(), [](const Task& a, const Task& b) {
+    return a.kind * 2 + a.part < b.kind * 2 + b.part;
+  }));
+  REQUIRE(computes.size() == 252);
+  REQUIRE(comms.size() == 6);
+  for (int trial = 0; trial < 40; ++trial) {
+    const TaskTimes t{u(rng), u(rng), u(rng), u(rng)};
+    const double best = optsche_makespan(2, t);
+    double others = 1e300;
+    for (const auto& c : computes)
+      for (const auto& m : comms)
+        if (const double x = order_makespan(c, m, t); x >= 0) others = std::min(others, x);
+    INFO("c " << t.c << " a " << t.a << " d " << t.d << " e " << t.e);
+    CHECK(best <= others * (1 + 1e-12));
+  }
+}
+
+TEST_CASE("the simulated ScheMoE layer follows OptSche's recurrence and beats sequential parts") {
+  // Two DGX-A100 nodes (the all-to-all on NVSwitch and NICs, compute on the GPUs: nothing shared
+  // between the streams), every GPU sending 512 slots to every expert, so that parts are equal and
+  // C1 = C2, D1 = D2, A1 = A2 as the recurrence assumes.
+  const Cluster cluster(test::platform("dgx-a100", 2));
+  spec::ModelSpec ms;
+  ms.set_name("layer");
+  ms.set_layers(1);
+  ms.set_d_model(1024);
+  ms.set_d_ffn(2048);
+  ms.set_experts(16);
+  ms.set_top_k(1);
+  ms.set_seq_len(2048);
+  ms.set_tokens_per_gpu(8192);
+  ms.set_heads(16);
+  ms.set_dtype(spec::FP16);
+  const MoeModel model(ms);
+  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+  SimBackend sim(cluster, gpu);
+  RoutingMatrix R(16, 16);
+  for (auto& x : R.counts) x = 512;
+  const std::vector<RoutingMatrix> routing{R};
+  auto run = [&](int r, double bits) {
+    spec::PolicySpec ps;
+    ps.set_name("schemoe");
+    ps.mutable_schemoe()->set_partitions(std::uint32_t(r));
+    ps.mutable_schemoe()->mutable_compressor()->set_bits(bits);
+    ps.mutable_schemoe()->mutable_compressor()->set_gbytes_per_s(400);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    const auto t = sim.execute(g);
+    TaskTimes times;
+    double first = 1e300, last = 0, wire = 0;
+    for (const auto& op : g.ops()) {
+      if (op.label.rfind("L0.fwd.", 0) != 0 || op.rank != 0) continue;
+      const double d = t.end[op.id] - t.start[op.id];
+      if (op.label.find(".C1.") != std::string::npos) times.c = d, first = std::min(first, t.start[op.id]);
+      if (op.label.find(".D1.") != std::string::npos) times.d = d;
+      if (op.label.find(".experts.") != std::string::npos) times.e = d;
+      if (op.label.find(".a2a_dispatch.") != std::string::npos) {
+        times.a = d;
+        wire += std::get<Collective>(op.body).total_bytes();
+      }
+      if (op.label.find(".D2.") != std::string::npos) last = std::max(last, t.end[op.id]);
+    }
+    return std::make_tuple(last - first, times, wire);
+  };
+  const auto [span2, times, wire8] = run(2, 8);
+  const auto [span4, times4, wire4] = run(4, 8);
+  const auto [span_fp8, t16, wire16] = run(2, 16);
+  const double sequential = 2 * (2 * times.c + 2 * times.a + 2 * times.d + times.e);  // Eq. 10 per part
+  std::cout << fmt::format("ScheMoE layer, r = 2: c {:.1f} a {:.1f} d {:.1f} e {:.1f} µs; simulated {:.1f} µs, "
+                           "recurrence {:.1f} µs, parts in sequence {:.1f} µs\n",
+                           times.c * 1e6, times.a * 1e6, times.d * 1e6, times.e * 1e6, span2 * 1e6,
+                           optsche_makespan(2, times) * 1e6, sequential * 1e6);
+  CHECK(span2 == Approx(optsche_makespan(2, times)).epsilon(1e-6));
+  CHECK(span4 == Approx(optsche_makespan(4, times4)).epsilon(1e-6));
+  CHECK(span2 < 0.9 * sequential);
+  // fp16 payloads: 8 bits on the wire is a half, 16 bits all of it.
+  CHECK(wire16 == Approx(2 * wire8));
+  CHECK(wire8 == Approx(16.0 * 8192 * 1024 * 2 / 2));  // 16 GPUs' 8192 slots of 1024 fp16, local ones included
+}
