@@ -70,7 +70,7 @@ class Builder {
       : in_(in), plans_(plans), schedule_(s), G_(in.cluster.num_gpus()), E_(in.model.experts()),
         g_(G_), everyone_(G_), ready_(G_), target_(plans.size()), bcast_(plans.size()) {
     for (int r = 0; r < G_; ++r) everyone_[r] = r;
-    a2a_ = collective_algorithm(in.spec, CollectiveType::all_to_all);
+    a2a_ = s.all_to_all.empty() ? collective_algorithm(in.spec, CollectiveType::all_to_all) : s.all_to_all;
     ar_ = collective_algorithm(in.spec, CollectiveType::all_reduce);
     token_bytes_ = in.model.token_bytes();
     const double T = in.model.tokens_per_gpu(), k = in.model.top_k();

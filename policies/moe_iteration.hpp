@@ -19,6 +19,7 @@
 // replicas' broadcasts and reduces go is a ReplicaSchedule.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "policy.hpp"
@@ -81,6 +82,7 @@ struct ScheduleOptions {
   int partitions = 1;
   double wire_ratio = 1;            // bytes on the wire / payload bytes (a compressor's bits / dtype bits)
   double compress_bytes_per_s = 0;  // compressor throughput; 0 = no compress / decompress tasks
+  std::string all_to_all;           // the MoE all-to-alls' algorithm instead of policy.all_to_all
 };
 
 /// The GPU that owns expert e when E/G experts live on each GPU.

@@ -16,6 +16,7 @@ std::unique_ptr<Policy> make_pro_prophet_planner();
 std::unique_ptr<Policy> make_replicate_top2();
 std::unique_ptr<Policy> make_replicate_top3();
 std::unique_ptr<Policy> make_schemoe();
+std::unique_ptr<Policy> make_tutel();
 
 namespace {
 struct Entry {
@@ -34,6 +35,7 @@ const Entry kPolicies[] = {
     {"replicate-top2", make_replicate_top2},
     {"replicate-top3", make_replicate_top3},
     {"schemoe", make_schemoe},
+    {"tutel", make_tutel},
 };
 }  // namespace
 

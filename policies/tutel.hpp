@@ -1,0 +1,43 @@
+// Tutel (Hwang et al.; shared/papers/tutel.md): adaptive pipelining's online strategy search
+// (Algorithm 2, §2.3). The policy is in tutel.cpp; the pipelined layer is built by
+// moe_iteration.cpp (ScheduleOptions::partitions with no compressor).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+namespace moesim {
+
+/// A pipelining strategy: degree × all-to-all algorithm.
+struct Strategy {
+  int degree = 1;
+  std::string all_to_all = "linear";
+  bool operator<(const Strategy& o) const { return degree != o.degree ? degree < o.degree : all_to_all < o.all_to_all; }
+  bool operator==(const Strategy& o) const { return degree == o.degree && all_to_all == o.all_to_all; }
+};
+
+/// Algorithm 2: a table f → {strategy: measured time} and buckets of nearby f (width L), so that a
+/// new capacity factor reuses what its bucket has tried. Known f: O(log M) (a map); a new f
+/// re-sorts and re-packs the known ones, O(N log N) at worst, as the paper states.
+class StrategySearch {
+ public:
+  StrategySearch(std::vector<Strategy> space, double bucket_length);
+  /// GetStrategy(f): the best tried for f once all are tried for it; else the bucket's best once all
+  /// are tried in the bucket; else one the bucket has not tried yet.
+  Strategy get(double f);
+  /// OptimizeStrategy(f, s, t): records the measured time of s at f.
+  void record(double f, const Strategy& s, double seconds);
+  int buckets() const { return int(bucket_of_.empty() ? 0 : bucket_of_.rbegin()->second + 1); }
+
+ private:
+  void recompute_buckets();
+  // The bucket's times per strategy, each normalised to the bucket's lowest f (t · f_low / f).
+  std::map<Strategy, double> bucket_times(int bucket) const;
+
+  std::vector<Strategy> space_;
+  double length_;
+  std::map<double, std::map<Strategy, double>> tried_;  // f -> strategy -> seconds
+  std::map<double, int> bucket_of_;                       // known f -> bucket index
+};
+
+}  // namespace moesim

@@ -1,0 +1,66 @@
+// Tutel's adaptive pipelining: Algorithm 2's buckets on hand cases, and the online search
+// converging to the best fixed strategy on a stationary workload.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "runner.hpp"
+#include "tutel.hpp"
+
+using namespace moesim;
+
+TEST_CASE("Algorithm 2 tries each strategy once per bucket, then keeps the best") {
+  const std::vector<Strategy> space = {{1, "linear"}, {2, "linear"}, {1, "2dh"}};
+  StrategySearch s(space, 1.0);
+  // f = 2.0: untried strategies first, in order; each measured.
+  const double times[] = {3.0, 1.0, 2.0};
+  for (int i = 0; i < 3; ++i) {
+    const Strategy x = s.get(2.0);
+    CHECK(x == space[std::size_t(i)]);
+    s.record(2.0, x, times[i]);
+  }
+  CHECK(s.get(2.0) == space[1]);  // all tried for f: the fastest
+  // f = 2.5 is in 2.0's bucket (L = 1): it reuses the bucket's best without trying anything.
+  CHECK(s.get(2.5) == space[1]);
+  CHECK(s.buckets() == 1);
+  // f = 3.4 opens a new bucket: nothing tried there yet.
+  CHECK(s.get(3.4) == space[0]);
+  CHECK(s.buckets() == 2);
+  // Times in a bucket are normalised by its lowest f: at f = 2.5, 2dh takes 1.1 s, i.e. 0.88 s at
+  // f = 2.0, better than linear/2's 1.0 s.
+  s.record(2.5, space[2], 1.1);
+  CHECK(s.get(2.5) == space[2]);  // the bucket's best, f = 2.5 not having tried everything itself
+  CHECK(s.get(2.0) == space[1]);  // f = 2.0 has: its own best
+  s.record(2.5, space[0], 0.5), s.record(2.5, space[1], 9);
+  CHECK(s.get(2.5) == space[0]);
+}
+
+TEST_CASE("adaptive pipelining converges to the best fixed strategy on a stationary workload") {
+  // The demo's cluster (8 DGX-A100 nodes, 64 GPUs), 2 MoE layers, Zipf routing (same popularity
+  // every iteration): 8 strategies, each run fixed for 2 iterations, and the search for 12.
+  Experiment ex = load_experiment(std::nullopt, {"model.layers=2", "iterations=12", "policy.name=tutel"});
+  ex.variants.emplace_back("adaptive", ex.spec);
+  for (int d : {1, 2, 4, 8})
+    for (const char* a : {"linear", "2dh"}) {
+      spec::ExperimentSpec fixed = ex.spec;
+      fixed.set_iterations(2);
+      fixed.mutable_policy()->mutable_tutel()->set_degree(std::uint32_t(d));
+      fixed.mutable_policy()->mutable_tutel()->set_all_to_all(a);
+      ex.variants.emplace_back(fmt::format("{}/{}", d, a), fixed);
+    }
+  const auto result = run_experiment(ex);
+  std::string best;
+  double best_time = 1e300;
+  for (const auto& r : result.runs)
+    if (r.name != "adaptive" && r.mean_time() < best_time) best = r.name, best_time = r.mean_time();
+  const auto& adaptive = result.run("adaptive").iterations;
+  double settled = 0;
+  for (std::size_t i = 8; i < adaptive.size(); ++i) settled += adaptive[i].time / double(adaptive.size() - 8);
+  std::cout << fmt::format("best fixed strategy {} ({:.3f} ms); adaptive after 8 trials {:.3f} ms\n", best,
+                           best_time * 1e3, settled * 1e3);
+  CHECK(settled == Approx(best_time).epsilon(0.01));
+  double worst = 0;
+  for (const auto& r : result.runs) worst = std::max(worst, r.mean_time());
+  CHECK(worst > 1.05 * best_time);  // the choice matters here
+}
