@@ -152,6 +152,11 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
     };
     if (p.quantity() == PV::SPEEDUP) {
       values.push_back(best([](const RunResult& r) { return r.mean_time(); }));
+    } else if (p.quantity() == PV::MOE_SPEEDUP) {
+      values.push_back(best([](const RunResult& r) {
+        const Breakdown b = r.mean_breakdown();
+        return b.seconds[int(Category::experts)] + b.seconds[int(Category::all_to_all)];
+      }));
     } else {
       const int layers = variant.iterations.empty() ? 0 : int(variant.iterations.front().load_stddev_per_layer.size());
       for (int l = 0; l < layers; ++l) values.push_back(best([l](const RunResult& r) { return r.mean_load_stddev(l); }));

@@ -56,9 +56,11 @@ struct Collective {
 };
 
 /// What an op's time is accounted to in the critical-path breakdown.
-enum class Category : std::uint8_t { compute, all_to_all, all_reduce, other };
+/// `experts`: the MoE layers' expert GEMMs and payload compression; `compute`: everything else
+/// that computes (attention, gate, encode/decode, optimizer).
+enum class Category : std::uint8_t { compute, experts, all_to_all, all_reduce, other };
 const char* category_name(Category c);
-constexpr int kNumCategories = 4;
+constexpr int kNumCategories = 5;
 
 struct Op {
   OpId id = 0;
@@ -106,7 +108,7 @@ struct Timing {
 /// to the predecessor that ended last; gaps between ops count as `other`. The parts add up to the
 /// makespan exactly.
 struct Breakdown {
-  double seconds[kNumCategories] = {0, 0, 0, 0};
+  double seconds[kNumCategories] = {0, 0, 0, 0, 0};
   double total() const;
 };
 Breakdown critical_path(const TaskGraph& graph, const Timing& timing);

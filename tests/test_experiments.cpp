@@ -53,6 +53,18 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   CHECK(simulated_value(claim(R"(variant: "pro-prophet" baseline: "fastermoe" groups: "A" groups: "B" value: 1)"), r) ==
         Approx(2.25));
 
+  // MOE_SPEEDUP: experts + all-to-all seconds of the critical path, not the whole iteration.
+  ExperimentResult m;
+  m.runs = {run("base", {10}), run("moe", {9})};
+  m.runs[0].iterations[0].breakdown.seconds[int(Category::experts)] = 3;
+  m.runs[0].iterations[0].breakdown.seconds[int(Category::all_to_all)] = 3;
+  m.runs[0].iterations[0].breakdown.seconds[int(Category::compute)] = 4;
+  m.runs[1].iterations[0].breakdown.seconds[int(Category::experts)] = 1;
+  m.runs[1].iterations[0].breakdown.seconds[int(Category::all_to_all)] = 2;
+  m.runs[1].iterations[0].breakdown.seconds[int(Category::compute)] = 6;
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MOE_SPEEDUP value: 1)"), m) == Approx(2.0));
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" value: 1)"), m) == Approx(10.0 / 9));
+
   // BALANCE: per layer, std(best baseline) / std(variant), mean over iterations.
   ExperimentResult b;
   b.runs = {run("k1/fastermoe", {1, 1}, {4, 3}), run("k1/planner", {1, 1}, {1, 6}),
