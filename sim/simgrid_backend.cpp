@@ -160,6 +160,30 @@ struct SimBackend::Impl {
     return exec;
   }
 
+  // Whether a step's chain of send/recv rounds can outlast its bytes: serial_rounds route latencies
+  // against a lower bound of the bandwidth term (the busiest GPU's inter-node bytes, message
+  // overheads included, over its NIC). The chain is simulated only then: a bandwidth-bound step
+  // would pay for every round's event with a re-solve of the big parallel task for nothing.
+  bool latency_bound(const Step& step) const {
+    if (cluster.nics().empty()) return true;
+    std::map<int, double> out, in;
+    double latency = 0;
+    for (const auto& t : step.transfers) {
+      if (cluster.node_of(t.src) == cluster.node_of(t.dst)) continue;
+      const double b = (t.bytes + cluster.message_overhead_bytes(t.src, t.dst)) * step.rounds;
+      out[t.src] += b;
+      in[t.dst] += b;
+      latency = std::max(latency, cluster.route_latency(cluster.nic_route(cluster.local_of(t.src))) +
+                                      cluster.nics()[std::size_t(std::max(cluster.nic_of(cluster.local_of(t.src)), 0))].latency);
+    }
+    if (out.empty()) return true;
+    double busiest = 0;
+    for (const auto* side : {&out, &in})
+      for (const auto& [rank, b] : *side)
+        busiest = std::max(busiest, b / cluster.nics()[std::size_t(std::max(cluster.nic_of(cluster.local_of(rank)), 0))].bandwidth);
+    return step.serial_rounds * 2 * latency > busiest;
+  }
+
   sg4::ExecPtr marker(int rank) {
     auto exec = sg4::Exec::init();
     exec->set_flops_amount(0)->set_host(hosts[rank]);
@@ -207,7 +231,7 @@ struct SimBackend::Impl {
             // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
             // on the step's longest route (an inter-node pair if there is one), each paying the
             // route latency; the step ends when both the chain and the bytes are done.
-            if (step.serial_rounds > 1 && !step.transfers.empty()) {
+            if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step)) {
               Transfer probe = step.transfers.front();
               for (const auto& tr : step.transfers)
                 if (cluster.node_of(tr.src) != cluster.node_of(tr.dst)) {
