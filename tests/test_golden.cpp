@@ -38,3 +38,5 @@ void check_golden(const std::string& name) {
 }  // namespace
 
 TEST_CASE("golden: one MoE layer on two DGX-A100 nodes") { check_golden("ep_2node_a100"); }
+TEST_CASE("golden: the same layer with the 2DH all-to-all") { check_golden("2dh_2node_a100"); }
+TEST_CASE("golden: the same layer under ScheMoE with OptSche and ZFP") { check_golden("schemoe_2node_a100"); }
