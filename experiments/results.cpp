@@ -39,6 +39,7 @@ nlohmann::json run_json(const RunResult& r) {
   if (!r.name.empty()) j["name"] = r.name;
   j["policy"] = r.policy;
   j["iterations"] = r.iterations.size();
+  if (r.warmup > 0) j["warmup_iterations"] = r.warmup;  // left out of the means below
   j["iteration_time_s"] = r.mean_time();
   j["breakdown"] = breakdown_json(r.mean_breakdown());
   auto& roof = j["roofline"] = nlohmann::json::array();  // FasterMoE §1.6, first iteration, EP placement

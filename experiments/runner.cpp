@@ -13,22 +13,30 @@
 
 namespace moesim {
 
+std::span<const IterationRecord> RunResult::measured() const {
+  const std::size_t skip = std::min<std::size_t>(std::size_t(warmup), iterations.size() ? iterations.size() - 1 : 0);
+  return std::span<const IterationRecord>(iterations).subspan(skip);
+}
+
 double RunResult::mean_time() const {
+  const auto its = measured();
   double sum = 0;
-  for (const auto& it : iterations) sum += it.time;
-  return iterations.empty() ? 0 : sum / double(iterations.size());
+  for (const auto& it : its) sum += it.time;
+  return its.empty() ? 0 : sum / double(its.size());
 }
 
 Breakdown RunResult::mean_breakdown() const {
+  const auto its = measured();
   Breakdown b;
-  for (const auto& it : iterations)
-    for (int c = 0; c < kNumCategories; ++c) b.seconds[c] += it.breakdown.seconds[c] / double(iterations.size());
+  for (const auto& it : its)
+    for (int c = 0; c < kNumCategories; ++c) b.seconds[c] += it.breakdown.seconds[c] / double(its.size());
   return b;
 }
 
 double RunResult::mean_load_stddev(int layer) const {
+  const auto its = measured();
   double sum = 0;
-  for (const auto& it : iterations) sum += it.load_stddev_per_layer.at(std::size_t(layer)) / double(iterations.size());
+  for (const auto& it : its) sum += it.load_stddev_per_layer.at(std::size_t(layer)) / double(its.size());
   return sum;
 }
 
@@ -58,6 +66,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
   RunResult result;
   result.policy = policy->name();
   result.gpus = cluster.num_gpus();
+  result.warmup = int(s.warmup_iterations());
   const int iterations = int(s.iterations());
   const int keep = int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1);
   auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed());

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,9 +45,13 @@ struct RunResult {
   std::vector<TaskGraph> graphs;
   std::vector<Timing> timings;
 
+  int warmup = 0;  // leading iterations left out of the means (ExperimentSpec.warmup_iterations)
+
+  /// The iterations the means are over: all but the warm-up (at least one).
+  std::span<const IterationRecord> measured() const;
   double mean_time() const;
   Breakdown mean_breakdown() const;
-  double mean_load_stddev(int layer) const;  // over iterations
+  double mean_load_stddev(int layer) const;
 };
 
 /// A paper's number next to the simulated one.

@@ -81,6 +81,9 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   if (s.cluster().platform().find('/') != std::string::npos)
     relative_to_spec(s.mutable_cluster()->mutable_platform(), "cluster.platform");
   if (s.iterations() == 0) s.set_iterations(1);
+  if (s.warmup_iterations() >= s.iterations())
+    throw in_spec("warmup_iterations", fmt::format("{} warm-up iterations leave none of the {} to measure; use fewer, or more "
+                                                   "iterations", s.warmup_iterations(), s.iterations()));
   if (s.gating().source_case() == spec::GatingSpec::SOURCE_NOT_SET) s.mutable_gating()->mutable_uniform();
   if (s.gate().has_capacity_factor() && !std::isfinite(s.gate().capacity_factor()))
     throw in_spec("gate.capacity_factor", "must be a finite number (> 0 fixed, 0 dropless, < 0 capped dynamic)");

@@ -53,6 +53,13 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   CHECK(simulated_value(claim(R"(variant: "pro-prophet" baseline: "fastermoe" groups: "A" groups: "B" value: 1)"), r) ==
         Approx(2.25));
 
+  // Warm-up iterations are left out of the means: (2 + 4) / 2, not (10 + 2 + 4) / 3.
+  RunResult w = run("w", {10, 2, 4});
+  w.warmup = 1;
+  CHECK(w.mean_time() == Approx(3.0));
+  w.warmup = 5;  // never all of them
+  CHECK(w.mean_time() == Approx(4.0));
+
   // MOE_SPEEDUP: experts + all-to-all seconds of the critical path, not the whole iteration.
   ExperimentResult m;
   m.runs = {run("base", {10}), run("moe", {9})};
