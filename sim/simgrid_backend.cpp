@@ -209,24 +209,27 @@ struct SimBackend::Impl {
         entry[op.id] = exit[op.id] =
             keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0, false));
       } else {
-        // A collective: its lanes run side by side from a start marker to a finish marker; in a
-        // lane each step waits for the previous one. A step's copies are memory-bound execs on their
-        // GPUs; its transfers one parallel task (aggregate) or one each.
+        // A collective: its lanes run side by side from a start marker (to a finish marker when
+        // there are several); in a lane each step waits for the previous one. A step's copies are
+        // memory-bound execs on their GPUs; its transfers one parallel task (aggregate) or one
+        // each. Markers only where several activities join: every extra activity is an event,
+        // and each event re-solves the sharing of the big parallel tasks then running.
         const auto& coll = std::get<Collective>(op.body);
         auto start = entry[op.id] = keep(marker(op.rank));
-        auto finish = exit[op.id] = keep(marker(op.rank));
         const Lowering lowering = lower(coll, cluster);
+        sg4::ExecPtr finish = lowering.size() == 1 ? nullptr : keep(marker(op.rank));
+        if (finish) exit[op.id] = finish;
         if (lowering.empty()) start->add_successor(finish);
         for (const auto& lane : lowering) {
           sg4::ExecPtr last = start;
           for (const auto& step : lane) {
-            auto done = keep(marker(op.rank));
-            std::vector<sg4::ExecPtr> parts;
+            std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
             for (const auto& copy : step.copies)
               if (copy.bytes > 0) {
                 auto exec = sg4::Exec::init();
                 exec->set_flops_amount(gpu.memory_time(2 * copy.bytes) * gpu.peak_flops())->set_host(hosts[copy.rank]);
-                parts.push_back(keep(exec));
+                last->add_successor(exec);
+                ends.push_back(keep(exec));
               }
             // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
             // on the step's longest route (an inter-node pair if there is one), each paying the
@@ -245,23 +248,32 @@ struct SimBackend::Impl {
                 prev->add_successor(round);
                 prev = round;
               }
-              prev->add_successor(done);
+              ends.push_back(prev);
             }
+            std::vector<sg4::ExecPtr> flows;
             if (options.aggregate && !step.transfers.empty())
-              parts.push_back(keep(ptask(step.transfers, step.rounds, !ports.empty())));
+              flows.push_back(ptask(step.transfers, step.rounds, !ports.empty()));
             else
-              for (const auto& tr : step.transfers) parts.push_back(keep(ptask({tr}, step.rounds, false)));
-            if (parts.empty() && step.serial_rounds <= 1) last->add_successor(done);
-            for (auto& p : parts) {
-              last->add_successor(p);
-              p->add_successor(done);
+              for (const auto& tr : step.transfers) flows.push_back(ptask({tr}, step.rounds, false));
+            for (auto& f : flows) {
+              last->add_successor(f);
+              ends.push_back(keep(f));
             }
+            if (ends.size() == 1) {
+              last = ends.front();
+              continue;
+            }
+            auto done = keep(marker(op.rank));
+            if (ends.empty()) last->add_successor(done);
+            for (auto& e : ends) e->add_successor(done);
             last = done;
           }
-          last->add_successor(finish);
+          if (finish) last->add_successor(finish);
+          else exit[op.id] = last;
         }
       }
     }
+
     const auto preds = graph.predecessors();
     for (const auto& op : graph.ops())
       for (OpId p : preds[op.id]) exit[p]->add_successor(entry[op.id]);
