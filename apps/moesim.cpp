@@ -113,7 +113,7 @@ int cmd_trace_gen(const GenOptions& o, const std::string& out, bool quiet) {
 }
 
 // One row per (GPUs, size), one column per algorithm, and each algorithm's speedup over the first.
-int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool quiet) {
+int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool quiet, const CollectiveSweepFile* file) {
   const auto wall0 = std::chrono::steady_clock::now();
   const auto points = run_collective_sweep(sweep, [&](int done, int total) {
     if (quiet) return;
@@ -138,10 +138,13 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
     for (std::size_t k = 1; k < algos.size(); ++k) line += fmt::format(" {:>13.2f}×", points[i].seconds / points[i + k].seconds);
     fmt::print("{}\n", line);
   }
+  const std::string paper = file && !file->paper.empty() ? collective_paper_table(*file, points) : "";
+  if (!paper.empty()) fmt::print("\n{}", paper);
   if (!out.empty()) {
     std::filesystem::create_directories(out);
     std::ofstream(out + "/collective.json") << nlohmann::json{{"platform", sweep.platform}, {"points", rows}}.dump(2) << "\n";
-    fmt::print("  wrote {}/collective.json\n", out);
+    if (!paper.empty()) std::ofstream(out + "/paper.md") << "# " << file->name << "\n\n" << file->description << "\n\n" << paper;
+    fmt::print("  wrote {}/collective.json{}\n", out, paper.empty() ? "" : " and paper.md");
   }
   return 0;
 }
@@ -224,7 +227,9 @@ int main(int argc, char** argv) {
       "                    --algorithms linear,1dh,2dh,pipe                           ScheMoE Fig. 9");
   CollectiveSweep sweep;
   std::vector<std::string> size_texts = {"1M"};
-  std::string coll_out;
+  std::string coll_out, coll_spec;
+  coll->add_option("spec", coll_spec, "A sweep spec (CollectiveSweepSpec, e.g. experiments/tutel/alltoall-crossover.textproto); "
+                                      "options given on the command line override it");
   coll->add_option("--platform", sweep.platform, "Catalog platform")->capture_default_str();
   coll->add_option("--gpus", sweep.gpus, "GPU counts (whole nodes)")->delimiter(',')->capture_default_str();
   coll->add_option("--sizes", size_texts, "S, bytes per GPU: 1K, 32M, 2G, ... (powers of 1024)")->delimiter(',')->capture_default_str();
@@ -299,9 +304,18 @@ int main(int argc, char** argv) {
     }
     if (*pshow) return cmd_platform_show(pname);
     if (*coll) {
-      sweep.sizes.clear();
-      for (const auto& t : size_texts) sweep.sizes.push_back(parse_size(t));
-      return cmd_collective(sweep, coll_out, quiet);
+      std::optional<CollectiveSweepFile> file;
+      if (!coll_spec.empty()) file = load_collective_sweep(coll_spec);
+      CollectiveSweep s = file ? file->sweep : sweep;
+      if (coll->count("--platform")) s.platform = sweep.platform;
+      if (coll->count("--gpus")) s.gpus = sweep.gpus;
+      if (coll->count("--algorithms")) s.algorithms = sweep.algorithms;
+      if (!file || coll->count("--sizes")) {
+        s.sizes.clear();
+        for (const auto& t : size_texts) s.sizes.push_back(parse_size(t));
+      }
+      if (file) file->sweep = s;
+      return cmd_collective(s, coll_out, quiet, file ? &*file : nullptr);
     }
     if (*timport) {
       const bool logs = std::filesystem::is_directory(input);

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "textproto.hpp"
+
 #include "cluster.hpp"
 #include "collectives/collectives.hpp"
 #include "errors.hpp"
@@ -34,6 +36,62 @@ std::string format_size(double bytes) {
   int u = 0;
   while (u < 3 && bytes >= 1024 && std::fmod(bytes, 1024) == 0) bytes /= 1024, ++u;
   return fmt::format("{:g} {}", bytes, units[u]);
+}
+
+CollectiveSweepFile load_collective_sweep(const std::string& path) {
+  spec::CollectiveSweepSpec s;
+  const ParsedFile file = parse_file(path, s);
+  CollectiveSweepFile f;
+  f.name = s.name();
+  f.description = s.description();
+  if (!s.platform().empty()) f.sweep.platform = s.platform();
+  if (s.gpus_size()) f.sweep.gpus.assign(s.gpus().begin(), s.gpus().end());
+  if (s.algorithms_size()) f.sweep.algorithms.assign(s.algorithms().begin(), s.algorithms().end());
+  if (s.sizes_size()) f.sweep.sizes.clear();
+  for (int i = 0; i < s.sizes_size(); ++i) try {
+      f.sweep.sizes.push_back(parse_size(s.sizes(i)));
+    } catch (const InputError& e) {
+      throw InputError(file.describe(fmt::format("sizes[{}]", i), e.what()));
+    }
+  for (int i = 0; i < s.paper_size(); ++i) {
+    const auto& c = s.paper(i);
+    const std::string where = fmt::format("paper[{}]", i);
+    double bytes = 0;
+    try {
+      bytes = parse_size(c.size());
+    } catch (const InputError& e) {
+      throw InputError(file.describe(where + ".size", e.what()));
+    }
+    const bool has = std::count(f.sweep.gpus.begin(), f.sweep.gpus.end(), int(c.gpus())) &&
+                     std::count(f.sweep.sizes.begin(), f.sweep.sizes.end(), bytes) &&
+                     std::count(f.sweep.algorithms.begin(), f.sweep.algorithms.end(), c.algorithm()) &&
+                     std::count(f.sweep.algorithms.begin(), f.sweep.algorithms.end(), c.baseline());
+    if (!has) throw InputError(file.describe(where, "names a GPU count, size or algorithm the sweep does not run"));
+    if (!(c.value() > 0)) throw InputError(file.describe(where + ".value", "must be > 0"));
+    f.paper.emplace_back(c.claim(), int(c.gpus()), bytes, c.algorithm(), c.baseline(), c.value(), c.source(),
+                         c.tolerance() > 0 ? c.tolerance() : 0.15);
+  }
+  return f;
+}
+
+std::string collective_paper_table(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points) {
+  auto time = [&](int gpus, double bytes, const std::string& a) {
+    for (const auto& p : points)
+      if (p.gpus == gpus && p.bytes == bytes && p.algorithm == a) return p.seconds;
+    return 0.0;
+  };
+  std::string out = "| claim | paper | simulated | ratio | within tolerance | source |\n|---|---:|---:|---:|---|---|\n";
+  for (const auto& [claim, gpus, bytes, algorithm, baseline, value, source, tolerance] : f.paper) {
+    if (time(gpus, bytes, baseline) <= 0 || time(gpus, bytes, algorithm) <= 0) {
+      out += fmt::format("| {} | {:.2f}× | not run | | | {} |\n", claim, value, source);
+      continue;
+    }
+    const double simulated = time(gpus, bytes, baseline) / time(gpus, bytes, algorithm);
+    const double ratio = simulated / value;
+    out += fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", claim, value, simulated, ratio,
+                       std::abs(ratio - 1) <= tolerance ? "yes" : "no", source);
+  }
+  return out;
 }
 
 std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, const std::function<void(int, int)>& progress) {

@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace moesim {
@@ -28,6 +29,19 @@ struct CollectivePoint {
 /// each point.
 std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep,
                                                   const std::function<void(int, int)>& progress = {});
+
+/// A sweep from a CollectiveSweepSpec file (InputError with file, line and field when it is bad).
+struct CollectiveSweepFile {
+  CollectiveSweep sweep;
+  std::string name, description;
+  std::vector<std::tuple<std::string, int, double, std::string, std::string, double, std::string, double>> paper;
+  // claim, gpus, bytes, algorithm, baseline, paper value, source, tolerance
+};
+CollectiveSweepFile load_collective_sweep(const std::string& path);
+
+/// The paper table ("| claim | paper | simulated | ratio | within tolerance | source |") of a
+/// sweep's points.
+std::string collective_paper_table(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points);
 
 /// "1M" = 1 MiB, "32K", "2G", or a byte count.
 double parse_size(const std::string& text);

@@ -194,3 +194,19 @@ TEST_CASE("2DH loses to linear at small scale and wins at large scale, sooner fo
   CHECK(speedup(512, 256 << 20) > speedup(16, 256 << 20));  // the gap closes with scale
   CHECK(speedup(512, 1 << 20) > speedup(512, 32 << 20));      // and sooner for small messages
 }
+
+TEST_CASE("moesim collective runs a sweep spec, compares its claims and rejects a claim it cannot check") {
+  const auto dir = test::temp_dir("sweep");
+  const std::string good = dir + "/sweep.textproto", bad = dir + "/bad.textproto";
+  const std::string head = "name: \"s\"\nplatform: \"dgx-a100\"\ngpus: [16]\nsizes: [\"1M\"]\nalgorithms: [\"linear\", \"2dh\"]\n";
+  test::write_file(good, head + "paper { claim: \"c\" gpus: 16 size: \"1M\" algorithm: \"2dh\" baseline: \"linear\" value: 1 }\n");
+  test::write_file(bad, head + "paper { claim: \"c\" gpus: 64 size: \"1M\" algorithm: \"2dh\" baseline: \"linear\" value: 1 }\n");
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " collective " + good + " -q --out " + dir + "/out", out) == 0);
+  INFO(out);
+  CHECK_THAT(out, Catch::Matchers::Contains("| c | 1.00× |"));
+  CHECK(test::read_file(dir + "/out/paper.md").find("| c |") != std::string::npos);
+  const int rc = test::run_command(std::string(MOESIM_BIN) + " collective " + bad + " -q", out);
+  CHECK(rc == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("bad.textproto:6: field 'paper[0]'"));
+}
