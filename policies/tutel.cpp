@@ -72,6 +72,34 @@ void StrategySearch::record(double f, const Strategy& s, double seconds) {
   tried_[f][s] = seconds;
 }
 
+std::vector<ParallelismOption> parallelism_options(int W, int E, double P, double D, double budget) {
+  const int s = E < W ? W / E : 1;    // GPUs sharing one expert (sharded_count)
+  const double local = double(std::max(1, E / W));  // ΔE: experts whose slices a GPU holds
+  const double slices = local * P / s;  // persistent parameter bytes per GPU, whatever r
+  std::vector<ParallelismOption> out;
+  // r = 0: every GPU gathers every expert over all W GPUs (ring: (W−1)/W of it), computes its own
+  // tokens locally, no all-to-all.
+  ParallelismOption dp{0, 0, double(E) * P * double(W - 1) / W, 0, true};
+  dp.memory_bytes = slices + double(E) * P + D;
+  out.push_back(dp);
+  for (int r = 1; r <= s; ++r) {
+    if (s % r != 0) continue;
+    ParallelismOption o{r, 2 * r * D, local * P * (1.0 / r - 1.0 / s), 0, true};
+    o.memory_bytes = slices + local * P / r + 2 * r * D;  // gathered 1/r of the expert; sent + received tokens
+    out.push_back(o);
+  }
+  for (auto& o : out) o.fits = o.memory_bytes <= budget;
+  return out;
+}
+
+int choose_parallelism(const std::vector<ParallelismOption>& options) {
+  int best = -1;
+  double least = 0;
+  for (const auto& o : options)
+    if (o.fits && (best < 0 || o.comm_bytes() < least)) best = o.r, least = o.comm_bytes();
+  return best;
+}
+
 namespace {
 
 class Tutel final : public Policy {

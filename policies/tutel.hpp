@@ -40,4 +40,26 @@ class StrategySearch {
   std::map<double, int> bucket_of_;                       // known f -> bucket index
 };
 
+/// Tutel's adaptive parallelism (tutel.md §1.4, the released code's `r`): with E experts on W GPUs
+/// and E < W, each expert is sharded over s = W/E GPUs (ZeRO-style slices, the same for every r,
+/// so switching moves no parameter). r = 0 is data parallelism (every GPU gathers every expert,
+/// no all-to-all); r ≥ 1, a divisor of s, repeats the dispatch tensor r times and gathers each
+/// expert inside groups of s/r GPUs: r = 1 is EP+DP (P1), r = s is EP+MP (P2). The computation per
+/// GPU is the same for every r; the choice compares communication.
+struct ParallelismOption {
+  int r = 0;
+  double alltoall_bytes = 0;   // per GPU per layer, forward: dispatch + combine of the (repeated) tokens
+  double allgather_bytes = 0;  // per GPU per layer, forward: expert parameters received
+  double memory_bytes = 0;     // per GPU per layer: parameter slices + transient gathered parameters + token buffers
+  bool fits = true;            // memory_bytes within the budget given
+  double comm_bytes() const { return alltoall_bytes + allgather_bytes; }
+};
+/// The options for W GPUs, E experts of `expert_bytes` parameters each, a dispatch tensor of
+/// `dispatch_bytes` per GPU (E × ΔC × M elements), within `memory_budget` bytes per GPU and layer.
+std::vector<ParallelismOption> parallelism_options(int gpus, int experts, double expert_bytes, double dispatch_bytes,
+                                                   double memory_budget);
+/// The switching rule: the fitting option with the least communication (ties: the smaller r, no
+/// token repeat). nullptr-like r = -1 when none fits.
+int choose_parallelism(const std::vector<ParallelismOption>& options);
+
 }  // namespace moesim
