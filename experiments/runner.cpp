@@ -42,15 +42,18 @@ double RunResult::mean_load_stddev(int layer) const {
 
 namespace {
 
+// Max/mean of the per-GPU expert load with E/G experts per GPU; with fewer experts than GPUs
+// (Tutel's sharded experts) each expert's load is shared by its W/E GPUs, the same ratio as
+// per expert.
 double max_mean_gpu_load(const std::vector<RoutingMatrix>& routing, int gpus) {
   double sum = 0;
   for (const auto& R : routing) {
-    const int local = R.experts / gpus;
-    std::vector<double> load(gpus, 0.0);
-    for (int e = 0; e < R.experts; ++e) load[e / local] += double(R.expert_load(e));
+    const int local = std::max(1, R.experts / gpus), slots = R.experts < gpus ? R.experts : gpus;
+    std::vector<double> load(std::size_t(slots), 0.0);
+    for (int e = 0; e < R.experts; ++e) load[std::size_t(e / local)] += double(R.expert_load(e));
     double total = 0;
     for (double x : load) total += x;
-    sum += total > 0 ? *std::max_element(load.begin(), load.end()) / (total / gpus) : 1.0;
+    sum += total > 0 ? *std::max_element(load.begin(), load.end()) / (total / double(slots)) : 1.0;
   }
   return routing.empty() ? 1.0 : sum / double(routing.size());
 }
@@ -83,7 +86,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
       routed.push_back(std::move(g.routed));
     }
     rec.trace_iteration = gating->label();
-    if (it == 0) {
+    if (it == 0 && model.experts() % cluster.num_gpus() == 0) {  // the cost model places E/G experts per GPU
       const CostModel cost(cluster, gpu);
       for (int l = 0; l < model.layers(); ++l) result.roofline.push_back({l, cost.roofline(model, routed[l])});
     }

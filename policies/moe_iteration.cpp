@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 
 namespace moesim {
 
@@ -78,11 +79,13 @@ class Builder {
     permute_bytes_ = 2 * T * k * token_bytes_;  // read + write each routed token
     expert_bytes_ = in.model.expert_params() * in.model.dtype_bytes();
     zero_ = s.sharding != ExpertSharding::owner;
+    const bool sharded = s.shard_r > 0;
     for (std::size_t l = 0; l < plans.size(); ++l) {
       target_[l].resize(std::size_t(G_) * E_);
       for (int s = 0; s < G_; ++s)
-        for (int e = 0; e < E_; ++e) target_[l][std::size_t(s) * E_ + e] = zero_ ? s : expert_owner(e, E_, G_);
-      if (!zero_)
+        for (int e = 0; e < E_; ++e)
+          target_[l][std::size_t(s) * E_ + e] = zero_ ? s : sharded ? e * (G_ / E_) : expert_owner(e, E_, G_);
+      if (!zero_ && !sharded)
         for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
           const auto t = replica_targets(rep, in.cluster, E_);
           for (int s = 0; s < G_; ++s) target_[l][std::size_t(s) * E_ + rep.expert] = t[std::size_t(s)];
@@ -167,7 +170,7 @@ class Builder {
         {CollectiveType::all_reduce, everyone_, {dense_params * in_.model.dtype_bytes()}, ar_}, before_ar);
     // Adam with fp32 master weights and moments: read p, m, v (fp32) and g; write p, m, v and the
     // low-precision copy.
-    const double params = dense_params + double(E_ / G_) * L * in_.model.expert_params();
+    const double params = dense_params + double(E_) / G_ * L * in_.model.expert_params();  // E/G experts, or 1/s of one
     const double adam_bytes = params * (6 * 4 + 2 * in_.model.dtype_bytes());
     std::vector<OpId> steps(G_);
     for (int r = 0; r < G_; ++r) steps[r] = g_.add_compute(r, "optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce});
@@ -220,6 +223,13 @@ class Builder {
   std::vector<double> exchanged(int l) const {
     const auto& R = plans_[l].routing;
     std::vector<double> tokens(std::size_t(G_) * G_, 0.0);
+    if (schedule_.shard_r > 0) {  // r copies of each source's tokens over e's s GPUs: 1/g to each
+      const int s = G_ / E_, g = s / schedule_.shard_r;
+      for (int src = 0; src < G_; ++src)
+        for (int e = 0; e < E_; ++e)
+          for (int t = e * s; t < (e + 1) * s; ++t) tokens[std::size_t(src) * G_ + t] += double(R.at(src, e)) / g;
+      return tokens;
+    }
     for (int s = 0; s < G_; ++s)
       for (int e = 0; e < E_; ++e) tokens[std::size_t(s) * G_ + target(l, s, e)] += double(R.at(s, e));
     return tokens;
@@ -281,6 +291,7 @@ class Builder {
     const auto tokens = exchanged(l);
     if (schedule_.smart) return smart_layer(l, bwd, tokens);
     if (zero_) return zero_layer(l, bwd);
+    if (schedule_.shard_r > 0) return sharded_layer(l, bwd, tokens);
     if (schedule_.partitions > 1 || schedule_.compress_bytes_per_s > 0) return pipelined_layer(l, bwd, tokens);
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
                                             exchange(tokens, false), ready_);
@@ -388,6 +399,64 @@ class Builder {
         for (int k = 0; k < G_; ++k) last.push_back(codec(k, "D2", p, sent[std::size_t(k)], {A2[std::size_t(p)]}));
     return g_.add_collective(Stream::comm, fmt::format("L{}.{}.pipeline_done", l, dir),
                              {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, last);
+  }
+
+  // Tutel's sharded experts (ScheduleOptions::shard_r = r ≥ 1, s = G/E): dispatch the repeated
+  // tokens, all-gather each subgroup's 1/r slice of its expert (s/r GPUs each holding 1/s), run the
+  // slice on the tokens received (the GEMMs' hidden dimension d_ffn/r), combine; backward the same
+  // with the gradients reduce-scattered back to the 1/s shards.
+  OpId sharded_layer(int l, bool bwd, const std::vector<double>& tokens) {
+    const char* dir = bwd ? "bwd" : "fwd";
+    const int s = G_ / E_, r = schedule_.shard_r, g = s / r;
+    const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
+                                            exchange(tokens, false), ready_);
+    std::vector<OpId> gathered(static_cast<std::size_t>(G_));
+    const double slice = expert_bytes_ / r;  // what a subgroup gathers
+    for (int first = 0; first < G_; first += g) {
+      std::vector<int> sub(static_cast<std::size_t>(g));
+      std::iota(sub.begin(), sub.end(), first);
+      OpId id = dispatch;
+      if (g > 1)
+        id = g_.add_collective(Stream::comm, fmt::format("L{}.{}.expert_allgather.g{}", l, dir, first / g),
+                               {CollectiveType::all_gather, sub, {slice}, "ring"}, {dispatch});
+      for (int t = first; t < first + g; ++t) gathered[std::size_t(t)] = id;
+    }
+    const auto& R = plans_[l].routing;
+    const auto d = std::uint64_t(in_.model.spec().d_model()), h = std::uint64_t(in_.model.spec().d_ffn() / std::uint32_t(r));
+    std::vector<OpId> experts(static_cast<std::size_t>(G_));
+    for (int t = 0; t < G_; ++t) {
+      const int e = t / s;
+      double received = 0;
+      for (int src = 0; src < G_; ++src) received += double(R.at(src, e)) / g;
+      const auto m = std::uint64_t(std::llround(received));
+      Compute c{ComputeKind::grouped_gemm, {}, 0};
+      if (m > 0) {
+        const std::vector<Gemm> fwd = {{m, h, d, 1}, {m, d, h, 1}};
+        c.gemms = bwd ? backward(fwd) : fwd;
+        c.tokens = long(m);
+      }
+      experts[std::size_t(t)] = g_.add_compute(t, fmt::format("L{}.{}.experts", l, dir), std::move(c), {dispatch, gathered[std::size_t(t)]});
+    }
+    std::vector<OpId> after(experts);
+    if (bwd && g > 1)
+      for (int first = 0; first < G_; first += g) {
+        std::vector<int> sub(static_cast<std::size_t>(g));
+        std::iota(sub.begin(), sub.end(), first);
+        std::vector<OpId> deps(experts.begin() + first, experts.begin() + first + g);
+        reduces_.push_back(g_.add_collective(Stream::comm, fmt::format("L{}.bwd.expert_reduce_scatter.g{}", l, first / g),
+                                             {CollectiveType::reduce_scatter, sub, {slice}, "ring"}, deps));
+      }
+    const OpId combine = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(tokens, true), after);
+    // The r partial outputs of each token summed at its source: read r copies, write one.
+    std::vector<OpId> sums(static_cast<std::size_t>(G_));
+    for (int src = 0; src < G_; ++src) {
+      double slots = 0;
+      for (int e = 0; e < E_; ++e) slots += double(R.at(src, e));
+      sums[std::size_t(src)] = g_.add_compute(src, fmt::format("L{}.{}.partial_sum", l, dir),
+                                              {ComputeKind::elementwise, {}, slots * token_bytes_ * (r + 1)}, {combine});
+    }
+    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.sharded_done", l, dir),
+                             {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, sums);
   }
 
   const IterationInput& in_;

@@ -83,6 +83,13 @@ struct ScheduleOptions {
   double wire_ratio = 1;            // bytes on the wire / payload bytes (a compressor's bits / dtype bits)
   double compress_bytes_per_s = 0;  // compressor throughput; 0 = no compress / decompress tasks
   std::string all_to_all;           // the MoE all-to-alls' algorithm instead of policy.all_to_all
+  /// Tutel's adaptive parallelism with fewer experts than GPUs (tutel.md §1.4): expert e sharded
+  /// over the s = G/E GPUs e·s .. e·s + s − 1; with r ≥ 1 (a divisor of s) each source's tokens
+  /// for e go r times, 1/(s/r) of them to each GPU of e's group, each GPU computes them with the
+  /// 1/r slice of e its subgroup of s/r GPUs all-gathers (before the forward and the backward
+  /// experts; gradients reduce-scattered back), and the r partial outputs are summed at the
+  /// source. 0: not sharded (E/G experts per GPU, or sharding = zero3 for r = 0).
+  int shard_r = 0;
 };
 
 /// The GPU that owns expert e when E/G experts live on each GPU.

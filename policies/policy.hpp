@@ -22,6 +22,7 @@ struct PolicyReport {
   /// Per MoE layer, the std-dev over GPUs of the token-slots each GPU's experts compute (Pro-Prophet's
   /// "balance degree", §6.9); filled by build_moe_iteration().
   std::vector<double> load_stddev;
+  int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
 };
 
 /// Everything a policy sees when it builds an iteration.

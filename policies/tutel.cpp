@@ -10,6 +10,8 @@
 // layers; the measured time is the iteration's; bucket length L = 1 by default (not given).
 #include "tutel.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -107,8 +109,21 @@ class Tutel final : public Policy {
   std::string name() const override { return "tutel"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
-    validate_expert_placement(cluster, model, spec);
     const auto& t = spec.tutel();
+    const int W = cluster.num_gpus(), E = model.experts();
+    if (E < W) {
+      if (W % E != 0)
+        throw FieldError("model.experts", fmt::format("with fewer experts than GPUs each expert is sharded over W/E GPUs: "
+                                                      "{} GPUs over {} experts is not a whole number; use a divisor of {}", W, E, W));
+      collective_algorithm(spec, CollectiveType::all_reduce);
+    } else {
+      validate_expert_placement(cluster, model, spec);
+    }
+    if (t.has_parallel_r()) {
+      const int s = E < W ? W / E : 1, r = t.parallel_r();
+      if (r < 0 || (r > 0 && s % r != 0))
+        throw FieldError("policy.tutel.parallel_r", fmt::format("r is 0 (data parallel) or a divisor of W/E = {}", s));
+    }
     for (const auto& s : space(t)) {
       if (s.degree < 1 || s.degree > 64) throw FieldError("policy.tutel.degrees", "pipelining degrees are 1 to 64");
       spec::PolicySpec probe;
@@ -134,12 +149,31 @@ class Tutel final : public Policy {
     ScheduleOptions schedule;
     schedule.partitions = current_.degree;
     schedule.all_to_all = current_.all_to_all;
+    const int W = in.cluster.num_gpus(), E = in.model.experts();
+    const int r = t.has_parallel_r() ? t.parallel_r() : switching_rule(in);
+    in.report.parallel_r = r;
+    if (r == 0) schedule.sharding = ExpertSharding::zero3;
+    else if (E < W) schedule.shard_r = r, schedule.partitions = 1;
     return build_moe_iteration(in, plans, schedule);
   }
 
   void observe(const TaskGraph&, const Timing& timing) override { search_->record(f_, current_, timing.makespan()); }
 
  private:
+  // The inline parallelism router: the fitting r with the least communication for this iteration's
+  // dispatch tensor (E × C × M per GPU, C the largest (source, expert) count: Tutel pads to it).
+  static int switching_rule(const IterationInput& in) {
+    const int W = in.cluster.num_gpus(), E = in.model.experts();
+    double dispatch = 0;
+    for (const auto& R : in.routing) {
+      const auto most = R.counts.empty() ? 0 : *std::max_element(R.counts.begin(), R.counts.end());
+      dispatch += double(E) * double(most) * in.model.token_bytes() / double(in.routing.size());
+    }
+    const double expert = in.model.expert_params() * in.model.dtype_bytes();
+    const int r = choose_parallelism(parallelism_options(W, E, expert, dispatch, in.gpu.memory_bytes()));
+    return r < 0 ? (E < W ? W / E : 1) : r;
+  }
+
   static std::vector<Strategy> space(const spec::TutelSpec& t) {
     if (t.degree()) return {{int(t.degree()), t.all_to_all().empty() ? "linear" : t.all_to_all()}};
     std::vector<int> degrees(t.degrees().begin(), t.degrees().end());

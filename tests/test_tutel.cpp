@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <map>
 
+#include "gating.hpp"
 #include "runner.hpp"
 #include "tutel.hpp"
 
@@ -105,4 +107,36 @@ TEST_CASE("adaptive parallelism: r in {0} and the divisors of W/E, memory, and t
     if (f >= 4) CHECK(ratio > 1.2);
     previous = ratio;
   }
+}
+
+TEST_CASE("sharded experts compute every token-slot's full expert once, for every r") {
+  // 16 GPUs (2 DGX-A100 nodes), 4 experts (s = 4), skewed routing: r = 1, 2, 4 split the tokens
+  // and the hidden dimension differently, but the forward expert FLOPs add up to the EP count, and
+  // r = 1 moves a quarter of the tokens r = 4 does.
+  const auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.experts=4", "model.layers=1",
+                                                 "policy.name=tutel", "gating.zipf.exponent=1.0"});
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
+  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
+  const auto routing = gating->next();
+  double want = 0;
+  for (int e = 0; e < 4; ++e) want += double(routing[0].expert_load(e)) * 2 * 2 * model.spec().d_model() * model.spec().d_ffn();
+  std::map<int, double> moved;
+  for (int r : {1, 2, 4}) {
+    spec::PolicySpec ps = ex.spec.policy();
+    ps.mutable_tutel()->set_parallel_r(r);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    CHECK(report.parallel_r == r);
+    double flops = 0;
+    for (const auto& op : g.ops()) {
+      if (op.label == "L0.fwd.experts") flops += std::get<Compute>(op.body).flops();
+      if (op.label == "L0.fwd.a2a_dispatch") moved[r] = std::get<Collective>(op.body).total_bytes();
+    }
+    INFO("r = " << r);
+    CHECK(flops == Approx(want).epsilon(1e-3));  // token counts rounded per GPU
+  }
+  CHECK(moved[4] == Approx(4 * moved[1]));
+  CHECK(moved[2] == Approx(2 * moved[1]));
 }
