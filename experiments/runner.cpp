@@ -167,7 +167,7 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
     } else if (p.quantity() == PV::MOE_SPEEDUP) {
       values.push_back(best([](const RunResult& r) {
         const Breakdown b = r.mean_breakdown();
-        return b.seconds[int(Category::experts)] + b.seconds[int(Category::all_to_all)];
+        return b.seconds[int(Category::moe)] + b.seconds[int(Category::all_to_all)];
       }));
     } else {
       const int layers = variant.iterations.empty() ? 0 : int(variant.iterations.front().load_stddev_per_layer.size());

@@ -130,18 +130,18 @@ class Builder {
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0});
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
-        ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, {}, permute_bytes_});
+        ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_});
       }
       if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
       if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
       const OpId done = moe_layer(l, false);
       if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
       for (int r = 0; r < G_; ++r)
-        g_.add_compute(r, fmt::format("L{}.fwd.decode", l), {ComputeKind::decode, {}, permute_bytes_}, {done});
+        g_.add_compute(r, fmt::format("L{}.fwd.decode", l), {ComputeKind::decode, codec_gemms(l, r), permute_bytes_}, {done});
     }
     for (int l = L - 1; l >= 0; --l) {
       for (int r = 0; r < G_; ++r)
-        ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.decode", l), {ComputeKind::decode, {}, permute_bytes_});
+        ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.decode", l), {ComputeKind::decode, codec_gemms(l, r), permute_bytes_});
       const OpId done = moe_layer(l, true);
       // Replicas' gradients go back to their owners (a reduce each): on the second stream, under
       // the rest of the backward, with second_stream; after the layer otherwise; block_wise keeps
@@ -156,7 +156,7 @@ class Builder {
         if (mode == RS::exposed) after.insert(after.end(), reduces_.end() - std::ptrdiff_t(plans_[l].replicas.size()), reduces_.end());
       }
       for (int r = 0; r < G_; ++r) {
-        g_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, {}, permute_bytes_}, after);
+        g_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_}, after);
         g_.add_compute(r, fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward({gate}), scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward(dense), 0});
       }
@@ -219,6 +219,17 @@ class Builder {
 
   int target(int l, int s, int e) const { return target_[l][std::size_t(s) * E_ + e]; }
 
+  // Fairseq's dense encode (or decode) on rank r (tutel.md §4.4): einsum "TEC,TM->ECM" over the
+  // one-hot dispatch mask, a GEMM of (E·C) × M × T with C the rank's padded capacity per expert.
+  // Tutel's sparse kernels are memory-bound only (permute_bytes_): no GEMM.
+  std::vector<Gemm> codec_gemms(int l, int r) const {
+    if (!schedule_.dense_encode) return {};
+    const auto& R = plans_[std::size_t(l)].routing;
+    std::int64_t C = 0;
+    for (int e = 0; e < E_; ++e) C = std::max<std::int64_t>(C, R.at(r, e));
+    return {{std::uint64_t(E_) * std::uint64_t(C), in_.model.spec().d_model(), std::uint64_t(in_.model.tokens_per_gpu()), 1}};
+  }
+
   // Token-slots GPU `src` sends to GPU `dst` through the all-to-all.
   std::vector<double> exchanged(int l) const {
     const auto& R = plans_[l].routing;
@@ -249,7 +260,17 @@ class Builder {
           tokens += x * (part + 1) / parts - x * part / parts;
         }
       if (tokens == 0) continue;
-      const auto fwd = in_.model.expert_gemms(tokens);
+      std::vector<Gemm> fwd;
+      if (schedule_.per_source_gemms) {  // one GEMM pair per source chunk (the all-to-all layout)
+        for (int s = from; s < to; ++s)
+          if (target(l, s, e) == rank && R.at(s, e) > 0) {
+            const auto x = long(R.at(s, e));
+            const auto chunk = in_.model.expert_gemms(x * (part + 1) / parts - x * part / parts);
+            fwd.insert(fwd.end(), chunk.begin(), chunk.end());
+          }
+      } else {
+        fwd = in_.model.expert_gemms(tokens);
+      }
       const auto gemms = bwd ? backward(fwd) : fwd;
       c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
       c.tokens += tokens;

@@ -90,6 +90,8 @@ struct ScheduleOptions {
   /// experts; gradients reduce-scattered back), and the r partial outputs are summed at the
   /// source. 0: not sharded (E/G experts per GPU, or sharding = zero3 for r = 0).
   int shard_r = 0;
+  bool dense_encode = false;      // Fairseq's one-hot einsum encode/decode GEMMs (TutelSpec)
+  bool per_source_gemms = false;  // expert GEMMs per source chunk, the all-to-all's layout (TutelSpec)
 };
 
 /// The GPU that owns expert e when E/G experts live on each GPU.

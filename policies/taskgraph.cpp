@@ -44,7 +44,7 @@ const char* collective_type_name(CollectiveType t) {
 const char* category_name(Category c) {
   switch (c) {
     case Category::compute: return "compute";
-    case Category::experts: return "experts";
+    case Category::moe: return "moe";
     case Category::all_to_all: return "all_to_all";
     case Category::all_reduce: return "all_reduce";
     case Category::other: return "other";
@@ -68,7 +68,7 @@ double Collective::total_bytes() const { return std::accumulate(bytes.begin(), b
 
 Category Op::category() const {
   if (const auto* c = std::get_if<Compute>(&body))
-    return c->kind == ComputeKind::grouped_gemm || c->kind == ComputeKind::compress ? Category::experts : Category::compute;
+    return c->kind == ComputeKind::gemm || c->kind == ComputeKind::optimizer ? Category::compute : Category::moe;
   if (const auto* c = std::get_if<Collective>(&body)) {
     if (c->type == CollectiveType::all_to_all) return Category::all_to_all;
     if (c->type == CollectiveType::all_reduce) return Category::all_reduce;

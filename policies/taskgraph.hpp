@@ -56,9 +56,9 @@ struct Collective {
 };
 
 /// What an op's time is accounted to in the critical-path breakdown.
-/// `experts`: the MoE layers' expert GEMMs and payload compression; `compute`: everything else
-/// that computes (attention, gate, encode/decode, optimizer).
-enum class Category : std::uint8_t { compute, experts, all_to_all, all_reduce, other };
+/// `moe`: the MoE layers' own compute (gate, encode/decode, experts, compression, partial sums);
+/// `compute`: the rest (attention and dense GEMMs, optimizer).
+enum class Category : std::uint8_t { compute, moe, all_to_all, all_reduce, other };
 const char* category_name(Category c);
 constexpr int kNumCategories = 5;
 

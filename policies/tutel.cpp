@@ -150,6 +150,8 @@ class Tutel final : public Policy {
     schedule.partitions = current_.degree;
     schedule.all_to_all = current_.all_to_all;
     const int W = in.cluster.num_gpus(), E = in.model.experts();
+    schedule.dense_encode = t.dense_encode();
+    schedule.per_source_gemms = t.has_flexible_alltoall() && !t.flexible_alltoall();
     const int r = t.has_parallel_r() ? t.parallel_r() : switching_rule(in);
     in.report.parallel_r = r;
     if (r == 0) schedule.sharding = ExpertSharding::zero3;

@@ -52,7 +52,7 @@ TEST_CASE("moesim run writes the summary and a Chrome trace") {
   CHECK(summary["iterations"] == 2);
   const double t = summary["iteration_time_s"];
   double parts = 0;
-  for (const char* c : {"compute", "experts", "all_to_all", "all_reduce", "other"}) parts += summary["breakdown"][c].get<double>();
+  for (const char* c : {"compute", "moe", "all_to_all", "all_reduce", "other"}) parts += summary["breakdown"][c].get<double>();
   CHECK(parts == Approx(t));
   CHECK(summary["per_iteration"].size() == 2);
   const auto trace = nlohmann::json::parse(test::read_file(dir + "/timeline.json"));

@@ -60,13 +60,13 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   w.warmup = 5;  // never all of them
   CHECK(w.mean_time() == Approx(4.0));
 
-  // MOE_SPEEDUP: experts + all-to-all seconds of the critical path, not the whole iteration.
+  // MOE_SPEEDUP: MoE-layer compute + all-to-all seconds of the critical path, not the whole iteration.
   ExperimentResult m;
   m.runs = {run("base", {10}), run("moe", {9})};
-  m.runs[0].iterations[0].breakdown.seconds[int(Category::experts)] = 3;
+  m.runs[0].iterations[0].breakdown.seconds[int(Category::moe)] = 3;
   m.runs[0].iterations[0].breakdown.seconds[int(Category::all_to_all)] = 3;
   m.runs[0].iterations[0].breakdown.seconds[int(Category::compute)] = 4;
-  m.runs[1].iterations[0].breakdown.seconds[int(Category::experts)] = 1;
+  m.runs[1].iterations[0].breakdown.seconds[int(Category::moe)] = 1;
   m.runs[1].iterations[0].breakdown.seconds[int(Category::all_to_all)] = 2;
   m.runs[1].iterations[0].breakdown.seconds[int(Category::compute)] = 6;
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MOE_SPEEDUP value: 1)"), m) == Approx(2.0));
