@@ -98,7 +98,7 @@ int choose_parallelism(const std::vector<ParallelismOption>& options) {
   int best = -1;
   double least = 0;
   for (const auto& o : options)
-    if (o.fits && (best < 0 || o.comm_bytes() < least)) best = o.r, least = o.comm_bytes();
+    if (o.r >= 1 && o.fits && (best < 0 || o.comm_bytes() < least)) best = o.r, least = o.comm_bytes();
   return best;
 }
 

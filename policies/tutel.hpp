@@ -58,8 +58,10 @@ struct ParallelismOption {
 /// `dispatch_bytes` per GPU (E × ΔC × M elements), within `memory_budget` bytes per GPU and layer.
 std::vector<ParallelismOption> parallelism_options(int gpus, int experts, double expert_bytes, double dispatch_bytes,
                                                    double memory_budget);
-/// The switching rule: the fitting option with the least communication (ties: the smaller r, no
-/// token repeat). nullptr-like r = -1 when none fits.
+/// The switching rule, Tutel's inline router: among r ≥ 1 (P1 = EP+DP … P2 = EP+MP), the fitting
+/// option with the least forward communication (ties: the smaller r); -1 when none fits. Data
+/// parallelism (r = 0) is listed for its costs but only chosen explicitly (policy.tutel.parallel_r),
+/// as in Tutel, whose router compares P1 and P2.
 int choose_parallelism(const std::vector<ParallelismOption>& options);
 
 }  // namespace moesim
