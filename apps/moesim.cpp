@@ -138,7 +138,7 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
     for (std::size_t k = 1; k < algos.size(); ++k) line += fmt::format(" {:>13.2f}×", points[i].seconds / points[i + k].seconds);
     fmt::print("{}\n", line);
   }
-  const std::string paper = file && !file->paper.empty() ? collective_paper_table(*file, points) : "";
+  const std::string paper = file && !file->paper.empty() ? paper_table(collective_comparisons(*file, points)) : "";
   if (!paper.empty()) fmt::print("\n{}", paper);
   if (!out.empty()) {
     std::filesystem::create_directories(out);

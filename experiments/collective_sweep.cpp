@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "textproto.hpp"
 
@@ -68,29 +69,24 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
                      std::count(f.sweep.algorithms.begin(), f.sweep.algorithms.end(), c.baseline());
     if (!has) throw InputError(file.describe(where, "names a GPU count, size or algorithm the sweep does not run"));
     if (!(c.value() > 0)) throw InputError(file.describe(where + ".value", "must be > 0"));
-    f.paper.emplace_back(c.claim(), int(c.gpus()), bytes, c.algorithm(), c.baseline(), c.value(), c.source(),
-                         c.tolerance() > 0 ? c.tolerance() : 0.15);
+    CollectiveClaim claim{int(c.gpus()), bytes, c.algorithm(), c.baseline(), {}};
+    claim.paper.set_claim(c.claim());
+    claim.paper.set_value(c.value());
+    claim.paper.set_source(c.source());
+    claim.paper.set_tolerance(c.tolerance());
+    f.paper.push_back(std::move(claim));
   }
   return f;
 }
 
-std::string collective_paper_table(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points) {
+std::vector<PaperComparison> collective_comparisons(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points) {
   auto time = [&](int gpus, double bytes, const std::string& a) {
     for (const auto& p : points)
       if (p.gpus == gpus && p.bytes == bytes && p.algorithm == a) return p.seconds;
-    return 0.0;
+    return std::numeric_limits<double>::quiet_NaN();  // not run (the command line narrowed the sweep)
   };
-  std::string out = "| claim | paper | simulated | ratio | within tolerance | source |\n|---|---:|---:|---:|---|---|\n";
-  for (const auto& [claim, gpus, bytes, algorithm, baseline, value, source, tolerance] : f.paper) {
-    if (time(gpus, bytes, baseline) <= 0 || time(gpus, bytes, algorithm) <= 0) {
-      out += fmt::format("| {} | {:.2f}× | not run | | | {} |\n", claim, value, source);
-      continue;
-    }
-    const double simulated = time(gpus, bytes, baseline) / time(gpus, bytes, algorithm);
-    const double ratio = simulated / value;
-    out += fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", claim, value, simulated, ratio,
-                       std::abs(ratio - 1) <= tolerance ? "yes" : "no", source);
-  }
+  std::vector<PaperComparison> out;
+  for (const auto& c : f.paper) out.push_back({c.paper, time(c.gpus, c.bytes, c.baseline) / time(c.gpus, c.bytes, c.algorithm)});
   return out;
 }
 

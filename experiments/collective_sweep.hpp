@@ -5,8 +5,9 @@
 #pragma once
 #include <functional>
 #include <string>
-#include <tuple>
 #include <vector>
+
+#include "runner.hpp"
 
 namespace moesim {
 
@@ -30,18 +31,26 @@ struct CollectivePoint {
 std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep,
                                                   const std::function<void(int, int)>& progress = {});
 
+/// A paper's time(baseline) / time(algorithm) at one GPU count and size (claim, value, source and
+/// tolerance in `paper`).
+struct CollectiveClaim {
+  int gpus = 0;
+  double bytes = 0;
+  std::string algorithm, baseline;
+  spec::PaperValue paper;
+};
+
 /// A sweep from a CollectiveSweepSpec file (InputError with file, line and field when it is bad).
 struct CollectiveSweepFile {
   CollectiveSweep sweep;
   std::string name, description;
-  std::vector<std::tuple<std::string, int, double, std::string, std::string, double, std::string, double>> paper;
-  // claim, gpus, bytes, algorithm, baseline, paper value, source, tolerance
+  std::vector<CollectiveClaim> paper;
 };
 CollectiveSweepFile load_collective_sweep(const std::string& path);
 
-/// The paper table ("| claim | paper | simulated | ratio | within tolerance | source |") of a
-/// sweep's points.
-std::string collective_paper_table(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points);
+/// Each claim next to the sweep's value (not finite when the sweep did not run its point), for
+/// paper_table().
+std::vector<PaperComparison> collective_comparisons(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points);
 
 /// "1M" = 1 MiB, "32K", "2G", or a byte count.
 double parse_size(const std::string& text);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -146,11 +147,13 @@ nlohmann::json timeline_json(const ExperimentResult& result) {
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-std::string paper_table(const ExperimentResult& result) {
+std::string paper_table(const std::vector<PaperComparison>& rows) {
   std::string out = "| claim | paper | simulated | ratio | within tolerance | source |\n|---|---:|---:|---:|---|---|\n";
-  for (const auto& c : result.paper)
-    out += fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", c.paper.claim(), c.paper.value(),
-                       c.simulated, c.ratio(), c.pass() ? "yes" : "no", c.paper.source());
+  for (const auto& c : rows)
+    out += !std::isfinite(c.simulated)
+               ? fmt::format("| {} | {:.2f}× | not run | | | {} |\n", c.paper.claim(), c.paper.value(), c.paper.source())
+               : fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", c.paper.claim(), c.paper.value(),
+                             c.simulated, c.ratio(), c.pass() ? "yes" : "no", c.paper.source());
   return out;
 }
 
@@ -162,7 +165,7 @@ void write_results(const std::string& dir, const Experiment& ex, const Experimen
   write_atomically(fs::path(dir) / "timeline.json", timeline_json(r).dump() + "\n");
   if (!r.paper.empty())
     write_atomically(fs::path(dir) / "paper.md", "# " + ex.spec.name() + "\n\n" + ex.spec.description() + "\n\n" +
-                                                    paper_table(r));
+                                                    paper_table(r.paper));
 }
 
 std::string summary_table(const Experiment& ex, const ExperimentResult& result) {
@@ -187,7 +190,7 @@ std::string summary_table(const Experiment& ex, const ExperimentResult& result) 
     if (ex.spec.gate().has_capacity_factor())
       out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
   }
-  if (!result.paper.empty()) out += "\n" + paper_table(result);
+  if (!result.paper.empty()) out += "\n" + paper_table(result.paper);
   return out;
 }
 

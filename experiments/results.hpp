@@ -11,8 +11,9 @@ namespace moesim {
 nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& r);
 /// Chrome trace of the first iterations of every run (variants one after another in pid blocks).
 nlohmann::json timeline_json(const ExperimentResult& r);
-/// The "claim | paper | simulated | ratio" table of an experiment with paper values.
-std::string paper_table(const ExperimentResult& r);
+/// The "claim | paper | simulated | ratio" table of paper values (an experiment's, or a collective
+/// sweep's); a row whose simulated value is not finite reads "not run".
+std::string paper_table(const std::vector<PaperComparison>& rows);
 
 /// Writes DIR/summary.json, DIR/timeline.json and, with paper values, DIR/paper.md, each through
 /// a temporary file renamed into place, so a reader never sees half a file.

@@ -183,7 +183,7 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
 
 double Cluster::message_overhead_bytes(int src, int dst) const {
   if (node_of(src) == node_of(dst) || nics_.empty()) return 0;
-  const Nic& nic = nics_[std::size_t(std::max(nic_of(local_of(src)), 0))];
+  const Nic& nic = rank_nic(src);
   return nic.message_overhead * nic.bandwidth;
 }
 

@@ -3,6 +3,7 @@
 // ClusterSpec and validated once; the SimGrid backend turns it into zones, links and routes, and the
 // cost model reads the same routes.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ class Cluster {
   int nic_of(int local) const { return nic_of_[local]; }
   const Route& nic_route(int local) const { return nic_route_[local]; }
   const std::vector<Nic>& nics() const { return nics_; }
+  /// The NIC a GPU (by rank) sends and receives through; the cluster must have NICs.
+  const Nic& rank_nic(int rank) const { return nics_[std::size_t(std::max(nic_of(local_of(rank)), 0))]; }
   /// Sum of the node's NIC bandwidths: the bandwidth of each node's fabric uplink.
   double node_uplink_bandwidth() const;
 

@@ -5,10 +5,14 @@
 
 namespace moesim {
 
+double needed_capacity_factor(const RoutingMatrix& R, int tokens_per_gpu, int top_k) {
+  return double(R.largest_count()) * R.experts / (double(top_k) * tokens_per_gpu);
+}
+
 GateOutcome apply_gate(const spec::GateSpec& gate, const RoutingMatrix& R, int tokens_per_gpu, int top_k) {
   const double kT_over_E = double(top_k) * tokens_per_gpu / R.experts;  // C per unit of f
-  const std::int64_t need = R.counts.empty() ? 0 : *std::max_element(R.counts.begin(), R.counts.end());
-  const double f_need = double(need) / kT_over_E;  // the smallest f that drops nothing
+  const std::int64_t need = R.largest_count();
+  const double f_need = needed_capacity_factor(R, tokens_per_gpu, top_k);
   GateOutcome out;
   const double f = gate.has_capacity_factor() ? gate.capacity_factor() : 0.0;
   out.factor = f > 0 ? f : f < 0 ? std::min(f_need, -f) : f_need;

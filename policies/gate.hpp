@@ -24,4 +24,7 @@ struct GateOutcome {
 
 GateOutcome apply_gate(const spec::GateSpec& gate, const RoutingMatrix& routing, int tokens_per_gpu, int top_k);
 
+/// The smallest capacity factor that drops nothing: the largest count over k·T/E (Tutel's x = 0).
+double needed_capacity_factor(const RoutingMatrix& routing, int tokens_per_gpu, int top_k);
+
 }  // namespace moesim

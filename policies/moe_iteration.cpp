@@ -219,6 +219,14 @@ class Builder {
 
   int target(int l, int s, int e) const { return target_[l][std::size_t(s) * E_ + e]; }
 
+  // One marker op where a layer's ops meet, so that the next ops' dependencies stay short: an
+  // empty all-to-all over every rank.
+  OpId join(std::string label, std::vector<OpId> deps) {
+    return g_.add_collective(Stream::comm, std::move(label),
+                             {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_},
+                             std::move(deps));
+  }
+
   // Fairseq's dense encode (or decode) on rank r (tutel.md §4.4): einsum "TEC,TM->ECM" over the
   // one-hot dispatch mask, a GEMM of (E·C) × M × T with C the rank's padded capacity per expert.
   // Tutel's sparse kernels are memory-bound only (permute_bytes_): no GEMM.
@@ -252,20 +260,20 @@ class Builder {
   Compute expert_work(int l, int rank, int from, int to, bool bwd, std::vector<OpId>& deps, int part = 0, int parts = 1) {
     const auto& R = plans_[l].routing;
     Compute c{ComputeKind::grouped_gemm, {}, 0};
+    auto share = [&](int s, int e) {  // this part's slots of source s for expert e
+      const auto x = long(R.at(s, e));
+      return x * (part + 1) / parts - x * part / parts;
+    };
     for (int e : computes_[l][rank]) {
       long tokens = 0;
       for (int s = from; s < to; ++s)
-        if (target(l, s, e) == rank) {
-          const auto x = long(R.at(s, e));
-          tokens += x * (part + 1) / parts - x * part / parts;
-        }
+        if (target(l, s, e) == rank) tokens += share(s, e);
       if (tokens == 0) continue;
       std::vector<Gemm> fwd;
       if (schedule_.per_source_gemms) {  // one GEMM pair per source chunk (the all-to-all layout)
         for (int s = from; s < to; ++s)
           if (target(l, s, e) == rank && R.at(s, e) > 0) {
-            const auto x = long(R.at(s, e));
-            const auto chunk = in_.model.expert_gemms(x * (part + 1) / parts - x * part / parts);
+            const auto chunk = in_.model.expert_gemms(share(s, e));
             fwd.insert(fwd.end(), chunk.begin(), chunk.end());
           }
       } else {
@@ -335,9 +343,7 @@ class Builder {
       d.push_back(ready_[r]);
       experts[r] = add_expert_op(l, r, fmt::format("L{}.{}.experts", l, dir), r, r + 1, bwd, d);
     }
-    if (!bwd) return g_.add_collective(Stream::comm, fmt::format("L{}.fwd.experts_done", l),
-                                       {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_},
-                                       experts);
+    if (!bwd) return join(fmt::format("L{}.fwd.experts_done", l), experts);
     return zero_collective(l, CollectiveType::reduce_scatter, "bwd.grads_reduce_scatter", experts);
   }
 
@@ -363,10 +369,7 @@ class Builder {
       }
     for (int j = 0; j < n; ++j)
       R[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.R{}", l, dir, j), exchange(tokens, true, j), C[j]);
-    // One marker op per layer keeps the next ops' dependencies short: an empty all-to-all.
-    return g_.add_collective(
-        Stream::comm, fmt::format("L{}.{}.smart_done", l, dir),
-        {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, R);
+    return join(fmt::format("L{}.{}.smart_done", l, dir), R);
   }
 
   // ScheMoE's layer (schemoe.md §2-3): r parts, each the chain C1 → A1 → D1 → E → C2 → A2 → D2,
@@ -418,8 +421,7 @@ class Builder {
     if (compress)
       for (int p = 0; p < r; ++p)
         for (int k = 0; k < G_; ++k) last.push_back(codec(k, "D2", p, sent[std::size_t(k)], {A2[std::size_t(p)]}));
-    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.pipeline_done", l, dir),
-                             {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, last);
+    return join(fmt::format("L{}.{}.pipeline_done", l, dir), last);
   }
 
   // Tutel's sharded experts (ScheduleOptions::shard_r = r ≥ 1, s = G/E): dispatch the repeated
@@ -476,8 +478,7 @@ class Builder {
       sums[std::size_t(src)] = g_.add_compute(src, fmt::format("L{}.{}.partial_sum", l, dir),
                                               {ComputeKind::elementwise, {}, slots * token_bytes_ * (r + 1)}, {combine});
     }
-    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.sharded_done", l, dir),
-                             {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_}, sums);
+    return join(fmt::format("L{}.{}.sharded_done", l, dir), sums);
   }
 
   const IterationInput& in_;

@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "errors.hpp"
+#include "gate.hpp"
 #include "moe_iteration.hpp"
 
 namespace moesim {
@@ -141,7 +142,7 @@ class Tutel final : public Policy {
     const auto& t = in.spec.tutel();
     if (!search_) search_.emplace(space(t), t.has_bucket_length() ? t.bucket_length() : 1.0);
     const auto t0 = std::chrono::steady_clock::now();
-    f_ = needed_capacity_factor(in);
+    f_ = capacity_factor(in);
     current_ = t.degree() ? space(t).front() : search_->get(f_);
     in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<LayerPlan> plans;
@@ -167,10 +168,8 @@ class Tutel final : public Policy {
   static int switching_rule(const IterationInput& in) {
     const int W = in.cluster.num_gpus(), E = in.model.experts();
     double dispatch = 0;
-    for (const auto& R : in.routing) {
-      const auto most = R.counts.empty() ? 0 : *std::max_element(R.counts.begin(), R.counts.end());
-      dispatch += double(E) * double(most) * in.model.token_bytes() / double(in.routing.size());
-    }
+    for (const auto& R : in.routing)
+      dispatch += double(E) * double(R.largest_count()) * in.model.token_bytes() / double(in.routing.size());
     const double expert = in.model.expert_params() * in.model.dtype_bytes();
     const int r = choose_parallelism(parallelism_options(W, E, expert, dispatch, in.gpu.memory_bytes()));
     return r < 0 ? (E < W ? W / E : 1) : r;
@@ -188,14 +187,11 @@ class Tutel final : public Policy {
     return out;
   }
 
-  // Tutel's x = 0: the smallest f with C = f·k·T/E ≥ every (source, expert) count; mean over layers,
-  // rounded to 1e-3 so that equal workloads share a table entry.
-  static double needed_capacity_factor(const IterationInput& in) {
+  // Tutel's x = 0 (the gate's needed_capacity_factor), mean over layers, rounded to 1e-3 so that
+  // equal workloads share a table entry.
+  static double capacity_factor(const IterationInput& in) {
     double sum = 0;
-    for (const auto& R : in.routing) {
-      const auto most = R.counts.empty() ? 0 : *std::max_element(R.counts.begin(), R.counts.end());
-      sum += double(most) * in.model.experts() / (double(in.model.top_k()) * in.model.tokens_per_gpu());
-    }
+    for (const auto& R : in.routing) sum += needed_capacity_factor(R, in.model.tokens_per_gpu(), in.model.top_k());
     return in.routing.empty() ? 1 : std::round(sum / double(in.routing.size()) * 1e3) / 1e3;
   }
 

@@ -173,14 +173,13 @@ struct SimBackend::Impl {
       const double b = (t.bytes + cluster.message_overhead_bytes(t.src, t.dst)) * step.rounds;
       out[t.src] += b;
       in[t.dst] += b;
-      latency = std::max(latency, cluster.route_latency(cluster.nic_route(cluster.local_of(t.src))) +
-                                      cluster.nics()[std::size_t(std::max(cluster.nic_of(cluster.local_of(t.src)), 0))].latency);
+      latency = std::max(latency, cluster.route_latency(cluster.nic_route(cluster.local_of(t.src))) + cluster.rank_nic(t.src).latency);
     }
     if (out.empty()) return true;
     double busiest = 0;
     for (const auto* side : {&out, &in})
       for (const auto& [rank, b] : *side)
-        busiest = std::max(busiest, b / cluster.nics()[std::size_t(std::max(cluster.nic_of(cluster.local_of(rank)), 0))].bandwidth);
+        busiest = std::max(busiest, b / cluster.rank_nic(rank).bandwidth);
     return step.serial_rounds * 2 * latency > busiest;
   }
 

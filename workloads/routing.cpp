@@ -1,5 +1,6 @@
 #include "routing.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -52,6 +53,10 @@ class AliasTable {
 };
 
 }  // namespace
+
+std::int64_t RoutingMatrix::largest_count() const {
+  return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+}
 
 std::int64_t RoutingMatrix::expert_load(int e) const {
   std::int64_t sum = 0;

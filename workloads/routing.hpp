@@ -21,6 +21,8 @@ struct RoutingMatrix {
   std::int64_t at(int src, int e) const { return counts[std::size_t(src) * experts + e]; }
   std::int64_t expert_load(int e) const;
   std::int64_t row_sum(int src) const;
+  /// The largest (source, expert) count: the capacity that drops nothing.
+  std::int64_t largest_count() const;
 };
 
 /// xoshiro256** seeded by splitmix64: small, fast, identical everywhere.

@@ -48,15 +48,22 @@ double alltoall_bytes_sent_per_rank(const Collective& c) {
   return n ? off_diagonal / double(n) : 0;
 }
 
-Step rotating_pairs(const std::vector<int>& group, const std::vector<int>& rounds, int peers,
-                    const std::function<double(std::size_t, std::size_t)>& bytes) {
+bool whole_nodes(const std::vector<int>& group, const Cluster& cluster) {
+  const std::size_t m = std::size_t(cluster.gpus_per_node());
+  if (group.size() % m != 0) return false;
+  for (std::size_t p = 0; p < group.size(); ++p)
+    if (cluster.local_of(group[p]) != int(p % m) || cluster.node_of(group[p]) != cluster.node_of(group[p - p % m])) return false;
+  return true;
+}
+
+Step rotating_pairs(const std::vector<int>& group, int peers, const std::function<double(std::size_t, std::size_t)>& bytes) {
   const std::size_t n = group.size();
   Step step;
   int busy = 0;
-  for (int d : rounds) {
+  for (std::size_t d = 1; d < n; ++d) {
     const std::size_t before = step.transfers.size();
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t j = (i + std::size_t(d)) % n;
+      const std::size_t j = (i + d) % n;
       if (const double b = bytes(i, j); i != j && b > 0) step.transfers.push_back({group[i], group[j], b});
     }
     busy += step.transfers.size() > before ? 1 : 0;

@@ -67,10 +67,9 @@ bool whole_nodes(const std::vector<int>& group, const Cluster& cluster);
 /// every rank i of the group sends to rank i + d and receives from rank i − d (positions in the
 /// group), and `peers` rounds are in flight at once on separate channels (NCCL's p2p channels /
 /// channels per peer, the platform's `p2p_peers`), each channel running its rounds one after
-/// another. Returns one step with the transfers bytes(i, j) > 0 of `rounds` and serial_rounds =
-/// ⌈busy rounds / peers⌉ (rounds with nothing to send take no channel: NCCL posts no work for
-/// them); an empty step when nothing moves.
-Step rotating_pairs(const std::vector<int>& group, const std::vector<int>& rounds, int peers,
-                    const std::function<double(std::size_t, std::size_t)>& bytes);
+/// another. Returns one step with the transfers bytes(i, j) > 0 of rounds d = 1..group.size() − 1
+/// and serial_rounds = ⌈busy rounds / peers⌉ (rounds with nothing to send take no channel: NCCL
+/// posts no work for them); an empty step when nothing moves.
+Step rotating_pairs(const std::vector<int>& group, int peers, const std::function<double(std::size_t, std::size_t)>& bytes);
 
 }  // namespace moesim

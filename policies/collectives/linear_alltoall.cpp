@@ -3,8 +3,6 @@
 // round d = 1..n−1 sending to rank + d, `p2p_peers` rounds in flight at a time: n−1 messages per
 // rank and a chain of ⌈(n−1)/p2p_peers⌉ rounds per channel, each paying a route latency. Small
 // messages at scale are latency-bound, which is what 2DH's aggregation saves.
-#include <numeric>
-
 #include "collectives/collectives.hpp"
 
 namespace moesim {
@@ -12,9 +10,7 @@ namespace {
 
 Lowering lower_linear_alltoall(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
-  std::vector<int> rounds(n > 0 ? n - 1 : 0);
-  std::iota(rounds.begin(), rounds.end(), 1);
-  Step step = rotating_pairs(c.group, rounds, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) { return c.bytes[i * n + j]; });
+  Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) { return c.bytes[i * n + j]; });
   if (step.transfers.empty()) return {};
   return {{step}};
 }

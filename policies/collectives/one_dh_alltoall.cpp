@@ -3,8 +3,6 @@
 // it, the leaders exchange per-node aggregates, regroup, and scatter to their GPUs. One message per
 // node pair, but everything funnels through one GPU per node (and the leader holds m inputs: the
 // paper's out-of-memory at large sizes).
-#include <numeric>
-
 #include "collectives/collectives.hpp"
 
 namespace moesim {
@@ -38,10 +36,9 @@ Lowering lower_1dh(const Collective& c, const Cluster& cluster) {
     regroup.copies.push_back({c.group[leader], held});
     regroup_back.copies.push_back({c.group[leader], incoming});
   }
-  std::vector<int> leaders(N), rounds(N > 0 ? N - 1 : 0);
+  std::vector<int> leaders(N);
   for (std::size_t node = 0; node < N; ++node) leaders[node] = c.group[node * m];
-  std::iota(rounds.begin(), rounds.end(), 1);
-  Step exchange = rotating_pairs(leaders, rounds, cluster.p2p_peers(), [&](std::size_t a, std::size_t b) {
+  Step exchange = rotating_pairs(leaders, cluster.p2p_peers(), [&](std::size_t a, std::size_t b) {
     double sum = 0;
     for (std::size_t s = a * m; s < a * m + m; ++s)
       for (std::size_t d = b * m; d < b * m + m; ++d) sum += bytes(s, d);

@@ -4,8 +4,6 @@
 // channels, so each lane keeps `p2p_peers` rounds in flight, and intra-node traffic (PCIe /
 // NVLink) no longer waits in the same rounds as the network's: t = max(t_intra, t_inter) (Eq. 16)
 // where linear interleaves them.
-#include <numeric>
-
 #include "collectives/collectives.hpp"
 
 namespace moesim {
@@ -13,11 +11,9 @@ namespace {
 
 Lowering lower_pipe(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
-  std::vector<int> rounds(n > 0 ? n - 1 : 0);
-  std::iota(rounds.begin(), rounds.end(), 1);
   Lowering lanes;
   for (const bool intra : {true, false}) {
-    Step step = rotating_pairs(c.group, rounds, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
+    Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
       const bool same = cluster.node_of(c.group[i]) == cluster.node_of(c.group[j]);
       return same == intra ? c.bytes[i * n + j] : 0.0;
     });

@@ -10,7 +10,6 @@
 #include "collectives/collectives.hpp"
 
 #include <algorithm>
-#include <numeric>
 
 namespace moesim {
 
@@ -27,20 +26,7 @@ std::vector<Chunk> stride_memcpy(const std::vector<Chunk>& in, int row, int col)
   return out;
 }
 
-}  // namespace
-
-bool whole_nodes(const std::vector<int>& group, const Cluster& cluster) {
-  const int m = cluster.gpus_per_node();
-  if (group.size() % std::size_t(m) != 0) return false;
-  for (std::size_t p = 0; p < group.size(); ++p)
-    if (cluster.local_of(group[p]) != int(p % std::size_t(m)) || cluster.node_of(group[p]) != cluster.node_of(group[p - p % std::size_t(m)]))
-      return false;
-  return true;
-}
-
-namespace {
-
-// The chunks in `buffer[from, from + count)` that actually move to `peer` (not to oneself).
+// The bytes of the chunks in `buffer[from, from + count)`.
 double block_bytes(const Collective& c, const std::vector<Chunk>& buffer, int from, int count) {
   const std::size_t n = c.group.size();
   double b = 0;
@@ -59,7 +45,7 @@ Step side_by_side(const std::vector<Step>& steps) {
 }
 
 Lowering lower_2dh(const Collective& c, const Cluster& cluster) {
-  if (!whole_nodes(c.group, cluster) || cluster.nodes() < 1) return linear_alltoall.lower(c, cluster);
+  if (!whole_nodes(c.group, cluster)) return linear_alltoall.lower(c, cluster);
   const int n = int(c.group.size()), m = cluster.gpus_per_node(), N = n / m;
   // Each rank's buffer as chunks; the input holds chunk (r, d) at slot d.
   std::vector<std::vector<Chunk>> buf(static_cast<std::size_t>(n));
@@ -76,12 +62,10 @@ Lowering lower_2dh(const Collective& c, const Cluster& cluster) {
   for (auto& b : buf) b = stride_memcpy(b, m, N);
   std::vector<std::vector<Chunk>> out(buf);
   std::vector<Step> exchanges;
-  std::vector<int> rounds(std::size_t(m - 1));
-  std::iota(rounds.begin(), rounds.end(), 1);
   for (int node = 0; node < N; ++node) {
     std::vector<int> members(static_cast<std::size_t>(m));
     for (int g = 0; g < m; ++g) members[std::size_t(g)] = c.group[std::size_t(node * m + g)];
-    exchanges.push_back(rotating_pairs(members, rounds, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
+    exchanges.push_back(rotating_pairs(members, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
       return block_bytes(c, buf[std::size_t(node * m) + i], int(j) * N, N);
     }));
     for (int i = 0; i < m; ++i)  // receive block i of every local peer into my slots [g·N, g·N + N)
@@ -95,12 +79,10 @@ Lowering lower_2dh(const Collective& c, const Cluster& cluster) {
   copy_step();
   for (auto& b : buf) b = stride_memcpy(b, N, m);
   exchanges.clear();
-  rounds.assign(std::size_t(N - 1), 0);
-  std::iota(rounds.begin(), rounds.end(), 1);
   for (int local = 0; local < m; ++local) {
     std::vector<int> rail(static_cast<std::size_t>(N));
     for (int nd = 0; nd < N; ++nd) rail[std::size_t(nd)] = c.group[std::size_t(nd * m + local)];
-    exchanges.push_back(rotating_pairs(rail, rounds, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
+    exchanges.push_back(rotating_pairs(rail, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
       return block_bytes(c, buf[i * std::size_t(m) + std::size_t(local)], int(j) * m, m);
     }));
   }
