@@ -17,6 +17,7 @@
 #include "collectives/collectives.hpp"
 #include "errors.hpp"
 #include "hw_info.hpp"
+#include "plot.hpp"
 #include "results.hpp"
 #include "runner.hpp"
 #include "spec.hpp"
@@ -34,6 +35,13 @@ namespace {
 int cmd_run(const std::optional<std::string>& spec_path, const std::string& out, const std::vector<std::string>& sets,
             bool quiet) {
   const auto ex = load_experiment(spec_path, sets);  // everything validated before any work
+  const bool demo = !spec_path;
+  if (demo && !quiet)
+    fmt::print(stderr, "moesim demo: {} policies on {} simulated {} GPUs; routing: {}\n", ex.variants.size(),
+               ex.cluster_spec.nodes() * ex.cluster_spec.node().gpus(), ex.cluster_spec.gpu().model(),
+               ex.spec.gating().has_trace() ? "the real SmartMoE GPT-MoE trace, " + ex.spec.gating().trace().path()
+                                            : "the generator preset calibrated to the real SmartMoE trace "
+                                              "(the trace itself is not beside this checkout)");
   const auto wall0 = std::chrono::steady_clock::now();
   const auto result = run_experiment(ex, [&](int done, int total) {
     if (quiet) return;
@@ -44,7 +52,21 @@ int cmd_run(const std::optional<std::string>& spec_path, const std::string& out,
   });
   write_results(out, ex, result);
   fmt::print("{}", summary_table(ex, result));
-  fmt::print("  wrote {0}/summary.json and {0}/timeline.json (open the timeline in https://ui.perfetto.dev)\n", out);
+  fmt::print("\n  wrote {0}/summary.json and {0}/timeline.json (open the timeline in https://ui.perfetto.dev)\n", out);
+  if (!demo) return 0;
+  // The demo also draws: the speedup of every policy and the routing's expert-load heatmap.
+  if (gnuplot_path().empty()) {
+    fmt::print("  (no figures: gnuplot is not installed; `apt-get install gnuplot-nox`, then `moesim plot {}`)\n", out);
+  } else {
+    PlotOptions figures;
+    figures.figures = {"speedup", "heatmap"};
+    figures.format = "png";
+    for (const auto& f : plot({out}, figures)) fmt::print("  wrote {}\n", f);
+  }
+  fmt::print("\nThat was the default demo ({}). Next: `moesim plot {}` for every figure (PDF), "
+             "`moesim run experiments/<paper>/<figure>.textproto` to check a paper's claim, "
+             "`moesim run --set cluster.nodes=32` for a bigger cluster, `moesim --help` for the rest.\n",
+             kDemoSpec, out);
   return 0;
 }
 
@@ -239,6 +261,32 @@ int main(int argc, char** argv) {
   coll->add_option("--out,-o", coll_out, "Also write DIR/collective.json");
   coll->add_flag("--quiet,-q", quiet, "No progress on stderr");
 
+  auto* plot_cmd = app.add_subcommand(
+      "plot",
+      "Paper-style figures with gnuplot, one style for all (NAME.gp is kept beside NAME.pdf to restyle)\n"
+      "  moesim plot moesim-out                       every figure a results directory supports\n"
+      "  moesim plot res/fig23-16 res/fig23-64 res/fig23-256 --figure scaling --baseline fairseq\n"
+      "  moesim plot ../shared/traces/smartmoe-gpt-e32-k2-r16/trace.csv --figure heatmap --layer 3\n"
+      "Figures: speedup (bars over a baseline, grouped by GROUP/ in variant names or by summary),\n"
+      "breakdown (stacked critical path), scaling (time or speedup vs GPUs; also collective.json),\n"
+      "load (per-GPU computed tokens), heatmap (expert x iteration load), timeline (timeline.json)");
+  std::vector<std::string> plot_inputs;
+  PlotOptions plot_options;
+  plot_cmd->add_option("results", plot_inputs, "Results directories or files: summary.json, collective.json, "
+                                               "timeline.json, a gating trace (.trace, .csv)")
+      ->required();
+  plot_cmd->add_option("--figure,-f", plot_options.figures, "Only these figures (default: every one the inputs support)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(figure_names()));
+  plot_cmd->add_option("--format", plot_options.format, "pdf, png or svg")
+      ->check(CLI::IsMember({"pdf", "png", "svg"}))
+      ->capture_default_str();
+  plot_cmd->add_option("--out,-o", plot_options.out, "Output directory (default: the first input's directory)");
+  plot_cmd->add_option("--baseline", plot_options.baseline,
+                       "Speedups over this run (variant NAME; default: the first); with scaling, plot speedup instead of time");
+  plot_cmd->add_option("--layer", plot_options.layer, "heatmap: the MoE layer")->capture_default_str();
+  plot_cmd->add_option("--timeline-gpus", plot_options.timeline_gpus, "timeline: how many GPUs")->capture_default_str();
+
   auto* trace = app.add_subcommand("trace", "Gating traces: import, export, generate, inspect, rescale");
   trace->require_subcommand(1);
   std::string input, output, format = "csv";
@@ -303,6 +351,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*pshow) return cmd_platform_show(pname);
+    if (*plot_cmd) {
+      for (const auto& f : plot(plot_inputs, plot_options)) fmt::print("  wrote {}\n", f);
+      return 0;
+    }
     if (*coll) {
       std::optional<CollectiveSweepFile> file;
       if (!coll_spec.empty()) file = load_collective_sweep(coll_spec);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,7 @@ nlohmann::json run_json(const RunResult& r) {
   if (r.warmup > 0) j["warmup_iterations"] = r.warmup;  // left out of the means below
   j["iteration_time_s"] = r.mean_time();
   j["breakdown"] = breakdown_json(r.mean_breakdown());
+  if (const auto load = r.mean_gpu_load(); !load.empty()) j["gpu_load"] = load;  // token-slots computed per GPU
   auto& roof = j["roofline"] = nlohmann::json::array();  // FasterMoE §1.6, first iteration, EP placement
   for (const auto& [layer, x] : r.roofline)
     roof.push_back({{"layer", layer}, {"lat_comp_s", x.lat_comp}, {"lat_comm_s", x.lat_comm}, {"r_cc", x.r_cc},
@@ -60,7 +62,8 @@ nlohmann::json run_json(const RunResult& r) {
                     {"capacity_factor", it.capacity_factor},
                     {"rerouted_tokens", it.rerouted},
                     {"shadowed_experts", it.shadowed},
-                    {"load_stddev_per_layer", it.load_stddev_per_layer}});
+                    {"load_stddev_per_layer", it.load_stddev_per_layer},
+                    {"expert_load", it.expert_load}});
   return j;
 }
 
@@ -101,6 +104,7 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
                      {"aggregate", spec::PaperValue::Aggregate_Name(c.paper.aggregate())},
                      {"source", c.paper.source()},
                      {"paper_value", c.paper.value()},
+                     {"tolerance", c.tolerance()},
                      {"simulated_value", c.simulated},
                      {"ratio", c.ratio()},
                      {"pass", c.pass()}});
@@ -168,28 +172,68 @@ void write_results(const std::string& dir, const Experiment& ex, const Experimen
                                                     paper_table(r.paper));
 }
 
+namespace {
+
+// Max over mean of the token-slots each GPU computes (0 when the policy does not report it).
+double computed_imbalance(const RunResult& r) {
+  const auto load = r.mean_gpu_load();
+  if (load.empty()) return 0;
+  double max = 0, mean = 0;
+  for (double v : load) {
+    max = std::max(max, v);
+    mean += v / double(load.size());
+  }
+  return mean > 0 ? max / mean : 0;
+}
+
+// One run in detail: its time, the critical path by category, the load.
+std::string run_block(const Experiment& ex, const RunResult& r) {
+  const auto b = r.mean_breakdown();
+  const double t = r.mean_time();
+  std::string out = fmt::format("{}{}: {} GPUs ({} × {}), policy {}, {} iteration(s)\n", ex.spec.name(),
+                                r.name.empty() ? "" : " / " + r.name, r.gpus, ex.cluster_spec.nodes(),
+                                ex.cluster_spec.name(), r.policy, r.iterations.size());
+  out += fmt::format("  {:<16}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
+  for (int c = 0; c < kNumCategories; ++c)
+    out += fmt::format("  {:<16}{:>12}  {:5.1f}% of the critical path\n", category_name(Category(c)),
+                       fmt::format("{:.3f} ms", b.seconds[c] * 1e3), t > 0 ? 100 * b.seconds[c] / t : 0.0);
+  double load = 0;
+  std::int64_t dropped = 0;
+  for (const auto& it : r.iterations) {
+    load += it.max_mean_load / double(r.iterations.size());
+    dropped += it.dropped;
+  }
+  out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
+  if (ex.spec.gate().has_capacity_factor())
+    out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
+  return out;
+}
+
+// Variants side by side: time, speedup over the first, all-to-all share, computed load balance.
+std::string comparison_table(const Experiment& ex, const ExperimentResult& result) {
+  const auto& first = result.runs.front();
+  std::string out = fmt::format("{}: {} GPUs ({} × {}), {} iteration(s){}, speedup over {}\n\n", ex.spec.name(),
+                                first.gpus, ex.cluster_spec.nodes(), ex.cluster_spec.name(), first.iterations.size(),
+                                first.warmup ? fmt::format(" ({} warm-up left out)", first.warmup) : "", first.name);
+  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}\n", "variant", "policy", "iteration", "speedup",
+                     "all-to-all", "max/mean");
+  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}\n", "", "", "ms", "", "% of path", "GPU load");
+  for (const auto& r : result.runs) {
+    const double t = r.mean_time();
+    const double imbalance = computed_imbalance(r);
+    out += fmt::format("  {:<28}{:<22}{:>12.1f}{:>9.2f}×{:>11.1f}%{:>12}\n", r.name, r.policy, t * 1e3,
+                       first.mean_time() / t, t > 0 ? 100 * r.mean_breakdown().seconds[int(Category::all_to_all)] / t : 0.0,
+                       imbalance > 0 ? fmt::format("{:.2f}", imbalance) : "-");
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string summary_table(const Experiment& ex, const ExperimentResult& result) {
   std::string out;
-  for (const auto& r : result.runs) {
-    const auto b = r.mean_breakdown();
-    const double t = r.mean_time();
-    out += fmt::format("{}{}: {} GPUs ({} × {}), policy {}, {} iteration(s)\n", ex.spec.name(),
-                       r.name.empty() ? "" : " / " + r.name, r.gpus, ex.cluster_spec.nodes(), ex.cluster_spec.name(),
-                       r.policy, r.iterations.size());
-    out += fmt::format("  {:<16}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
-    for (int c = 0; c < kNumCategories; ++c)
-      out += fmt::format("  {:<16}{:>12}  {:5.1f}% of the critical path\n", category_name(Category(c)),
-                         fmt::format("{:.3f} ms", b.seconds[c] * 1e3), t > 0 ? 100 * b.seconds[c] / t : 0.0);
-    double load = 0;
-    std::int64_t dropped = 0;
-    for (const auto& it : r.iterations) {
-      load += it.max_mean_load / double(r.iterations.size());
-      dropped += it.dropped;
-    }
-    out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
-    if (ex.spec.gate().has_capacity_factor())
-      out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
-  }
+  if (result.runs.size() > 1) out = comparison_table(ex, result);
+  else out = run_block(ex, result.runs.front());
   if (!result.paper.empty()) out += "\n" + paper_table(result.paper);
   return out;
 }

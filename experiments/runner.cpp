@@ -40,6 +40,17 @@ double RunResult::mean_load_stddev(int layer) const {
   return sum;
 }
 
+std::vector<double> RunResult::mean_gpu_load() const {
+  const auto its = measured();
+  std::vector<double> mean;
+  for (const auto& it : its) {
+    if (it.gpu_load.empty()) return {};
+    mean.resize(it.gpu_load.size(), 0.0);
+    for (std::size_t g = 0; g < mean.size(); ++g) mean[g] += it.gpu_load[g] / double(its.size());
+  }
+  return mean;
+}
+
 namespace {
 
 // Max/mean of the per-GPU expert load with E/G experts per GPU; with fewer experts than GPUs
@@ -103,6 +114,12 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.shadowed = report.shadowed_experts;
     rec.decision_seconds = report.decision_seconds;
     rec.load_stddev_per_layer = report.load_stddev;
+    rec.gpu_load = report.gpu_load;
+    for (const auto& R : routed) {
+      auto& loads = rec.expert_load.emplace_back(std::size_t(R.experts), 0);
+      for (int src = 0; src < R.sources; ++src)
+        for (int e = 0; e < R.experts; ++e) loads[std::size_t(e)] += R.at(src, e);
+    }
     result.iterations.push_back(rec);
     if (it < keep) {
       result.graphs.push_back(std::move(graph));
@@ -114,11 +131,6 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
 }
 
 }  // namespace
-
-bool PaperComparison::pass() const {
-  const double tol = paper.tolerance() > 0 ? paper.tolerance() : 0.15;
-  return std::abs(ratio() - 1) <= tol;
-}
 
 const RunResult& ExperimentResult::run(const std::string& name) const {
   for (const auto& r : runs)

@@ -1,6 +1,7 @@
 // Running an experiment: for each iteration, the routing of every layer, the policy's TaskGraph,
 // the backend's timing, and the numbers reported for it.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -27,6 +28,9 @@ struct IterationRecord {
   Breakdown breakdown;       // critical path by category
   double max_mean_load = 0;  // mean over layers of max/mean tokens routed per GPU (before capacity drops)
   std::vector<double> load_stddev_per_layer;  // std-dev over GPUs of the token-slots each computes
+  std::vector<double> gpu_load;               // per GPU, token-slots its experts compute (all layers)
+  /// Per layer and expert, the token-slots the gate routed to the expert (after capacity drops).
+  std::vector<std::vector<std::int64_t>> expert_load;
 };
 
 /// The cost model's DDL-Roofline quantities of one layer (first iteration).
@@ -52,6 +56,9 @@ struct RunResult {
   double mean_time() const;
   Breakdown mean_breakdown() const;
   double mean_load_stddev(int layer) const;
+  /// Per GPU, the mean over the measured iterations of the token-slots it computes (empty when the
+  /// policy does not report it).
+  std::vector<double> mean_gpu_load() const;
 };
 
 /// A paper's number next to the simulated one.
@@ -59,7 +66,8 @@ struct PaperComparison {
   spec::PaperValue paper;
   double simulated = 0;  // see simulated_value()
   double ratio() const { return simulated / paper.value(); }
-  bool pass() const;     // |ratio − 1| within the tolerance (default 0.15)
+  double tolerance() const { return paper.tolerance() > 0 ? paper.tolerance() : 0.15; }
+  bool pass() const { return std::abs(ratio() - 1) <= tolerance(); }
 };
 
 struct ExperimentResult {

@@ -1,5 +1,6 @@
 #include "spec.hpp"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "catalog.hpp"
@@ -7,6 +8,7 @@
 #include "gpu.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <fmt/format.h>
 #include <functional>
 #include <set>
@@ -51,6 +53,17 @@ spec::ClusterSpec load_platform(const std::string& name_or_path, ParsedFile* whe
   return cluster;
 }
 
+std::string demo_trace_path() {
+  const char* rel = "traces/smartmoe-gpt-e32-k2-r16/trace.csv";
+  std::vector<fs::path> roots;
+  if (const char* shared = std::getenv("MOESIM_SHARED")) roots.emplace_back(shared);
+  roots.emplace_back("../shared");
+  roots.emplace_back(fs::path(MOESIM_SOURCE_DIR) / ".." / "shared");
+  for (const auto& root : roots)
+    if (fs::exists(root / rel)) return (root / rel).lexically_normal().string();
+  return "";
+}
+
 Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides) {
   Experiment ex;
   ex.overrides = overrides;
@@ -61,6 +74,12 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   } else {
     ex.spec_path = kDemoSpec;
     file = parse_text(kDemoSpec, *embedded_file(kDemoSpec), ex.spec);
+    if (const auto trace = demo_trace_path(); !trace.empty()) {  // the real routing, as the demo's header says
+      auto* t = ex.spec.mutable_gating()->mutable_trace();
+      t->set_path(trace);
+      t->set_first_iteration(1001);
+      t->set_split_experts(true);
+    }
   }
   for (const auto& o : overrides) apply_override(ex.spec, o);
 

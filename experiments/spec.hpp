@@ -26,6 +26,11 @@ struct Experiment {
   std::vector<std::pair<std::string, spec::ExperimentSpec>> variants;
 };
 
+/// The real gating trace the demo replays when it is found (shared/traces/smartmoe-gpt-e32-k2-r16,
+/// GPL-3.0, never copied into the repository): under $MOESIM_SHARED, else ../shared from the current
+/// directory or from the source checkout. "" when it is not there.
+std::string demo_trace_path();
+
 /// Reads, overrides and validates. `path` nullopt: the embedded demo.
 Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides);
 

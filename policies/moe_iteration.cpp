@@ -107,6 +107,8 @@ class Builder {
         }
       for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
       in.report.load_stddev.push_back(stddev(H));
+      in.report.gpu_load.resize(H.size(), 0.0);
+      for (std::size_t g = 0; g < H.size(); ++g) in.report.gpu_load[g] += H[g];
     }
     trans_sent_.assign(plans.size(), 0);
     agg_sent_.assign(plans.size(), 0);

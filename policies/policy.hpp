@@ -22,6 +22,8 @@ struct PolicyReport {
   /// Per MoE layer, the std-dev over GPUs of the token-slots each GPU's experts compute (Pro-Prophet's
   /// "balance degree", §6.9); filled by build_moe_iteration().
   std::vector<double> load_stddev;
+  /// Per GPU, the token-slots its experts compute, summed over the MoE layers (same source as above).
+  std::vector<double> gpu_load;
   int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
 };
 

@@ -1,0 +1,545 @@
+#include "plot.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "collective_sweep.hpp"
+#include "errors.hpp"
+#include "gating.hpp"
+#include "taskgraph.hpp"
+#include "trace.hpp"
+
+namespace moesim {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// What the figures read.
+
+struct Run {
+  std::string group, name;  // "GROUP/NAME" variants: group and name; otherwise group ""
+  int gpus = 0;
+  double time = 0;  // mean iteration time, seconds
+  double breakdown[kNumCategories] = {};
+  std::vector<double> gpu_load;                                 // token-slots computed per GPU
+  std::vector<std::vector<std::vector<double>>> expert_load;    // iteration × layer × expert
+};
+
+struct Inputs {
+  std::vector<std::vector<Run>> summaries;  // one list of runs per summary.json
+  std::vector<std::string> summary_names;
+  std::vector<json> collectives;            // collective.json files
+  std::string timeline;                     // a timeline.json
+  std::string trace;                        // a gating trace
+  fs::path first_dir;                       // where figures go by default
+};
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path.string() + ": cannot read");
+  try {
+    return json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw InputError(fmt::format("{}: not JSON ({}); give a file moesim wrote", path.string(), e.what()));
+  }
+}
+
+Run run_from_json(const json& j, int gpus) {
+  Run r;
+  const std::string full = j.value("name", j.value("policy", std::string("run")));
+  if (const auto slash = full.find('/'); slash != std::string::npos) {
+    r.group = full.substr(0, slash);
+    r.name = full.substr(slash + 1);
+  } else {
+    r.name = full;
+  }
+  r.gpus = gpus;
+  r.time = j.at("iteration_time_s").get<double>();
+  for (int c = 0; c < kNumCategories; ++c) r.breakdown[c] = j.at("breakdown").value(category_name(Category(c)), 0.0);
+  if (j.contains("gpu_load")) r.gpu_load = j["gpu_load"].get<std::vector<double>>();
+  for (const auto& it : j.value("per_iteration", json::array()))
+    if (it.contains("expert_load")) r.expert_load.push_back(it["expert_load"].get<std::vector<std::vector<double>>>());
+  return r;
+}
+
+void read_summary(const fs::path& path, Inputs& in) {
+  const json j = read_json(path);
+  try {
+    const int gpus = j.at("gpus").get<int>();
+    std::vector<Run> runs;
+    if (j.contains("variants"))
+      for (const auto& v : j["variants"]) runs.push_back(run_from_json(v, gpus));
+    else
+      runs.push_back(run_from_json(j, gpus));
+    in.summaries.push_back(std::move(runs));
+    in.summary_names.push_back(j.value("name", path.parent_path().filename().string()));
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("{}: not a moesim summary.json ({})", path.string(), e.what()));
+  }
+}
+
+void read_input(const fs::path& path, Inputs& in) {
+  if (in.first_dir.empty()) in.first_dir = fs::is_directory(path) ? path : path.parent_path();
+  if (fs::is_directory(path)) {
+    bool any = false;
+    for (const char* f : {"summary.json", "collective.json", "timeline.json"})
+      if (fs::exists(path / f)) {
+        read_input(path / f, in);
+        any = true;
+      }
+    if (!any)
+      throw InputError(path.string() + ": no summary.json, collective.json or timeline.json here; give the --out "
+                                       "directory of `moesim run` or `moesim collective`");
+    return;
+  }
+  if (!fs::exists(path))
+    throw InputError(path.string() + ": no such file; give a results directory, a summary.json, collective.json, "
+                                     "timeline.json, or a gating trace (.trace, .csv)");
+  const auto ext = path.extension().string();
+  if (ext == ".trace" || ext == ".csv") {
+    in.trace = path.string();
+    return;
+  }
+  if (path.filename() == "timeline.json") {  // big: not parsed here, only by the timeline figure
+    in.timeline = path.string();
+    return;
+  }
+  const json j = read_json(path);
+  if (j.contains("traceEvents")) in.timeline = path.string();
+  else if (j.contains("points")) in.collectives.push_back(j);
+  else read_summary(path, in);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The style every figure shares, and rendering.
+
+struct Figure {
+  std::string name;
+  std::string body;  // data blocks and plot commands
+};
+
+// Okabe & Ito's palette (colour-blind safe), in the order series take it.
+constexpr const char* kPalette[] = {"#0072B2", "#E69F00", "#009E73", "#D55E00",
+                                    "#56B4E9", "#CC79A7", "#F0E442", "#000000"};
+
+std::string terminal(const std::string& format) {
+  const auto& s = kFigureSize;
+  if (format == "png")
+    return fmt::format("set terminal pngcairo noenhanced color font 'Helvetica,9' size {},{} fontscale {:.3f} "
+                       "linewidth 4\n",
+                       s.png_width, s.png_height, s.png_width / (s.width_in * 72) * 0.75);
+  if (format == "svg")
+    return fmt::format("set terminal svg noenhanced font 'Helvetica,9' size {},{} dynamic\n", int(s.width_in * 96),
+                       int(s.height_in * 96));
+  return fmt::format("set terminal pdfcairo noenhanced color font 'Helvetica,9' size {}in,{}in linewidth 1.5\n",
+                     s.width_in, s.height_in);
+}
+
+std::string style() {
+  std::string s =
+      "set border 3 lw 1\n"
+      "set tics nomirror out scale 0.5\n"
+      "set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1\n"
+      "set key noautotitle samplen 1.5 spacing 1.1 font ',8'\n"
+      "set style fill solid 0.85 border rgb '#333333'\n"
+      "set datafile separator whitespace\n"
+      "set datafile missing '?'\n";
+  for (int i = 0; i < 8; ++i)
+    s += fmt::format("set linetype {} lc rgb '{}' lw 1 pt {} ps 0.6\n", i + 1, kPalette[i], 5 + 2 * (i % 4));
+  s += "set linetype cycle 8\n";
+  return s;
+}
+
+std::string quoted(const std::string& s) {  // a string in gnuplot (and data blocks): double quotes
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Writes OUT/NAME.gp and renders OUT/NAME.FORMAT through a temporary file (nothing half-written).
+std::string render(const Figure& f, const std::string& format, const fs::path& out) {
+  const std::string gnuplot = gnuplot_path();
+  if (gnuplot.empty())
+    throw std::runtime_error("gnuplot is not installed: `apt-get install gnuplot-nox` (Debian), then run again");
+  const fs::path figure = out / (f.name + "." + format), script = out / (f.name + ".gp");
+  const fs::path tmp = figure.string() + ".tmp", log = out / (f.name + ".gnuplot.log");
+  std::ofstream(script) << "# moesim plot: " << f.name << " (run `gnuplot " << script.filename().string()
+                        << "` to render it again)\n"
+                        << terminal(format)
+                        << fmt::format("set output (exists('outfile') ? outfile : {})\n", quoted(figure.filename().string()))
+                        << style() << f.body;
+  const std::string cmd = fmt::format("cd {} && {} -e {} {} 2>{}", shell_quoted(out.string()), gnuplot,
+                                      shell_quoted("outfile=" + quoted(tmp.filename().string())),
+                                      shell_quoted(script.filename().string()), shell_quoted(log.filename().string()));
+  const int rc = std::system(cmd.c_str());
+  std::stringstream err;
+  err << std::ifstream(log).rdbuf();
+  fs::remove(log);
+  if (rc != 0 || !fs::exists(tmp) || fs::file_size(tmp) == 0) {
+    fs::remove(tmp);
+    throw std::runtime_error(fmt::format("gnuplot failed on {} (status {}):\n{}", script.string(), rc, err.str()));
+  }
+  fs::rename(tmp, figure);
+  return figure.string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The figures.
+
+// All runs of all summaries, each with its group: its own GROUP/ prefix, else the summary's name
+// when there are several summaries.
+std::vector<Run> all_runs(const Inputs& in) {
+  std::vector<Run> runs;
+  for (std::size_t s = 0; s < in.summaries.size(); ++s)
+    for (Run r : in.summaries[s]) {
+      if (r.group.empty() && in.summaries.size() > 1) r.group = in.summary_names[s];
+      runs.push_back(std::move(r));
+    }
+  return runs;
+}
+
+std::vector<std::string> ordered_unique(const std::vector<Run>& runs, std::string Run::*field) {
+  std::vector<std::string> out;
+  for (const auto& r : runs)
+    if (std::find(out.begin(), out.end(), r.*field) == out.end()) out.push_back(r.*field);
+  return out;
+}
+
+std::string label(const Run& r) { return r.group.empty() ? r.name : r.group + "/" + r.name; }
+
+Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
+  const auto runs = all_runs(in);
+  const auto groups = ordered_unique(runs, &Run::group);
+  const auto names = ordered_unique(runs, &Run::name);
+  const std::string baseline = o.baseline.empty() ? names.front() : o.baseline;
+  if (std::find(names.begin(), names.end(), baseline) == names.end())
+    throw InputError(fmt::format("--baseline {}: no run of that name (runs: {})", baseline, fmt::join(names, ", ")));
+  std::map<std::pair<std::string, std::string>, double> time;
+  for (const auto& r : runs) time[{r.group, r.name}] = r.time;
+  std::string body = "$data << EOD\ngroup";
+  for (const auto& n : names) body += " " + quoted(n);
+  body += "\n";
+  double top = 1;
+  for (const auto& g : groups) {
+    body += quoted(g);
+    const auto base = time.find({g, baseline});
+    for (const auto& n : names) {
+      const auto t = time.find({g, n});
+      if (base == time.end() || t == time.end() || t->second <= 0) {
+        body += " ?";
+        continue;
+      }
+      top = std::max(top, base->second / t->second);
+      body += fmt::format(" {:.4f}", base->second / t->second);
+    }
+    body += "\n";
+  }
+  body += "EOD\n";
+  body += fmt::format("set ylabel 'Speedup over {} (x)'\nset yrange [0:{:.3f}]\n", baseline, top * 1.18);
+  body += "set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front\n";
+  if (groups.size() == 1) {  // one bar per run, named on the axis, its value above it
+    body += "set xtics rotate by 30 right\nset boxwidth 0.7\nset xrange [-0.6:*]\n"
+            "set style data boxes\n";
+    body += "$bars << EOD\n";
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const auto t = time.find({groups[0], names[i]});
+      body += fmt::format("{} {:.4f}\n", quoted(names[i]), time.at({groups[0], baseline}) / t->second);
+    }
+    body += "EOD\nplot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, "
+            "'' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'\n";
+  } else {
+    body += "set style data histograms\nset style histogram clustered gap 1\nset boxwidth 0.9\n"
+            "set key top left horizontal\nset xtics rotate by 20 right\n";
+    body += fmt::format("plot for [i=2:{}] $data using i:xtic(1) title columnheader(i)\n", names.size() + 1);
+  }
+  return {"speedup", body};
+}
+
+// Category names as the figures print them (taskgraph.hpp: category_name).
+constexpr const char* kCategoryTitle[kNumCategories] = {"compute", "MoE layers", "all-to-all", "all-reduce", "other"};
+
+Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
+  const auto runs = all_runs(in);
+  std::string body = "$data << EOD\n";
+  for (const auto& r : runs) {
+    body += quoted(label(r));
+    for (double s : r.breakdown) body += fmt::format(" {:.6f}", s * 1e3);
+    body += "\n";
+  }
+  body += "EOD\nset ylabel 'Critical path per iteration (ms)'\nset yrange [0:*]\n"
+          "set style data histograms\nset style histogram rowstacked\nset boxwidth 0.7\n"
+          "set key outside top center horizontal maxrows 1 width -1 font ',7'\nset xtics rotate by 30 right\n";
+  body += "plot ";
+  for (int c = 0; c < kNumCategories; ++c)
+    body += fmt::format("{}$data using {}{} title {} lt {}", c ? ", " : "", c + 2, c ? "" : ":xtic(1)",
+                        quoted(kCategoryTitle[c]), c + 1);
+  return {"breakdown", body + "\n"};
+}
+
+// One line per series: (GPUs, value) points.
+using Series = std::map<std::string, std::map<int, double>>;
+
+Figure lines_figure(const std::string& name, const std::vector<std::string>& order, const Series& series,
+                    const std::string& ylabel) {
+  std::string body, plot = "plot ";
+  int k = 0;
+  for (const auto& s : order) {
+    body += fmt::format("$s{} << EOD\n", k);
+    for (const auto& [gpus, v] : series.at(s)) body += fmt::format("{} {:.6g}\n", gpus, v);
+    body += "EOD\n";
+    plot += fmt::format("{}$s{} using 1:2 with linespoints lt {} title {}", k ? ", " : "", k, k % 8 + 1, quoted(s));
+    ++k;
+  }
+  body += "set logscale x 2\nset logscale y 10\nset xlabel 'GPUs'\nset ylabel " + quoted(ylabel) +
+          "\nset key top left font ',7'\nset format y '%g'\n" + plot + "\n";
+  return {name, body};
+}
+
+Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
+  Series series;
+  std::vector<std::string> order;
+  auto add = [&](const std::string& s, int gpus, double v) {
+    if (!series.count(s)) order.push_back(s);
+    series[s][gpus] = v;
+  };
+  if (!in.collectives.empty()) {
+    for (const auto& c : in.collectives)
+      for (const auto& p : c.at("points"))
+        add(fmt::format("{} {}", p.at("algorithm").get<std::string>(), format_size(p.at("bytes").get<double>())),
+            p.at("gpus").get<int>(), p.at("seconds").get<double>() * 1e3);
+    return lines_figure("scaling", order, series, "All-to-all time (ms)");
+  }
+  std::map<int, double> base;  // GPUs -> the baseline's time
+  for (const auto& runs : in.summaries)
+    for (const auto& r : runs)
+      if (r.name == o.baseline) base[r.gpus] = r.time;
+  for (const auto& runs : in.summaries)
+    for (const auto& r : runs) {
+      if (o.baseline.empty()) add(label(r), r.gpus, r.time * 1e3);
+      else if (base.count(r.gpus)) add(label(r), r.gpus, base[r.gpus] / r.time);
+    }
+  if (!o.baseline.empty() && base.empty()) throw InputError("--baseline " + o.baseline + ": no run of that name");
+  return lines_figure("scaling", order, series, o.baseline.empty() ? "Iteration time (ms)" : "Speedup over " + o.baseline + " (x)");
+}
+
+Figure load_figure(const Inputs& in, const PlotOptions& o) {
+  // The baseline (or the first run) and the fastest of the others.
+  const auto& runs = in.summaries.front();
+  const Run* base = &runs.front();
+  for (const auto& r : runs)
+    if (r.name == o.baseline) base = &r;
+  const Run* fast = nullptr;
+  for (const auto& r : runs)
+    if (&r != base && !r.gpu_load.empty() && (!fast || r.time < fast->time)) fast = &r;
+  std::vector<const Run*> shown{base};
+  if (fast) shown.push_back(fast);
+  const std::size_t gpus = base->gpu_load.size();
+  const int every = gpus > 32 ? 8 : gpus > 8 ? 4 : 1;
+  std::string body = "$data << EOD\ngpu";
+  for (const auto* r : shown) body += " " + quoted(r->name);
+  body += "\n";
+  for (std::size_t g = 0; g < gpus; ++g) {
+    body += fmt::format("{}", g % std::size_t(every) == 0 ? quoted(std::to_string(g)) : "\"\"");
+    for (const auto* r : shown) body += fmt::format(" {:.3f}", g < r->gpu_load.size() ? r->gpu_load[g] / 1e3 : 0.0);
+    body += "\n";
+  }
+  body += "EOD\nset style data histograms\nset style histogram clustered gap 1\nset boxwidth 1\n"
+          "set style fill solid 0.85 noborder\nset xlabel 'GPU'\n"
+          "set ylabel 'Token-slots computed (x1000)'\nset yrange [0:*]\nset key top right\n";
+  body += fmt::format("plot for [i=2:{}] $data using i:xtic(1) title columnheader(i)\n", shown.size() + 1);
+  return {"load", body};
+}
+
+// An iteration × expert matrix of one layer's load relative to the mean expert.
+Figure heatmap_of(const std::vector<std::pair<double, std::vector<double>>>& columns, const std::string& what) {
+  std::string body = "$data << EOD\n";
+  double top = 1;
+  for (const auto& [iteration, loads] : columns) {
+    double mean = 0;
+    for (double v : loads) mean += v / double(loads.size());
+    for (std::size_t e = 0; e < loads.size(); ++e) {
+      const double rel = mean > 0 ? loads[e] / mean : 0;
+      top = std::max(top, rel);
+      body += fmt::format("{} {} {:.4f}\n", iteration, e, rel);
+    }
+    body += "\n";
+  }
+  body += "EOD\n";
+  body += "set palette defined (0 '#440154', 0.25 '#3B528B', 0.5 '#21918C', 0.75 '#5EC962', 1 '#FDE725')\n"
+          "set xlabel 'Iteration'\nset ylabel 'Expert'\nset cblabel 'Load / mean expert load'\nunset grid\n"
+          "set autoscale xfix\nset autoscale yfix\nset tics out\n";
+  body += fmt::format("set cbrange [0:{:.3f}]\nset title {} font ',8'\n", top, quoted(what));
+  if (columns.size() <= 12) body += "set xtics 1\n";
+  body += "plot $data using 1:2:3 with image\n";
+  return {"heatmap", body};
+}
+
+Figure heatmap_figure(const Inputs& in, const PlotOptions& o) {
+  std::vector<std::pair<double, std::vector<double>>> columns;
+  if (!in.trace.empty()) {
+    TraceReader reader(replay_trace_path(in.trace));
+    if (o.layer < 0 || o.layer >= int(reader.header().layers()))
+      throw InputError(fmt::format("--layer {}: the trace has layers 0..{}", o.layer, reader.header().layers() - 1));
+    spec::TraceRecord rec;
+    while (reader.next(rec)) {
+      if (int(rec.layer()) != o.layer) continue;
+      const auto m = record_matrix(reader.header(), rec);
+      if (columns.empty() || columns.back().first != double(rec.iteration()))
+        columns.emplace_back(double(rec.iteration()), std::vector<double>(std::size_t(m.experts), 0.0));
+      for (int s = 0; s < m.sources; ++s)
+        for (int e = 0; e < m.experts; ++e) columns.back().second[std::size_t(e)] += double(m.at(s, e));
+    }
+    return heatmap_of(columns, fmt::format("{}, layer {}", fs::path(in.trace).filename().string(), o.layer));
+  }
+  const auto& run = in.summaries.front().front();
+  for (std::size_t it = 0; it < run.expert_load.size(); ++it) {
+    if (o.layer < 0 || o.layer >= int(run.expert_load[it].size()))
+      throw InputError(fmt::format("--layer {}: the run has layers 0..{}", o.layer, run.expert_load[it].size() - 1));
+    columns.emplace_back(double(it), run.expert_load[it][std::size_t(o.layer)]);
+  }
+  return heatmap_of(columns, fmt::format("{}, layer {}", in.summary_names.front(), o.layer));
+}
+
+Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
+  const json j = read_json(in.timeline);
+  struct Box {
+    double t0, t1;
+    int row;  // gpu × kNumStreams + stream
+  };
+  std::map<std::string, std::vector<Box>> boxes;  // category -> boxes
+  std::set<int> rows;                              // the streams that ran something
+  double end = 0;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.value("ph", "") != "X") continue;
+    const int pid = e.at("pid").get<int>(), tid = e.at("tid").get<int>();
+    if (pid >= o.timeline_gpus || e.at("args").value("iteration", 0) != 0) continue;  // the first run's first GPUs
+    const double t0 = e.at("ts").get<double>() / 1e3, t1 = t0 + e.at("dur").get<double>() / 1e3;
+    end = std::max(end, t1);
+    boxes[e.value("cat", "other")].push_back({t0, t1, pid * kNumStreams + tid});
+    rows.insert(pid * kNumStreams + tid);
+  }
+  if (boxes.empty()) throw InputError(in.timeline + ": no ops of iteration 0 on GPUs 0.." + std::to_string(o.timeline_gpus - 1));
+  std::map<int, int> y;  // row -> its place on the axis, top to bottom
+  std::string ytics = "set ytics (";
+  for (int row : rows) {
+    const int at = int(y.size());
+    y[row] = at;
+    ytics += fmt::format("{}{} {}", at ? ", " : "", quoted(fmt::format("GPU{} {}", row / kNumStreams, stream_name(Stream(row % kNumStreams)))), at);
+  }
+  std::string body, plot = "plot ";
+  int k = 0;
+  for (int c = 0; c < kNumCategories; ++c) {
+    const auto it = boxes.find(category_name(Category(c)));
+    if (it == boxes.end()) continue;
+    body += fmt::format("$c{} << EOD\n", c);
+    for (const auto& b : it->second) body += fmt::format("{:.6f} {:.6f} {:.2f} {:.2f}\n", b.t0, b.t1, y[b.row] - 0.38, y[b.row] + 0.38);
+    body += "EOD\n";
+    plot += fmt::format("{}$c{} using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror fs solid 0.9 noborder lt {} title {}",
+                        k++ ? ", " : "", c, c + 1, quoted(kCategoryTitle[c]));
+  }
+  body += ytics + ") font ',6'\n" + fmt::format("set yrange [{}:-0.6]\n", double(y.size()) - 0.4);
+  body += fmt::format("set xrange [0:{:.6f}]\nset xlabel 'Time (ms)'\nunset grid\nset grid xtics lc rgb '#d9d9d9' lw 0.5\n"
+                      "set key outside top center horizontal font ',7'\n",
+                      end);
+  return {"timeline", body + plot + "\n"};
+}
+
+bool supports(const std::string& figure, const Inputs& in) {
+  const bool summaries = !in.summaries.empty();
+  std::size_t runs = 0;
+  for (const auto& s : in.summaries) runs += s.size();
+  if (figure == "speedup") return summaries && runs > 1;
+  if (figure == "breakdown") return summaries;
+  if (figure == "scaling") {
+    if (!in.collectives.empty()) return true;
+    std::vector<int> gpus;
+    for (const auto& s : in.summaries) gpus.push_back(s.front().gpus);
+    return std::set<int>(gpus.begin(), gpus.end()).size() > 1;
+  }
+  if (figure == "load") return summaries && !in.summaries.front().front().gpu_load.empty();
+  if (figure == "heatmap")
+    return !in.trace.empty() || (summaries && !in.summaries.front().front().expert_load.empty());
+  if (figure == "timeline") return !in.timeline.empty();
+  return false;
+}
+
+const char* needs(const std::string& figure) {
+  if (figure == "speedup") return "a summary.json with variants, or several summaries";
+  if (figure == "scaling") return "summaries at two or more GPU counts, or a collective.json";
+  if (figure == "load") return "a summary.json whose policy reports per-GPU loads";
+  if (figure == "heatmap") return "a summary.json with expert loads, or a gating trace";
+  if (figure == "timeline") return "a timeline.json (or the results directory that holds one)";
+  return "a summary.json";
+}
+
+}  // namespace
+
+const std::vector<std::string>& figure_names() {
+  static const std::vector<std::string> names{"speedup", "breakdown", "scaling", "load", "heatmap", "timeline"};
+  return names;
+}
+
+std::string gnuplot_path() {
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream dirs(path);
+    for (std::string dir; std::getline(dirs, dir, ':');)
+      if (!dir.empty() && ::access((fs::path(dir) / "gnuplot").c_str(), X_OK) == 0) return (fs::path(dir) / "gnuplot").string();
+  }
+  return "";
+}
+
+std::vector<std::string> plot(const std::vector<std::string>& inputs, const PlotOptions& o) {
+  if (inputs.empty()) throw InputError("plot: give at least one results directory or file");
+  if (o.format != "pdf" && o.format != "png" && o.format != "svg")
+    throw InputError("--format " + o.format + ": use pdf, png or svg");
+  for (const auto& f : o.figures)
+    if (std::find(figure_names().begin(), figure_names().end(), f) == figure_names().end())
+      throw InputError(fmt::format("--figure {}: no such figure (figures: {})", f, fmt::join(figure_names(), ", ")));
+  if (o.timeline_gpus < 1) throw InputError("--timeline-gpus must be >= 1");
+  Inputs in;
+  for (const auto& p : inputs) read_input(p, in);
+  std::vector<std::string> wanted = o.figures;
+  if (wanted.empty())
+    for (const auto& f : figure_names())
+      if (supports(f, in)) wanted.push_back(f);
+  for (const auto& f : wanted)
+    if (!supports(f, in)) throw InputError(fmt::format("--figure {}: needs {}", f, needs(f)));
+  if (wanted.empty()) throw InputError("plot: nothing in the inputs to plot");
+  const fs::path out = o.out.empty() ? in.first_dir : fs::path(o.out);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw InputError(out.string() + ": cannot create the output directory: " + ec.message());
+  std::vector<std::string> written;
+  for (const auto& f : wanted) {
+    Figure fig = f == "speedup" ? speedup_figure(in, o)
+                 : f == "breakdown" ? breakdown_figure(in, o)
+                 : f == "scaling"   ? scaling_figure(in, o)
+                 : f == "load"      ? load_figure(in, o)
+                 : f == "heatmap"   ? heatmap_figure(in, o)
+                                    : timeline_figure(in, o);
+    written.push_back(render(fig, o.format, out));
+  }
+  return written;
+}
+
+}  // namespace moesim
