@@ -18,6 +18,7 @@
 #include "errors.hpp"
 #include "hw_info.hpp"
 #include "plot.hpp"
+#include "report.hpp"
 #include "results.hpp"
 #include "runner.hpp"
 #include "spec.hpp"
@@ -149,13 +150,10 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
   for (const auto& a : algos) header += fmt::format(" {:>12}", a);
   for (std::size_t k = 1; k < algos.size(); ++k) header += fmt::format(" {:>14}", algos[0] + "/" + algos[k]);
   fmt::print("{}\n", header);
-  nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < points.size(); i += algos.size()) {
     std::string line = fmt::format("{:>6} {:>10}", points[i].gpus, format_size(points[i].bytes));
     for (std::size_t k = 0; k < algos.size(); ++k) {
       line += fmt::format(" {:>12.1f}", points[i + k].seconds * 1e6);
-      rows.push_back({{"gpus", points[i + k].gpus}, {"bytes", points[i + k].bytes}, {"algorithm", algos[k]},
-                      {"seconds", points[i + k].seconds}});
     }
     for (std::size_t k = 1; k < algos.size(); ++k) line += fmt::format(" {:>13.2f}×", points[i].seconds / points[i + k].seconds);
     fmt::print("{}\n", line);
@@ -163,9 +161,7 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
   const std::string paper = file && !file->paper.empty() ? paper_table(collective_comparisons(*file, points)) : "";
   if (!paper.empty()) fmt::print("\n{}", paper);
   if (!out.empty()) {
-    std::filesystem::create_directories(out);
-    std::ofstream(out + "/collective.json") << nlohmann::json{{"platform", sweep.platform}, {"points", rows}}.dump(2) << "\n";
-    if (!paper.empty()) std::ofstream(out + "/paper.md") << "# " << file->name << "\n\n" << file->description << "\n\n" << paper;
+    write_collective_results(out, sweep, points, file);
     fmt::print("  wrote {}/collective.json{}\n", out, paper.empty() ? "" : " and paper.md");
   }
   return 0;
@@ -287,6 +283,23 @@ int main(int argc, char** argv) {
   plot_cmd->add_option("--layer", plot_options.layer, "heatmap: the MoE layer")->capture_default_str();
   plot_cmd->add_option("--timeline-gpus", plot_options.timeline_gpus, "timeline: how many GPUs")->capture_default_str();
 
+  auto* report_cmd = app.add_subcommand(
+      "report",
+      "The validation report: every experiment with a paper's numbers, paper vs simulated, pass/fail\n"
+      "  moesim report --run --exclude fig23-layer-2048     run what has no results yet, then write report/report.md\n"
+      "  moesim report --results results                    only read RESULTS/<name>/ (as `moesim run --out` wrote it)\n"
+      "  moesim report --only schemoe --run                 one paper's experiments");
+  ReportOptions report_options;
+  report_cmd->add_option("--experiments", report_options.experiments, "Where the specs are (searched recursively)")
+      ->capture_default_str();
+  report_cmd->add_option("--results", report_options.results, "Results of each experiment in RESULTS/<name>/")
+      ->capture_default_str();
+  report_cmd->add_option("--out,-o", report_options.out, "Writes OUT/report.md and OUT/figures/")->capture_default_str();
+  report_cmd->add_flag("--run", report_options.run, "Run (and save under RESULTS) the experiments that have no results yet");
+  report_cmd->add_option("--only", report_options.only, "Only specs whose path contains one of these")->delimiter(',');
+  report_cmd->add_option("--exclude", report_options.exclude, "Leave out specs whose path contains one of these")->delimiter(',');
+  report_cmd->add_flag("--quiet,-q", quiet, "No progress on stderr");
+
   auto* trace = app.add_subcommand("trace", "Gating traces: import, export, generate, inspect, rescale");
   trace->require_subcommand(1);
   std::string input, output, format = "csv";
@@ -351,6 +364,21 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*pshow) return cmd_platform_show(pname);
+    if (*report_cmd) {
+      std::string command = "moesim report";
+      for (int i = 2; i < argc; ++i)
+        if (std::string(argv[i]) != "-q" && std::string(argv[i]) != "--quiet") command += std::string(" ") + argv[i];
+      report_options.command = command;
+      const auto entries = write_report(report_options, [&](const std::string& line) {
+        if (!quiet) fmt::print(stderr, "  {}\n", line);
+      });
+      std::vector<PaperComparison> all;
+      for (const auto& e : entries) all.insert(all.end(), e.claims.begin(), e.claims.end());
+      const auto n = count_claims(all);
+      fmt::print("{} claims from {} experiments: {} pass, {} fail, {} not run\n  wrote {}/report.md\n", n.total(),
+                 entries.size(), n.pass, n.fail, n.not_run, report_options.out);
+      return 0;
+    }
     if (*plot_cmd) {
       for (const auto& f : plot(plot_inputs, plot_options)) fmt::print("  wrote {}\n", f);
       return 0;

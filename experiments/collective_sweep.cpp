@@ -90,6 +90,21 @@ std::vector<PaperComparison> collective_comparisons(const CollectiveSweepFile& f
   return out;
 }
 
+nlohmann::json collective_json(const std::string& platform, const std::vector<CollectivePoint>& points) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& p : points)
+    rows.push_back({{"gpus", p.gpus}, {"bytes", p.bytes}, {"algorithm", p.algorithm}, {"seconds", p.seconds}});
+  return {{"platform", platform}, {"points", rows}};
+}
+
+std::vector<CollectivePoint> collective_points(const nlohmann::json& j) {
+  std::vector<CollectivePoint> points;
+  for (const auto& p : j.at("points"))
+    points.push_back({p.at("gpus").get<int>(), p.at("bytes").get<double>(), p.at("algorithm").get<std::string>(),
+                      p.at("seconds").get<double>()});
+  return points;
+}
+
 std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, const std::function<void(int, int)>& progress) {
   spec::ClusterSpec spec = load_platform(sweep.platform);
   const int per_node = int(spec.node().gpus());

@@ -4,6 +4,7 @@
 // algorithms against message size) are such sweeps.
 #pragma once
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ CollectiveSweepFile load_collective_sweep(const std::string& path);
 /// Each claim next to the sweep's value (not finite when the sweep did not run its point), for
 /// paper_table().
 std::vector<PaperComparison> collective_comparisons(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points);
+
+/// collective.json: {"platform", "points": [{"gpus", "bytes", "algorithm", "seconds"}, ...]}, and back.
+nlohmann::json collective_json(const std::string& platform, const std::vector<CollectivePoint>& points);
+std::vector<CollectivePoint> collective_points(const nlohmann::json& j);
 
 /// "1M" = 1 MiB, "32K", "2G", or a byte count.
 double parse_size(const std::string& text);

@@ -230,6 +230,17 @@ std::string comparison_table(const Experiment& ex, const ExperimentResult& resul
 
 }  // namespace
 
+void write_collective_results(const std::string& dir, const CollectiveSweep& sweep,
+                              const std::vector<CollectivePoint>& points, const CollectiveSweepFile* file) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw InputError(dir + ": cannot create the output directory: " + ec.message());
+  write_atomically(fs::path(dir) / "collective.json", collective_json(sweep.platform, points).dump(2) + "\n");
+  if (file && !file->paper.empty())
+    write_atomically(fs::path(dir) / "paper.md", "# " + file->name + "\n\n" + file->description + "\n\n" +
+                                                    paper_table(collective_comparisons(*file, points)));
+}
+
 std::string summary_table(const Experiment& ex, const ExperimentResult& result) {
   std::string out;
   if (result.runs.size() > 1) out = comparison_table(ex, result);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "collective_sweep.hpp"
 #include "runner.hpp"
 
 namespace moesim {
@@ -18,6 +19,10 @@ std::string paper_table(const std::vector<PaperComparison>& rows);
 /// Writes DIR/summary.json, DIR/timeline.json and, with paper values, DIR/paper.md, each through
 /// a temporary file renamed into place, so a reader never sees half a file.
 void write_results(const std::string& dir, const Experiment& ex, const ExperimentResult& r);
+
+/// Writes DIR/collective.json and, when the sweep's file has claims, DIR/paper.md (atomically).
+void write_collective_results(const std::string& dir, const CollectiveSweep& sweep,
+                              const std::vector<CollectivePoint>& points, const CollectiveSweepFile* file);
 
 /// The short human table `moesim run` prints.
 std::string summary_table(const Experiment& ex, const ExperimentResult& r);

@@ -7,6 +7,9 @@
 
 namespace moesim::test {
 
+/// The tests' base experiment: the former demo (64 DGX-A100 GPUs, Zipf routing, EP, no variants).
+inline const std::string kBaseSpec = std::string(MOESIM_SOURCE_DIR) + "/tests/data/base.textproto";
+
 /// A catalog platform with its node count set.
 inline spec::ClusterSpec platform(const std::string& name, int nodes) {
   auto s = load_platform(name);

@@ -17,7 +17,7 @@ const std::string kSmall = " --set cluster.nodes=2 --set model.layers=2 --set mo
 
 // A valid spec with one line replaced, written to DIR/bad.textproto.
 std::string spec_with(const std::string& dir, const std::string& from, const std::string& to) {
-  std::string text = test::read_file(std::string(MOESIM_SOURCE_DIR) + "/experiments/demo.textproto");
+  std::string text = test::read_file(test::kBaseSpec);
   const auto at = text.find(from);
   REQUIRE(at != std::string::npos);
   text.replace(at, from.size(), to);
@@ -45,7 +45,7 @@ void expect_rejected(const std::string& args, const std::string& dir, const std:
 TEST_CASE("moesim run writes the summary and a Chrome trace") {
   const auto dir = test::temp_dir("run");
   std::string out;
-  REQUIRE(test::run_command(kBin + " run" + kSmall + " --out " + dir, out) == 0);
+  REQUIRE(test::run_command(kBin + " run " + test::kBaseSpec + kSmall + " --out " + dir, out) == 0);
   const auto summary = nlohmann::json::parse(test::read_file(dir + "/summary.json"));
   CHECK(summary["gpus"] == 16);
   CHECK(summary["policy"] == "ep");
@@ -72,9 +72,9 @@ TEST_CASE("moesim run writes the summary and a Chrome trace") {
 TEST_CASE("the same spec and seed give an identical summary") {
   const auto dir = test::temp_dir("determinism");
   std::string out;
-  REQUIRE(test::run_command(kBin + " run" + kSmall + " --out " + dir + "/a", out) == 0);
-  REQUIRE(test::run_command(kBin + " run" + kSmall + " --out " + dir + "/b", out) == 0);
-  REQUIRE(test::run_command(kBin + " run" + kSmall + " --set seed=2 --out " + dir + "/c", out) == 0);
+  REQUIRE(test::run_command(kBin + " run " + test::kBaseSpec + kSmall + " --out " + dir + "/a", out) == 0);
+  REQUIRE(test::run_command(kBin + " run " + test::kBaseSpec + kSmall + " --out " + dir + "/b", out) == 0);
+  REQUIRE(test::run_command(kBin + " run " + test::kBaseSpec + kSmall + " --set seed=2 --out " + dir + "/c", out) == 0);
   const auto a = test::read_file(dir + "/a/summary.json");
   CHECK(a == test::read_file(dir + "/b/summary.json"));
   CHECK(test::read_file(dir + "/a/timeline.json") == test::read_file(dir + "/b/timeline.json"));
@@ -99,7 +99,7 @@ TEST_CASE("experts that do not divide among the GPUs are rejected") {
   expect_rejected(spec, dir,
                   {"bad.textproto:" + std::to_string(line_of(spec, "experts: 60")) + ":", "model.experts",
                    "multiple of 64"});
-  expect_rejected("--set model.experts=100", dir, {"--set model.experts=100", "model.experts"});
+  expect_rejected(test::kBaseSpec + " " + "--set model.experts=100", dir, {"--set model.experts=100", "model.experts"});
 }
 
 TEST_CASE("a bandwidth of zero in a platform file is rejected at its line") {
@@ -125,9 +125,9 @@ TEST_CASE("a node count that does not fit the fat-tree is rejected") {
 TEST_CASE("missing files, unknown platforms and unknown policies are rejected") {
   const auto dir = test::temp_dir("missing");
   expect_rejected(dir + "/nope.textproto", dir, {"nope.textproto", "cannot open"});
-  expect_rejected("--set cluster.platform=dgx-z", dir, {"unknown platform 'dgx-z'", "dgx-a100"});
-  expect_rejected("--set policy.name=magic", dir, {"unknown policy 'magic'", "ep"});
-  expect_rejected("--set policy.all_to_all=telepathy", dir, {"unknown algorithm 'telepathy'", "linear"});
+  expect_rejected(test::kBaseSpec + " " + "--set cluster.platform=dgx-z", dir, {"unknown platform 'dgx-z'", "dgx-a100"});
+  expect_rejected(test::kBaseSpec + " " + "--set policy.name=magic", dir, {"unknown policy 'magic'", "ep"});
+  expect_rejected(test::kBaseSpec + " " + "--set policy.all_to_all=telepathy", dir, {"unknown algorithm 'telepathy'", "linear"});
 }
 
 TEST_CASE("help is available at every level") {

@@ -90,7 +90,7 @@ TEST_CASE("the builder reports each layer's balance degree, the std-dev of the p
   // sqrt(3) = 1.732).
   const spec::ClusterSpec cs = test::platform("rtx3090-pcie", 1);
   const Cluster cluster(cs);
-  auto ex = load_experiment(std::nullopt, {"cluster.platform=rtx3090-pcie", "cluster.nodes=1", "model.layers=1", "model.experts=4", "model.top_k=1",
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.platform=rtx3090-pcie", "cluster.nodes=1", "model.layers=1", "model.experts=4", "model.top_k=1",
                                           "model.tokens_per_gpu=4", "model.seq_len=4"});
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(cs.gpu(), model.dtype());

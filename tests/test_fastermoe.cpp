@@ -125,7 +125,7 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
 }
 
 TEST_CASE("every policy computes each routed token-slot exactly once") {
-  auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.layers=2", "model.experts=32"});
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
@@ -155,7 +155,7 @@ TEST_CASE("the smart schedule's per-layer speedup stays under its bound and near
   // and GEMMs (d_model 4096, 16,384 tokens per GPU) keep per-step latency and the efficiency loss
   // of smaller GEMMs small. With groups of 4, or 4,096 tokens, the schedule reaches 79-93% of the
   // bound (measured): more steps, smaller GEMMs, steps sharing NICs.
-  auto ex = load_experiment(std::nullopt, {"cluster.nodes=8", "model.experts=64", "gating.uniform={}",
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=8", "model.experts=64", "gating.uniform={}",
                                            "policy.fastermoe.group_size=8"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(layer_model(64, 4096, 16384));

@@ -24,7 +24,7 @@ namespace {
 // layer unless overridden.
 MoeModel moe_model(std::vector<std::string> overrides) {
   overrides.insert(overrides.begin(), {"cluster.nodes=1", "model.layers=1"});
-  return MoeModel(load_experiment(std::nullopt, overrides).spec.model());
+  return MoeModel(load_experiment(test::kBaseSpec, overrides).spec.model());
 }
 
 // Token-slots the expert ops compute, forward and backward: each routed slot exactly once in each.
@@ -173,7 +173,7 @@ TEST_CASE("Pro-Prophet replicates nothing under a uniform load") {
 }
 
 TEST_CASE("Pro-Prophet and top-k replication compute each routed token-slot exactly once") {
-  auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.layers=2", "model.experts=32"});
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
@@ -246,7 +246,7 @@ TEST_CASE("the block-wise schedule hides Trans and Agg") {
 }
 
 TEST_CASE("Pro-Prophet's plans are deterministic") {
-  auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.layers=2", "model.experts=16"});
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=16"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());

@@ -106,7 +106,7 @@ TEST_CASE("ops on one stream serialize and ops on two streams overlap") {
 }
 
 TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded GPU") {
-  auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.layers=1", "model.experts=16"});
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1", "model.experts=16"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
@@ -142,7 +142,7 @@ TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded
 }
 
 TEST_CASE("the critical path adds up to every iteration's time") {
-  const auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.layers=2", "iterations=2"});
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "iterations=2"});
   const auto r = run_experiment(ex).runs.front();
   REQUIRE(r.iterations.size() == 2);
   for (const auto& it : r.iterations) {

@@ -345,7 +345,7 @@ TEST_CASE("replaying 20 iterations of the real trace on 16 GPUs gives one row pe
   if (!have(kSmartMoE)) return;
   const auto dir = test::temp_dir("replay");
   import_csv(kSmartMoE, dir + "/t.trace", {});
-  const auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.experts=32", "model.layers=24",
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.experts=32", "model.layers=24",
                                                  "model.top_k=2", "iterations=20", "gating.trace.path=" + dir + "/t.trace",
                                                  "gating.trace.first_iteration=1001", "gate.capacity_factor=1.0"});
   const auto r = run_experiment(ex).runs.front();
@@ -366,7 +366,7 @@ TEST_CASE("a trace that does not match the model is rejected before any work") {
   const auto path = write_small_trace(dir + "/t.trace", 3);
   auto rejects = [&](std::vector<std::string> sets, const std::string& part) {
     sets.push_back("gating.trace.path=" + path);
-    CHECK_THROWS_WITH(load_experiment(std::nullopt, sets), Contains(part));
+    CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, sets), Contains(part));
   };
   rejects({"cluster.nodes=1", "model.experts=8", "model.layers=2"}, "the trace has 4 experts, the model 8");
   rejects({"cluster.platform=rtx2080ti-pcie", "cluster.nodes=1", "model.experts=4", "model.layers=3"},

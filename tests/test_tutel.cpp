@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 
+#include "helpers.hpp"
 #include "gating.hpp"
 #include "runner.hpp"
 #include "tutel.hpp"
@@ -41,7 +42,7 @@ TEST_CASE("Algorithm 2 tries each strategy once per bucket, then keeps the best"
 TEST_CASE("adaptive pipelining converges to the best fixed strategy on a stationary workload") {
   // The demo's cluster (8 DGX-A100 nodes, 64 GPUs), 2 MoE layers, Zipf routing (same popularity
   // every iteration): 8 strategies, each run fixed for 2 iterations, and the search for 12.
-  Experiment ex = load_experiment(std::nullopt, {"model.layers=2", "iterations=12", "policy.name=tutel"});
+  Experiment ex = load_experiment(test::kBaseSpec, {"model.layers=2", "iterations=12", "policy.name=tutel"});
   ex.variants.emplace_back("adaptive", ex.spec);
   for (int d : {1, 2, 4, 8})
     for (const char* a : {"linear", "2dh"}) {
@@ -113,7 +114,7 @@ TEST_CASE("sharded experts compute every token-slot's full expert once, for ever
   // 16 GPUs (2 DGX-A100 nodes), 4 experts (s = 4), skewed routing: r = 1, 2, 4 split the tokens
   // and the hidden dimension differently, but the forward expert FLOPs add up to the EP count, and
   // r = 1 moves a quarter of the tokens r = 4 does.
-  const auto ex = load_experiment(std::nullopt, {"cluster.nodes=2", "model.experts=4", "model.layers=1",
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.experts=4", "model.layers=1",
                                                  "policy.name=tutel", "gating.zipf.exponent=1.0"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());

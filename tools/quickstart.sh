@@ -11,10 +11,11 @@ case "$mode" in
   *) echo "usage: bash tools/quickstart.sh demo|test" >&2; exit 2 ;;
 esac
 
-# Debian packages moesim builds with. The CUDA toolkit and NCCL are optional (hw/ builds its CUDA
+# Debian packages moesim builds with (and gnuplot, which it runs for figures). The CUDA toolkit and NCCL are optional (hw/ builds its CUDA
 # parts when /usr/local/cuda has them).
 packages=(g++ cmake make pkg-config libsimgrid-dev libprotobuf-dev protobuf-compiler libboost-dev
-          catch2 libcli11-dev libfmt-dev nlohmann-json3-dev)
+          catch2 libcli11-dev libfmt-dev nlohmann-json3-dev
+          gnuplot-nox fonts-liberation)   # figures: `moesim plot`, the demo's PNGs, the report
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

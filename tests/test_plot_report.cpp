@@ -1,0 +1,204 @@
+// Figures, the validation report and the default demo: every figure type rendered by gnuplot for
+// real (PDF and PNG of the paper's page size), the report's pass/fail arithmetic on hand cases, the
+// report running and then reading an experiment, and the demo's table and files.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "collective_sweep.hpp"
+#include "errors.hpp"
+#include "helpers.hpp"
+#include "plot.hpp"
+#include "policy.hpp"
+#include "report.hpp"
+#include "results.hpp"
+
+using namespace moesim;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The base experiment, small (16 GPUs, 2 layers, 3 iterations), as two variants.
+std::string small_spec(const std::string& dir, const std::string& extra = "") {
+  std::string text = test::read_file(test::kBaseSpec);
+  for (const auto& [from, to] : {std::pair{"nodes: 8", "nodes: 2"}, {"layers: 12", "layers: 2"}, {"experts: 64", "experts: 16"}}) {
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, std::string(from).size(), to);
+  }
+  const std::string path = dir + "/small.textproto";
+  test::write_file(path, text + "variants { name: \"ep\" set: \"policy.name=ep\" }\n"
+                                "variants { name: \"fastermoe\" set: \"policy.name=fastermoe\" }\n" + extra);
+  return path;
+}
+
+// Width and height from a PNG's IHDR chunk.
+std::pair<int, int> png_size(const std::string& path) {
+  const std::string data = test::read_file(path);
+  REQUIRE(data.size() > 24);
+  REQUIRE(data.substr(1, 3) == "PNG");
+  auto be32 = [&](std::size_t at) {
+    return (int(std::uint8_t(data[at])) << 24) | (int(std::uint8_t(data[at + 1])) << 16) |
+           (int(std::uint8_t(data[at + 2])) << 8) | int(std::uint8_t(data[at + 3]));
+  };
+  return {be32(16), be32(20)};
+}
+
+// The page of a one-page PDF, in points.
+std::pair<double, double> pdf_size(const std::string& path) {
+  const std::string data = test::read_file(path);
+  REQUIRE(data.rfind("%PDF", 0) == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(data, m, std::regex(R"(/MediaBox\s*\[\s*0\s+0\s+([0-9.]+)\s+([0-9.]+)\s*\])")));
+  return {std::stod(m[1]), std::stod(m[2])};
+}
+
+}  // namespace
+
+TEST_CASE("plot: every figure type renders to a PDF and a PNG of one paper column") {
+  if (gnuplot_path().empty()) {
+    WARN("skipped: gnuplot is not installed (apt-get install gnuplot-nox; the quickstart installs it)");
+    return;
+  }
+  const auto dir = test::temp_dir("plot");
+  const auto ex = load_experiment(small_spec(dir), {});
+  write_results(dir + "/run", ex, run_experiment(ex));
+  // A collective sweep by hand for the scaling lines, and a gating trace for the heatmap.
+  std::vector<CollectivePoint> points;
+  for (int gpus : {16, 64, 256})
+    for (const char* a : {"linear", "2dh"}) points.push_back({gpus, 1 << 20, a, 1e-4 * gpus * (a[0] == 'l' ? 1.0 : 0.5)});
+  test::write_file(dir + "/collective.json", collective_json("dgx-a100", points).dump());
+  test::write_file(dir + "/t.csv",
+                   "# model: test, top_k=1, num_experts=3\niter,layer,src,e0,e1,e2\n"
+                   "0,0,0,3,1,0\n1,0,0,2,2,0\n2,0,0,1,1,2\n");
+  const struct {
+    std::string input, figure;
+  } cases[] = {{dir + "/run", "speedup"}, {dir + "/run", "breakdown"}, {dir + "/collective.json", "scaling"},
+               {dir + "/run", "load"},    {dir + "/run", "heatmap"},   {dir + "/run", "timeline"},
+               {dir + "/t.csv", "heatmap"}};
+  std::set<std::string> covered;
+  for (const auto& c : cases)
+    for (const char* format : {"pdf", "png"}) {
+      INFO(c.figure << " from " << c.input << " as " << format);
+      PlotOptions o;
+      o.figures = {c.figure};
+      o.format = format;
+      o.out = dir + "/figures-" + format;
+      const auto files = plot({c.input}, o);
+      REQUIRE(files.size() == 1);
+      CHECK(fs::file_size(files[0]) > 1000);
+      CHECK(fs::exists(o.out + "/" + c.figure + ".gp"));  // the script, to restyle
+      CHECK_FALSE(fs::exists(files[0] + ".tmp"));
+      if (std::string(format) == "png") {
+        const auto [w, h] = png_size(files[0]);
+        CHECK(w == kFigureSize.png_width);
+        CHECK(h == kFigureSize.png_height);
+      } else {
+        const auto [w, h] = pdf_size(files[0]);
+        CHECK(w == Approx(kFigureSize.width_in * 72).margin(1));  // gnuplot rounds to whole points
+        CHECK(h == Approx(kFigureSize.height_in * 72).margin(1));
+      }
+      covered.insert(c.figure);
+    }
+  CHECK(covered.size() == figure_names().size());
+  // With no --figure, a results directory gets every figure it supports (not scaling: one size).
+  PlotOptions all;
+  all.out = dir + "/all";
+  CHECK(plot({dir + "/run"}, all).size() == figure_names().size() - 1);
+}
+
+TEST_CASE("plot: bad input names the file or option and what to give instead") {
+  const auto dir = test::temp_dir("plot-bad");
+  PlotOptions o;
+  CHECK_THROWS_WITH(plot({dir + "/missing"}, o), Contains("no such file"));
+  CHECK_THROWS_WITH(plot({dir}, o), Contains("no summary.json"));
+  test::write_file(dir + "/summary.json", "{ not json");
+  CHECK_THROWS_WITH(plot({dir + "/summary.json"}, o), Contains("not JSON"));
+  test::write_file(dir + "/summary.json", R"({"gpus": 16, "iteration_time_s": 1, "breakdown": {}, "policy": "ep"})");
+  o.figures = {"scaling"};
+  CHECK_THROWS_WITH(plot({dir + "/summary.json"}, o), Contains("two or more GPU counts"));
+  o.figures = {"speedup"};
+  o.format = "jpeg";
+  CHECK_THROWS_AS(plot({dir + "/summary.json"}, o), InputError);
+}
+
+TEST_CASE("report: pass, fail and not run on hand cases") {
+  auto claim = [](double paper, double simulated, double tolerance = 0) {
+    spec::PaperValue p;
+    p.set_claim("claim");
+    p.set_value(paper);
+    p.set_tolerance(tolerance);
+    return PaperComparison{p, simulated};
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<PaperComparison> claims = {
+      claim(2.0, 2.2),        // ratio 1.10: within ±15%
+      claim(2.0, 2.5),        // 1.25: outside
+      claim(2.0, 2.5, 0.3),   // 1.25 within the claim's own ±30%
+      claim(2.0, 1.6),        // 0.80: outside, from below
+      claim(2.0, nan)};       // not run
+  CHECK(claims[0].ratio() == Approx(1.1));
+  CHECK(claims[0].pass());
+  CHECK_FALSE(claims[1].pass());
+  CHECK(claims[2].pass());
+  CHECK_FALSE(claims[3].pass());
+  const auto n = count_claims(claims);
+  CHECK(n.pass == 2);
+  CHECK(n.fail == 2);
+  CHECK(n.not_run == 1);
+  CHECK(n.total() == 5);
+  const std::string md = report_markdown({{"x.textproto", "x", "an experiment", false, claims, "figures/x/speedup.png"}}, "moesim report");
+  CHECK_THAT(md, Contains("5 claims from 1 experiments: 2 pass, 2 fail, 1 not run"));
+  CHECK_THAT(md, Contains("| claim | 2.00 | 2.20 | 1.10 | ±15% | pass |"));
+  CHECK_THAT(md, Contains("| claim | 2.00 | 2.50 | 1.25 | ±30% | pass |"));
+  CHECK_THAT(md, Contains("| claim | 2.00 | 1.60 | 0.80 | ±15% | **fail** |"));
+  CHECK_THAT(md, Contains("| claim | 2.00 | — | — | ±15% | not run |"));
+  CHECK_THAT(md, Contains("![x](figures/x/speedup.png)"));
+}
+
+TEST_CASE("report: runs an experiment that has no results, then reads the same numbers back") {
+  const auto dir = test::temp_dir("report");
+  fs::create_directories(dir + "/experiments/held-out");
+  small_spec(dir + "/experiments",
+             "paper { claim: \"FasterMoE vs EP\" variant: \"fastermoe\" baseline: \"ep\" value: 1.5 source: \"test\" }\n");
+  small_spec(dir + "/experiments/held-out");  // no paper values: not in the report
+  ReportOptions o;
+  o.experiments = dir + "/experiments";
+  o.results = dir + "/results";
+  o.out = dir + "/report";
+  o.run = true;
+  const auto ran = write_report(o);
+  REQUIRE(ran.size() == 1);
+  REQUIRE(ran[0].claims.size() == 1);
+  CHECK(std::isfinite(ran[0].claims[0].simulated));
+  CHECK(ran[0].claims[0].simulated > 1.0);  // shadowing helps on Zipf routing
+  CHECK(fs::exists(dir + "/results/base/summary.json"));
+  const std::string md = test::read_file(dir + "/report/report.md");
+  CHECK_THAT(md, Contains("1 claims from 1 experiments"));
+  if (!gnuplot_path().empty()) CHECK(fs::exists(dir + "/report/figures/base/speedup.png"));
+  o.run = false;
+  const auto read = write_report(o);
+  CHECK(read[0].claims[0].simulated == ran[0].claims[0].simulated);
+  o.only = {"nothing-matches"};
+  CHECK_THROWS_AS(write_report(o), InputError);
+}
+
+TEST_CASE("demo: one table row per policy, its results and figures, and where to go next") {
+  const auto dir = test::temp_dir("demo");
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " run -q --set iterations=2 --out " + dir, out) == 0);
+  INFO(out);
+  for (const auto& policy : policy_names()) CHECK_THAT(out, Contains("  " + policy + " "));
+  const auto summary = nlohmann::json::parse(test::read_file(dir + "/summary.json"));
+  CHECK(summary["variants"].size() == policy_names().size());
+  CHECK(fs::exists(dir + "/timeline.json"));
+  if (!gnuplot_path().empty()) {
+    CHECK(png_size(dir + "/speedup.png").first == kFigureSize.png_width);
+    CHECK(png_size(dir + "/heatmap.png").first == kFigureSize.png_width);
+  }
+  CHECK_THAT(out, Contains("That was the default demo"));
+}
