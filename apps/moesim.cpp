@@ -19,6 +19,8 @@
 #include "hw_info.hpp"
 #include "plot.hpp"
 #include "report.hpp"
+#include "results_db.hpp"
+#include "sweep.hpp"
 #include "results.hpp"
 #include "runner.hpp"
 #include "spec.hpp"
@@ -300,6 +302,43 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--exclude", report_options.exclude, "Leave out specs whose path contains one of these")->delimiter(',');
   report_cmd->add_flag("--quiet,-q", quiet, "No progress on stderr");
 
+  auto* sweep_cmd = app.add_subcommand(
+      "sweep",
+      "Run an experiment at every point of a grid of overrides (SweepSpec), points in parallel, results in SQLite\n"
+      "  moesim sweep experiments/sweeps/policies-by-size.textproto             all points, --jobs = cores\n"
+      "  moesim sweep SPEC --resume                                           continue a killed sweep\n"
+      "  moesim sweep SPEC --shard 0/4 --db shard0.db                         one machine's quarter\n"
+      "  moesim sweep SPEC --emit-slurm --shards 16 > sweep.slurm             a Slurm job array of the shards\n"
+      "Then: moesim results export results.db --csv; moesim results merge all.db shard*.db; moesim plot results.db");
+  std::string sweep_spec, shard_text;
+  SweepOptions sweep_options;
+  bool emit_slurm = false;
+  int slurm_shards = 8, slurm_cpus = 8;
+  sweep_cmd->add_option("spec", sweep_spec, "The sweep spec (.textproto)")->required();
+  sweep_cmd->add_option("--jobs,-j", sweep_options.jobs, "Points run at once (worker processes); default: the cores");
+  sweep_cmd->add_option("--db", sweep_options.db, "The results database")->capture_default_str();
+  sweep_cmd->add_flag("--resume", sweep_options.resume, "Continue the sweep in --db: skip its finished points");
+  sweep_cmd->add_option("--shard", shard_text, "Run only shard i of n (points i, i+n, ...), 0 <= i < n, e.g. 2/8");
+  sweep_cmd->add_flag("--emit-slurm", emit_slurm, "Print a Slurm job-array script that runs --shards shards, and exit");
+  sweep_cmd->add_option("--shards", slurm_shards, "--emit-slurm: how many shards (array tasks)")->capture_default_str();
+  sweep_cmd->add_option("--cpus", slurm_cpus, "--emit-slurm: cores per array task")->capture_default_str();
+  sweep_cmd->add_flag("--quiet,-q", quiet, "No progress on stderr");
+
+  auto* results_cmd = app.add_subcommand("results", "Sweep results databases: export, merge");
+  results_cmd->require_subcommand(1);
+  auto* rexport = results_cmd->add_subcommand("export", "Write a results.db as CSV (one row per point and variant)");
+  std::string db_path, export_out;
+  bool csv_flag = true, export_iterations = false;
+  rexport->add_option("db", db_path, "The results database")->required();
+  rexport->add_flag("--csv", csv_flag, "CSV (the only format; for the reader's clarity)");
+  rexport->add_flag("--iterations", export_iterations, "One row per iteration instead of per run");
+  rexport->add_option("--out,-o", export_out, "Output file (default: stdout)");
+  auto* rmerge = results_cmd->add_subcommand("merge", "Combine shard databases of one sweep into a new one");
+  std::string merge_out;
+  std::vector<std::string> merge_inputs;
+  rmerge->add_option("out", merge_out, "The database to create")->required();
+  rmerge->add_option("inputs", merge_inputs, "Shard databases")->required();
+
   auto* trace = app.add_subcommand("trace", "Gating traces: import, export, generate, inspect, rescale");
   trace->require_subcommand(1);
   std::string input, output, format = "csv";
@@ -364,6 +403,51 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*pshow) return cmd_platform_show(pname);
+    if (*sweep_cmd) {
+      const auto sw = load_sweep(sweep_spec);  // every point checked before anything runs
+      if (emit_slurm) {
+        fmt::print("{}", slurm_script(sw, slurm_shards, slurm_cpus, std::filesystem::absolute(argv[0]).string()));
+        return 0;
+      }
+      if (!shard_text.empty()) {
+        const auto slash = shard_text.find('/');
+        try {
+          if (slash == std::string::npos) throw std::invalid_argument("no /");
+          sweep_options.shard = std::stoi(shard_text.substr(0, slash));
+          sweep_options.shards = std::stoi(shard_text.substr(slash + 1));
+        } catch (const std::exception&) {
+          throw InputError("--shard " + shard_text + ": use i/n, e.g. --shard 0/4");
+        }
+      }
+      const int failed = run_sweep(sw, sweep_options, [&](const SweepProgress& p) {
+        if (quiet) return;
+        fmt::print(stderr, "\r  point {}/{} ({} running{})  {:.1f} s elapsed, ETA {:.1f} s   ", p.done, p.total, p.running,
+                   p.failed ? fmt::format(", {} failed", p.failed) : "", p.elapsed_s, p.eta_s);
+        if (p.done == p.total) fmt::print(stderr, "\n");
+      });
+      fmt::print("{}: {} points in {}{}\n", sw.spec.name(), sw.points.size(), sweep_options.db,
+                 failed ? fmt::format(", {} failed (see above)", failed) : "");
+      return failed ? 1 : 0;
+    }
+    if (*rexport) {
+      const ResultsDb db(db_path, false);
+      if (export_out.empty()) {
+        db.export_csv(std::cout, export_iterations);
+      } else {
+        const std::string tmp = export_out + ".tmp";
+        {
+          std::ofstream f(tmp);
+          db.export_csv(f, export_iterations);
+        }
+        std::filesystem::rename(tmp, export_out);
+      }
+      return 0;
+    }
+    if (*rmerge) {
+      const int n = merge_results(merge_out, merge_inputs);
+      fmt::print("{}: {} points from {} databases\n", merge_out, n, merge_inputs.size());
+      return 0;
+    }
     if (*report_cmd) {
       std::string command = "moesim report";
       for (int i = 2; i < argc; ++i)

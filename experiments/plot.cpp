@@ -15,6 +15,7 @@
 #include "collective_sweep.hpp"
 #include "errors.hpp"
 #include "gating.hpp"
+#include "results_db.hpp"
 #include "taskgraph.hpp"
 #include "trace.hpp"
 
@@ -39,6 +40,7 @@ struct Run {
 struct Inputs {
   std::vector<std::vector<Run>> summaries;  // one list of runs per summary.json
   std::vector<std::string> summary_names;
+  std::vector<std::string> series_suffix;   // scaling: what else a sweep point varies (results.db)
   std::vector<json> collectives;            // collective.json files
   std::string timeline;                     // a timeline.json
   std::string trace;                        // a gating trace
@@ -73,20 +75,28 @@ Run run_from_json(const json& j, int gpus) {
   return r;
 }
 
-void read_summary(const fs::path& path, Inputs& in) {
-  const json j = read_json(path);
+void add_summary(const json& j, const std::string& name, const std::string& where, Inputs& in) {
   try {
     const int gpus = j.at("gpus").get<int>();
     std::vector<Run> runs;
     if (j.contains("variants"))
       for (const auto& v : j["variants"]) runs.push_back(run_from_json(v, gpus));
-    else
-      runs.push_back(run_from_json(j, gpus));
+    else {
+      json named = j;  // a plain experiment's one run is named by its policy, not by the experiment
+      if (named.contains("policy")) named["name"] = named["policy"];
+      runs.push_back(run_from_json(named, gpus));
+    }
     in.summaries.push_back(std::move(runs));
-    in.summary_names.push_back(j.value("name", path.parent_path().filename().string()));
+    in.summary_names.push_back(name);
+    in.series_suffix.emplace_back();
   } catch (const json::exception& e) {
-    throw InputError(fmt::format("{}: not a moesim summary.json ({})", path.string(), e.what()));
+    throw InputError(fmt::format("{}: not a moesim summary.json ({})", where, e.what()));
   }
+}
+
+void read_summary(const fs::path& path, Inputs& in) {
+  const json j = read_json(path);
+  add_summary(j, j.value("name", path.parent_path().filename().string()), path.string(), in);
 }
 
 void read_input(const fs::path& path, Inputs& in) {
@@ -105,8 +115,29 @@ void read_input(const fs::path& path, Inputs& in) {
   }
   if (!fs::exists(path))
     throw InputError(path.string() + ": no such file; give a results directory, a summary.json, collective.json, "
-                                     "timeline.json, or a gating trace (.trace, .csv)");
+                                     "timeline.json, a sweep's results.db, or a gating trace (.trace, .csv)");
   const auto ext = path.extension().string();
+  if (ext == ".db") {  // a sweep's results: each point a summary named by its label
+    const auto points = ResultsDb(path.string(), false).points();
+    // A field that takes one value per GPU count (the node count, or what is zipped with it) is the
+    // x axis of a scaling figure; the policy is the run's name: neither names a series.
+    std::map<std::string, std::map<int, std::set<std::string>>> by_gpus;
+    for (const auto& p : points)
+      for (const auto& [field, value] : p.overrides.items())
+        by_gpus[field][p.summary.value("gpus", 0)].insert(value.get<std::string>());
+    auto follows_gpus = [&](const std::string& field) {
+      return std::all_of(by_gpus[field].begin(), by_gpus[field].end(), [](const auto& kv) { return kv.second.size() == 1; });
+    };
+    for (const auto& p : points) {
+      add_summary(p.summary, p.label, fmt::format("{} point {}", path.string(), p.id), in);
+      std::string suffix;
+      for (const auto& [field, value] : p.overrides.items())
+        if (field != "policy.name" && !follows_gpus(field)) suffix += (suffix.empty() ? "" : " ") + field + "=" + value.get<std::string>();
+      in.series_suffix.back() = suffix;
+    }
+    if (in.summaries.empty()) throw InputError(path.string() + ": no finished points yet");
+    return;
+  }
   if (ext == ".trace" || ext == ".csv") {
     in.trace = path.string();
     return;
@@ -311,7 +342,7 @@ Figure lines_figure(const std::string& name, const std::vector<std::string>& ord
     ++k;
   }
   body += "set logscale x 2\nset logscale y 10\nset xlabel 'GPUs'\nset ylabel " + quoted(ylabel) +
-          "\nset key top left font ',7'\nset format y '%g'\n" + plot + "\n";
+          "\nset key top left Left reverse font ',7'\nset format y '%g'\n" + plot + "\n";
   return {name, body};
 }
 
@@ -333,10 +364,11 @@ Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
   for (const auto& runs : in.summaries)
     for (const auto& r : runs)
       if (r.name == o.baseline) base[r.gpus] = r.time;
-  for (const auto& runs : in.summaries)
-    for (const auto& r : runs) {
-      if (o.baseline.empty()) add(label(r), r.gpus, r.time * 1e3);
-      else if (base.count(r.gpus)) add(label(r), r.gpus, base[r.gpus] / r.time);
+  for (std::size_t s = 0; s < in.summaries.size(); ++s)
+    for (const auto& r : in.summaries[s]) {
+      const std::string name = label(r) + (in.series_suffix[s].empty() ? "" : " " + in.series_suffix[s]);
+      if (o.baseline.empty()) add(name, r.gpus, r.time * 1e3);
+      else if (base.count(r.gpus)) add(name, r.gpus, base[r.gpus] / r.time);
     }
   if (!o.baseline.empty() && base.empty()) throw InputError("--baseline " + o.baseline + ": no run of that name");
   return lines_figure("scaling", order, series, o.baseline.empty() ? "Iteration time (ms)" : "Speedup over " + o.baseline + " (x)");

@@ -7,7 +7,8 @@
 //              (variants named GROUP/NAME, or one group per summary)           summary.json
 //   breakdown  stacked bars: the critical path of each run by category           summary.json
 //   scaling    lines on log axes: time (or speedup) vs GPU count, one per run    several summaries,
-//              or one per algorithm and size of a collective sweep               or collective.json
+//              or one per algorithm and size of a collective sweep               a results.db, or
+//                                                                                collective.json
 //   load       bars: the token-slots each GPU computes per iteration, baseline and fastest run
 //   heatmap    expert × iteration load (relative to the mean expert) of one layer: summary.json or
 //              a gating trace (.trace or .csv)
@@ -37,8 +38,8 @@ struct FigureSize {
 };
 constexpr FigureSize kFigureSize{};
 
-/// Reads the inputs (results directories, summary.json, collective.json, timeline.json, gating
-/// traces), writes OUT/NAME.gp and OUT/NAME.FORMAT for every figure asked for (or every
+/// Reads the inputs (results directories, summary.json, collective.json, timeline.json, a sweep's
+/// results.db whose points each count as a summary, gating traces), writes OUT/NAME.gp and OUT/NAME.FORMAT for every figure asked for (or every
 /// one the inputs support) and returns the figure files written. Bad input: InputError.
 std::vector<std::string> plot(const std::vector<std::string>& inputs, const PlotOptions& options);
 

@@ -7,8 +7,8 @@
 
 namespace moesim::test {
 
-/// The tests' base experiment: the former demo (64 DGX-A100 GPUs, Zipf routing, EP, no variants).
-inline const std::string kBaseSpec = std::string(MOESIM_SOURCE_DIR) + "/tests/data/base.textproto";
+/// The tests' base experiment: EP on 64 DGX-A100 GPUs, Zipf routing, no variants.
+inline const std::string kBaseSpec = std::string(MOESIM_SOURCE_DIR) + "/experiments/gpt-moe-s.textproto";
 
 /// A catalog platform with its node count set.
 inline spec::ClusterSpec platform(const std::string& name, int nodes) {

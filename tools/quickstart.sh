@@ -14,7 +14,7 @@ esac
 # Debian packages moesim builds with (and gnuplot, which it runs for figures). The CUDA toolkit and NCCL are optional (hw/ builds its CUDA
 # parts when /usr/local/cuda has them).
 packages=(g++ cmake make pkg-config libsimgrid-dev libprotobuf-dev protobuf-compiler libboost-dev
-          catch2 libcli11-dev libfmt-dev nlohmann-json3-dev
+          catch2 libcli11-dev libfmt-dev nlohmann-json3-dev libsqlite3-dev
           gnuplot-nox fonts-liberation)   # figures: `moesim plot`, the demo's PNGs, the report
 missing=()
 for p in "${packages[@]}"; do

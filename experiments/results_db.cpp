@@ -1,0 +1,248 @@
+#include "results_db.hpp"
+
+#include <fmt/format.h>
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <map>
+
+#include "errors.hpp"
+#include "taskgraph.hpp"
+
+namespace moesim {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kSchema = R"(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS points(
+  id INTEGER PRIMARY KEY, label TEXT NOT NULL, overrides TEXT NOT NULL, spec TEXT NOT NULL,
+  summary TEXT NOT NULL, wall_s REAL, finished TEXT NOT NULL DEFAULT (datetime('now')));
+CREATE TABLE IF NOT EXISTS runs(
+  point INTEGER NOT NULL REFERENCES points(id), variant TEXT NOT NULL, policy TEXT NOT NULL,
+  gpus INTEGER NOT NULL, iteration_time_s REAL NOT NULL, compute_s REAL, moe_s REAL,
+  all_to_all_s REAL, all_reduce_s REAL, other_s REAL, PRIMARY KEY(point, variant));
+CREATE TABLE IF NOT EXISTS iterations(
+  point INTEGER NOT NULL REFERENCES points(id), variant TEXT NOT NULL, iteration INTEGER NOT NULL,
+  time_s REAL NOT NULL, compute_s REAL, moe_s REAL, all_to_all_s REAL, all_reduce_s REAL,
+  other_s REAL, max_mean_load REAL, dropped_tokens INTEGER, PRIMARY KEY(point, variant, iteration));
+)";
+
+// A prepared statement, finalized on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const std::string& sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK)
+      throw std::runtime_error(fmt::format("sqlite: {}: {}", sql, sqlite3_errmsg(db)));
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+  Statement& bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.c_str(), int(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& bind(int i, double v) {
+    sqlite3_bind_double(stmt_, i, v);
+    return *this;
+  }
+  Statement& bind(int i, std::int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  bool step() {  // true while there is a row
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) throw std::runtime_error(fmt::format("sqlite: {}", sqlite3_errmsg(db_)));
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    return false;
+  }
+  std::string text(int col) const {
+    const auto* p = sqlite3_column_text(stmt_, col);
+    return p ? reinterpret_cast<const char*>(p) : "";
+  }
+  double real(int col) const { return sqlite3_column_double(stmt_, col); }
+  std::int64_t integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// The breakdown columns in Category order.
+std::vector<double> breakdown_values(const json& b) {
+  std::vector<double> v;
+  for (int c = 0; c < kNumCategories; ++c) v.push_back(b.value(category_name(Category(c)), 0.0));
+  return v;
+}
+
+}  // namespace
+
+ResultsDb::ResultsDb(const std::string& path, bool create) : path_(path) {
+  if (!create && !fs::exists(path)) throw InputError(path + ": no such results database");
+  const int flags = create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READWRITE;
+  if (sqlite3_open_v2(path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
+    const std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    throw InputError(path + ": cannot open the results database: " + why);
+  }
+  sqlite3_busy_timeout(db_, 10000);
+  try {
+    exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
+    exec(kSchema);
+  } catch (const std::exception& e) {
+    sqlite3_close(db_);
+    throw InputError(path + ": not a moesim results database (" + e.what() + ")");
+  }
+}
+
+ResultsDb::~ResultsDb() { sqlite3_close(db_); }
+
+void ResultsDb::exec(const std::string& sql) const {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    throw std::runtime_error("sqlite: " + msg);
+  }
+}
+
+void ResultsDb::set_meta(const std::string& key, const std::string& value) {
+  Statement(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)").bind(1, key).bind(2, value).step();
+}
+
+std::string ResultsDb::meta(const std::string& key) const {
+  Statement s(db_, "SELECT value FROM meta WHERE key = ?");
+  s.bind(1, key);
+  return s.step() ? s.text(0) : "";
+}
+
+std::set<int> ResultsDb::finished() const {
+  std::set<int> ids;
+  Statement s(db_, "SELECT id FROM points");
+  while (s.step()) ids.insert(int(s.integer(0)));
+  return ids;
+}
+
+void ResultsDb::insert(const StoredPoint& p) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    Statement(db_, "INSERT INTO points(id, label, overrides, spec, summary, wall_s) VALUES(?, ?, ?, ?, ?, ?)")
+        .bind(1, std::int64_t(p.id))
+        .bind(2, p.label)
+        .bind(3, p.overrides.dump())
+        .bind(4, p.spec)
+        .bind(5, p.summary.dump())
+        .bind(6, p.wall_s)
+        .step();
+    // The runs: the variants, or the summary itself for a spec without variants.
+    const bool variants = p.summary.contains("variants");
+    const json runs = variants ? p.summary["variants"] : json::array({p.summary});
+    Statement run(db_, "INSERT INTO runs VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    Statement it(db_, "INSERT INTO iterations VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    for (const auto& r : runs) {
+      const std::string variant = variants ? r.value("name", std::string("")) : "";
+      run.bind(1, std::int64_t(p.id)).bind(2, variant).bind(3, r.at("policy").get<std::string>());
+      run.bind(4, p.summary.at("gpus").get<std::int64_t>()).bind(5, r.at("iteration_time_s").get<double>());
+      const auto b = breakdown_values(r.at("breakdown"));
+      for (int c = 0; c < kNumCategories; ++c) run.bind(6 + c, b[std::size_t(c)]);
+      run.step();
+      for (const auto& row : r.value("per_iteration", json::array())) {
+        it.bind(1, std::int64_t(p.id)).bind(2, variant).bind(3, row.at("iteration").get<std::int64_t>());
+        it.bind(4, row.at("iteration_time_s").get<double>());
+        const auto ib = breakdown_values(row.at("breakdown"));
+        for (int c = 0; c < kNumCategories; ++c) it.bind(5 + c, ib[std::size_t(c)]);
+        it.bind(10, row.value("max_mean_load", 0.0)).bind(11, row.value("dropped_tokens", std::int64_t(0)));
+        it.step();
+      }
+    }
+    exec("COMMIT");
+  } catch (...) {
+    exec("ROLLBACK");
+    throw;
+  }
+}
+
+std::vector<StoredPoint> ResultsDb::points() const {
+  std::vector<StoredPoint> out;
+  Statement s(db_, "SELECT id, label, overrides, spec, summary, wall_s FROM points ORDER BY id");
+  while (s.step())
+    out.push_back({int(s.integer(0)), s.text(1), json::parse(s.text(2)), s.text(3), json::parse(s.text(4)), s.real(5)});
+  return out;
+}
+
+void ResultsDb::export_csv(std::ostream& out, bool iterations) const {
+  std::vector<std::string> fields;
+  if (const auto f = meta("fields"); !f.empty()) fields = json::parse(f).get<std::vector<std::string>>();
+  std::map<std::int64_t, json> overrides;
+  {
+    Statement s(db_, "SELECT id, overrides FROM points");
+    while (s.step()) overrides[s.integer(0)] = json::parse(s.text(1));
+  }
+  const std::string table = iterations ? "iterations" : "runs";
+  const std::vector<std::string> columns =
+      iterations ? std::vector<std::string>{"point", "variant", "iteration", "time_s", "compute_s", "moe_s", "all_to_all_s",
+                                            "all_reduce_s", "other_s", "max_mean_load", "dropped_tokens"}
+                 : std::vector<std::string>{"point", "variant", "policy", "gpus", "iteration_time_s", "compute_s", "moe_s",
+                                            "all_to_all_s", "all_reduce_s", "other_s"};
+  std::string header = "point";
+  for (const auto& f : fields) header += "," + csv_field(f);
+  for (std::size_t c = 1; c < columns.size(); ++c) header += "," + columns[c];
+  out << header << "\n";
+  Statement s(db_, fmt::format("SELECT {} FROM {} ORDER BY point, variant{}", fmt::join(columns, ", "), table,
+                               iterations ? ", iteration" : ""));
+  while (s.step()) {
+    const auto point = s.integer(0);
+    std::string line = std::to_string(point);
+    for (const auto& f : fields) line += "," + csv_field(overrides[point].value(f, std::string("")));
+    for (std::size_t c = 1; c < columns.size(); ++c) line += "," + csv_field(s.text(int(c)));
+    out << line << "\n";
+  }
+}
+
+int merge_results(const std::string& out, const std::vector<std::string>& inputs) {
+  if (inputs.empty()) throw InputError("results merge: give the shard databases to merge");
+  if (fs::exists(out)) throw InputError(out + ": exists; merge writes a new database (remove it or choose another name)");
+  std::map<int, StoredPoint> points;
+  std::string sweep, spec, fields;
+  for (const auto& in : inputs) {
+    ResultsDb db(in, false);
+    if (sweep.empty()) {
+      sweep = db.meta("sweep");
+      spec = db.meta("sweep_spec");
+      fields = db.meta("fields");
+    } else if (db.meta("sweep_spec") != spec) {
+      throw InputError(fmt::format("{}: from another sweep ('{}', not '{}'); merge shards of one sweep", in, db.meta("sweep"), sweep));
+    }
+    for (auto& p : db.points()) {
+      const auto [at, fresh] = points.emplace(p.id, p);
+      if (!fresh && at->second.summary != p.summary)
+        throw InputError(fmt::format("{}: point {} ({}) differs from the same point in another input", in, p.id, p.label));
+    }
+  }
+  const std::string tmp = out + ".tmp";
+  fs::remove(tmp);
+  {
+    ResultsDb db(tmp, true);
+    db.set_meta("sweep", sweep);
+    db.set_meta("sweep_spec", spec);
+    db.set_meta("fields", fields);
+    for (const auto& [id, p] : points) db.insert(p);
+  }
+  fs::remove(tmp + "-wal");
+  fs::remove(tmp + "-shm");
+  fs::rename(tmp, out);
+  return int(points.size());
+}
+
+}  // namespace moesim

@@ -1,0 +1,164 @@
+// Sweeps: expansion of axes and zip groups on hand cases, sharding, a sweep killed with SIGKILL and
+// resumed (nothing finished lost, the same results as an uninterrupted run), shards merged (the
+// same as one unsharded run), CSV export, and the refusals a user meets.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "errors.hpp"
+#include "helpers.hpp"
+#include "plot.hpp"
+#include "results_db.hpp"
+#include "sweep.hpp"
+#include "textproto.hpp"
+
+using namespace moesim;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+spec::SweepSpec parse_sweep(const std::string& text) {
+  spec::SweepSpec s;
+  parse_text("sweep.textproto", text, s);
+  return s;
+}
+
+// A small sweep of the base experiment (16 GPUs, 2 layers, 2 iterations): 3 policies × 3 routings
+// × 2 seeds = 18 points of a fraction of a second each.
+std::string small_sweep(const std::string& dir) {
+  const std::string path = dir + "/sweep.textproto";
+  test::write_file(path, "name: \"small\"\nbase: \"" + test::kBaseSpec +
+                             "\"\n"
+                             "set: \"cluster.nodes=2\" set: \"model.layers=2\" set: \"model.experts=16\" set: \"iterations=2\"\n"
+                             "axis { field: \"policy.name\" values: [\"ep\", \"fastermoe-shadow\", \"pro-prophet\"] }\n"
+                             "axis { field: \"gating.zipf.exponent\" values: [\"0.5\", \"1.0\", \"1.5\"] }\n"
+                             "axis { field: \"seed\" values: [\"1\", \"2\"] }\n");
+  return path;
+}
+
+// Point id -> (label, summary) of a database: what must not depend on how the sweep was run.
+std::map<int, std::pair<std::string, std::string>> contents(const std::string& db) {
+  std::map<int, std::pair<std::string, std::string>> out;
+  for (const auto& p : ResultsDb(db, false).points()) out[p.id] = {p.label, p.summary.dump()};
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sweep: axes multiply and zipped axes vary together with the last fastest") {
+  const auto points = expand_sweep(parse_sweep(
+      "axis { field: \"a\" values: [\"1\", \"2\"] }\n"
+      "axis { field: \"b\" values: [\"x\", \"y\", \"z\"] }\n"
+      "zip { axis { field: \"c\" values: [\"p\", \"q\"] } axis { field: \"d\" values: [\"r\", \"s\"] } }\n"
+      "set: \"iterations=2\"\n"));
+  REQUIRE(points.size() == 2 * 3 * 2);
+  CHECK(points[0].label == "a=1 b=x c=p d=r");
+  CHECK(points[1].label == "a=1 b=x c=q d=s");
+  CHECK(points[2].label == "a=1 b=y c=p d=r");
+  CHECK(points[11].label == "a=2 b=z c=q d=s");
+  CHECK(points[5].overrides == std::vector<std::string>{"iterations=2", "a=1", "b=z", "c=q", "d=s"});
+  for (std::size_t i = 0; i < points.size(); ++i) CHECK(points[i].index == int(i));
+  // Sharding: points i, i+n, ...; the shards partition the sweep.
+  const auto shard = shard_points(points, 1, 5);
+  REQUIRE(shard.size() == 3);
+  CHECK(shard[0].index == 1);
+  CHECK(shard[1].index == 6);
+  CHECK(shard[2].index == 11);
+  std::size_t all = 0;
+  for (int i = 0; i < 5; ++i) all += shard_points(points, i, 5).size();
+  CHECK(all == points.size());
+  CHECK_THROWS_AS(shard_points(points, 5, 5), InputError);
+  // Bad grids are named by field.
+  CHECK_THROWS_WITH(expand_sweep(parse_sweep("zip { axis { field: \"c\" values: [\"p\"] } axis { field: \"d\" values: [\"r\", \"s\"] } }")),
+                    Contains("zip[0].axis[1].values"));
+  CHECK_THROWS_WITH(expand_sweep(parse_sweep("axis { field: \"a\" }")), Contains("axis[0].values"));
+}
+
+TEST_CASE("sweep: a bad point is refused before anything runs and named") {
+  const auto dir = test::temp_dir("sweep-bad");
+  test::write_file(dir + "/sweep.textproto", "name: \"bad\"\nbase: \"" + test::kBaseSpec +
+                                                 "\"\naxis { field: \"model.experts\" values: [\"64\", \"60\"] }\n");
+  CHECK_THROWS_WITH(load_sweep(dir + "/sweep.textproto"), Contains("point 1 (model.experts=60)"));
+  std::string out;
+  CHECK(test::run_command(std::string(MOESIM_BIN) + " sweep " + dir + "/sweep.textproto --db " + dir + "/r.db", out) == 2);
+  CHECK_FALSE(fs::exists(dir + "/r.db"));
+}
+
+TEST_CASE("sweep: killed with SIGKILL then resumed or sharded then merged it equals an uninterrupted run") {
+  const auto dir = test::temp_dir("sweep");
+  const std::string spec = small_sweep(dir), bin = MOESIM_BIN;
+  std::string out;
+  // The uninterrupted run.
+  REQUIRE(test::run_command(bin + " sweep " + spec + " --jobs 2 -q --db " + dir + "/full.db", out) == 0);
+  const auto full = contents(dir + "/full.db");
+  REQUIRE(full.size() == 18);
+
+  // Killed: one worker at a time, SIGKILL once a few points are in; then resumed.
+  const std::string db = dir + "/killed.db";
+  REQUIRE(test::run_command("(" + bin + " sweep " + spec + " --jobs 1 -q --db " + db + " & echo $! > " + dir +
+                                "/pid) >/dev/null 2>&1",
+                            out) == 0);
+  const int pid = std::stoi(test::read_file(dir + "/pid"));
+  std::size_t before = 0;
+  for (int i = 0; i < 2000 && before < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (fs::exists(db)) before = ResultsDb(db, false).finished().size();
+  }
+  ::kill(pid, SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its worker dies with it (PR_SET_PDEATHSIG)
+  before = ResultsDb(db, false).finished().size();
+  INFO("points finished before the kill: " << before);
+  CHECK(before >= 3);
+  CHECK(before < 18);
+  for (const auto& [id, point] : contents(db)) CHECK(point == full.at(id));  // whole points only
+  CHECK(test::run_command(bin + " sweep " + spec + " -q --db " + db, out) == 2);  // exists: --resume, or remove it
+  CHECK_THAT(out, Contains("--resume"));
+  REQUIRE(test::run_command(bin + " sweep " + spec + " --resume --jobs 2 -q --db " + db, out) == 0);
+  CHECK(contents(db) == full);
+
+  // Sharded in two and merged.
+  REQUIRE(test::run_command(bin + " sweep " + spec + " --shard 0/2 -q --db " + dir + "/s0.db", out) == 0);
+  REQUIRE(test::run_command(bin + " sweep " + spec + " --shard 1/2 -q --db " + dir + "/s1.db", out) == 0);
+  CHECK(contents(dir + "/s0.db").size() == 9);
+  REQUIRE(test::run_command(bin + " results merge " + dir + "/merged.db " + dir + "/s0.db " + dir + "/s1.db", out) == 0);
+  CHECK(contents(dir + "/merged.db") == full);
+
+  // CSV: a column per swept field, a row per run.
+  REQUIRE(test::run_command(bin + " results export " + dir + "/full.db --csv --out " + dir + "/full.csv", out) == 0);
+  const std::string csv = test::read_file(dir + "/full.csv");
+  CHECK(csv.rfind("point,policy.name,gating.zipf.exponent,seed,variant,policy,gpus,iteration_time_s,", 0) == 0);
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 18);
+  CHECK_THAT(csv, Contains("\n17,pro-prophet,1.5,2,,pro-prophet,16,"));
+
+  // A database of another sweep is refused, by resume and by merge.
+  test::write_file(dir + "/other.textproto", test::read_file(spec) + "set: \"model.top_k=1\"\n");
+  CHECK(test::run_command(bin + " sweep " + dir + "/other.textproto --resume -q --db " + db, out) == 2);
+  CHECK_THAT(out, Contains("another sweep"));
+  REQUIRE(test::run_command(bin + " sweep " + dir + "/other.textproto --shard 0/9 -q --db " + dir + "/o.db", out) == 0);
+  CHECK(test::run_command(bin + " results merge " + dir + "/bad.db " + dir + "/s0.db " + dir + "/o.db", out) == 2);
+  CHECK_FALSE(fs::exists(dir + "/bad.db"));
+
+  // The database plots: time against GPU count needs two sizes, one point per series is enough here.
+  if (!gnuplot_path().empty()) {
+    PlotOptions o;
+    o.figures = {"speedup"};
+    o.out = dir + "/plots";
+    CHECK(fs::file_size(plot({dir + "/full.db"}, o).at(0)) > 1000);
+  }
+}
+
+TEST_CASE("sweep: --emit-slurm writes a job array over the shards that resumes and says how to merge") {
+  const auto dir = test::temp_dir("slurm");
+  const auto sw = load_sweep(small_sweep(dir));
+  const std::string script = slurm_script(sw, 6, 4, "/opt/moesim");
+  CHECK(script.rfind("#!/bin/bash\n", 0) == 0);
+  CHECK_THAT(script, Contains("#SBATCH --array=0-5\n"));
+  CHECK_THAT(script, Contains("#SBATCH --cpus-per-task=4\n"));
+  CHECK_THAT(script, Contains("--shard \"${SLURM_ARRAY_TASK_ID}/6\""));
+  CHECK_THAT(script, Contains("--resume"));
+  CHECK_THAT(script, Contains("/opt/moesim results merge results.db small-shard-*.db"));
+  CHECK_THAT(script, Contains(fs::absolute(dir + "/sweep.textproto").lexically_normal().string()));
+}
