@@ -342,7 +342,7 @@ Figure lines_figure(const std::string& name, const std::vector<std::string>& ord
     ++k;
   }
   body += "set logscale x 2\nset logscale y 10\nset xlabel 'GPUs'\nset ylabel " + quoted(ylabel) +
-          "\nset key top left Left reverse font ',7'\nset format y '%g'\n" + plot + "\n";
+          "\nset key top left Left reverse opaque font ',7'\nset format y '%g'\n" + plot + "\n";
   return {name, body};
 }
 

@@ -108,11 +108,13 @@ ReportEntry collective_entry(const std::string& path, const fs::path& results) {
   return e;
 }
 
-bool is_collective_spec(const std::string& path) {
+// The message a spec file holds, from its "# proto-message:" header line ("" without one).
+std::string proto_message(const std::string& path) {
   std::ifstream in(path);
+  const std::string key = "proto-message: moesim.spec.";
   for (std::string line; std::getline(in, line) && line.rfind('#', 0) == 0;)
-    if (line.find("proto-message: moesim.spec.CollectiveSweepSpec") != std::string::npos) return true;
-  return false;
+    if (const auto at = line.find(key); at != std::string::npos) return line.substr(at + key.size());
+  return "";
 }
 
 bool matches(const std::string& path, const std::vector<std::string>& patterns) {
@@ -132,7 +134,9 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
   std::vector<ReportEntry> entries;
   for (const auto& path : specs) {
     if ((!o.only.empty() && !matches(path, o.only)) || matches(path, o.exclude)) continue;
-    const bool collective = is_collective_spec(path);
+    const std::string message = proto_message(path);
+    if (message == "SweepSpec") continue;  // grids of experiments (`moesim sweep`), no paper numbers
+    const bool collective = message == "CollectiveSweepSpec";
     ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
     if (e.claims.empty()) continue;  // held out, or no paper numbers
     const bool ran = count_claims(e.claims).not_run < int(e.claims.size());

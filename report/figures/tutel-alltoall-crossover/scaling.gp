@@ -1,0 +1,62 @@
+# moesim plot: scaling (run `gnuplot scaling.gp` to render it again)
+set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
+set output (exists('outfile') ? outfile : "scaling.png")
+set border 3 lw 1
+set tics nomirror out scale 0.5
+set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
+set key noautotitle samplen 1.5 spacing 1.1 font ',8'
+set style fill solid 0.85 border rgb '#333333'
+set datafile separator whitespace
+set datafile missing '?'
+set linetype 1 lc rgb '#0072B2' lw 1 pt 5 ps 0.6
+set linetype 2 lc rgb '#E69F00' lw 1 pt 7 ps 0.6
+set linetype 3 lc rgb '#009E73' lw 1 pt 9 ps 0.6
+set linetype 4 lc rgb '#D55E00' lw 1 pt 11 ps 0.6
+set linetype 5 lc rgb '#56B4E9' lw 1 pt 5 ps 0.6
+set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
+set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
+set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
+set linetype cycle 8
+$s0 << EOD
+16 0.0324715
+64 0.0962002
+256 0.292632
+1024 1.06162
+EOD
+$s1 << EOD
+16 0.0321012
+64 0.0538298
+256 0.082262
+1024 0.179245
+EOD
+$s2 << EOD
+16 0.682589
+64 1.23391
+256 1.55223
+1024 2.35169
+EOD
+$s3 << EOD
+16 0.856737
+64 1.36605
+256 1.51638
+1024 1.64384
+EOD
+$s4 << EOD
+16 5.38021
+64 9.45474
+256 10.6539
+1024 11.6735
+EOD
+$s5 << EOD
+16 6.8154
+64 10.8479
+256 11.8791
+1024 12.2267
+EOD
+set logscale x 2
+set logscale y 10
+set xlabel 'GPUs'
+set ylabel "All-to-all time (ms)"
+set key top left Left reverse font ',7'
+set format y '%g'
+plot $s0 using 1:2 with linespoints lt 1 title "linear 1 MiB", $s1 using 1:2 with linespoints lt 2 title "2dh 1 MiB", $s2 using 1:2 with linespoints lt 3 title "linear 32 MiB", $s3 using 1:2 with linespoints lt 4 title "2dh 32 MiB", $s4 using 1:2 with linespoints lt 5 title "linear 256 MiB", $s5 using 1:2 with linespoints lt 6 title "2dh 256 MiB"
