@@ -111,19 +111,24 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
   return j;
 }
 
-nlohmann::json timeline_json(const ExperimentResult& result) {
-  auto events = nlohmann::json::array();
+void write_timeline(std::ostream& out, const ExperimentResult& result) {
+  // Streamed event by event: a DOM of every event of every variant would take about 2 KB per
+  // event (a gigabyte for the demo's twelve 64-GPU variants).
+  bool first = true;
+  auto emit = [&](const nlohmann::json& event) {
+    out << (first ? "\n" : ",\n") << event.dump();
+    first = false;
+  };
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
   for (std::size_t v = 0; v < result.runs.size(); ++v) {
     const auto& r = result.runs[v];
     const std::string prefix = r.name.empty() ? "" : r.name + ": ";
     const int base = int(v) * r.gpus;  // one block of processes per variant
     for (int rank = 0; rank < r.gpus; ++rank) {
-      events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", base + rank},
-                        {"args", {{"name", fmt::format("{}GPU {}", prefix, rank)}}}});
-      events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", base + rank}, {"args", {{"sort_index", base + rank}}}});
+      emit({{"ph", "M"}, {"name", "process_name"}, {"pid", base + rank}, {"args", {{"name", fmt::format("{}GPU {}", prefix, rank)}}}});
+      emit({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", base + rank}, {"args", {{"sort_index", base + rank}}}});
       for (int s = 0; s < kNumStreams; ++s)
-        events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", base + rank}, {"tid", s},
-                          {"args", {{"name", stream_name(Stream(s))}}}});
+        emit({{"ph", "M"}, {"name", "thread_name"}, {"pid", base + rank}, {"tid", s}, {"args", {{"name", stream_name(Stream(s))}}}});
     }
     const double origin = r.iterations.empty() ? 0 : r.iterations.front().start;  // each variant from 0
     for (std::size_t i = 0; i < r.graphs.size(); ++i) {
@@ -142,13 +147,12 @@ nlohmann::json timeline_json(const ExperimentResult& result) {
           args["mbytes"] = std::get<Transfer>(op.body).bytes / 1e6;
         }
         for (int rank : op.ranks())
-          events.push_back({{"name", op.label}, {"cat", category_name(op.category())}, {"ph", "X"},
-                            {"ts", start * 1e6}, {"dur", (end - start) * 1e6}, {"pid", base + rank},
-                            {"tid", int(op.stream)}, {"args", args}});
+          emit({{"name", op.label}, {"cat", category_name(op.category())}, {"ph", "X"}, {"ts", start * 1e6},
+                {"dur", (end - start) * 1e6}, {"pid", base + rank}, {"tid", int(op.stream)}, {"args", args}});
       }
     }
   }
-  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  out << "\n]}\n";
 }
 
 std::string paper_table(const std::vector<PaperComparison>& rows) {
@@ -166,7 +170,15 @@ void write_results(const std::string& dir, const Experiment& ex, const Experimen
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create the output directory: " + ec.message());
   write_atomically(fs::path(dir) / "summary.json", summary_json(ex, r).dump(2) + "\n");
-  write_atomically(fs::path(dir) / "timeline.json", timeline_json(r).dump() + "\n");
+  {
+    const fs::path path = fs::path(dir) / "timeline.json", tmp = path.string() + ".tmp";
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) throw InputError(tmp.string() + ": cannot write (check --out and its permissions)");
+    write_timeline(out, r);
+    if (!out.flush()) throw InputError(tmp.string() + ": write failed (disk full?)");
+    out.close();
+    fs::rename(tmp, path);
+  }
   if (!r.paper.empty())
     write_atomically(fs::path(dir) / "paper.md", "# " + ex.spec.name() + "\n\n" + ex.spec.description() + "\n\n" +
                                                     paper_table(r.paper));

@@ -2,6 +2,7 @@
 // format, one process per GPU and one thread per stream: opens in Perfetto / chrome://tracing).
 #pragma once
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <string>
 
 #include "collective_sweep.hpp"
@@ -11,7 +12,7 @@ namespace moesim {
 
 nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& r);
 /// Chrome trace of the first iterations of every run (variants one after another in pid blocks).
-nlohmann::json timeline_json(const ExperimentResult& r);
+void write_timeline(std::ostream& out, const ExperimentResult& r);
 /// The "claim | paper | simulated | ratio" table of paper values (an experiment's, or a collective
 /// sweep's); a row whose simulated value is not finite reads "not run".
 std::string paper_table(const std::vector<PaperComparison>& rows);
