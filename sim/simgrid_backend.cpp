@@ -4,6 +4,7 @@
 #include <simgrid/s4u.hpp>
 
 #include <map>
+#include <unordered_map>
 #include <stdexcept>
 
 #include "collectives/collectives.hpp"
@@ -47,6 +48,7 @@ struct SimBackend::Impl {
     hosts.resize(cluster.num_gpus());
     if (cluster.nodes() > 1) ports.resize(cluster.nodes());
     build_platform();
+    sg4::Activity::on_completion_cb([this](const sg4::Activity& a) { completed(a); });
   }
 
   // One node: a Full zone with the GPUs as hosts, the node's links, explicit routes between GPUs
@@ -130,32 +132,70 @@ struct SimBackend::Impl {
   // exactly the links of the direct route, so every link's load (and so the time) is unchanged,
   // but the entries shrink from one per GPU pair to about one per GPU and per node pair.
   sg4::ExecPtr ptask(const std::vector<Transfer>& transfers, double scale, bool via_ports, bool probe = false) {
-    std::map<sg4::Host*, std::map<sg4::Host*, double>> entries;
+    // End-points: GPU r is r, node a's port is G + a. Bytes accumulate in a dense matrix over them
+    // (a collective step has up to G² transfers), or in a map for a handful of transfers.
+    const int G = cluster.num_gpus(), m = G + (via_ports ? cluster.nodes() : 0);
+    const bool dense = transfers.size() > std::size_t(m);
+    std::vector<double> matrix(dense ? std::size_t(m) * std::size_t(m) : 0, 0.0);
+    std::map<std::pair<int, int>, double> sparse;
+    auto add = [&](int i, int j, double b) {
+      if (dense) matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)] += b;
+      else sparse[{i, j}] += b;
+    };
     for (const auto& t : transfers) {
       const int a = cluster.node_of(t.src), b = cluster.node_of(t.dst);
       const double bytes = (t.bytes + (probe ? 0 : cluster.message_overhead_bytes(t.src, t.dst))) * scale;
       if (!via_ports || a == b) {
-        entries[hosts[t.src]][hosts[t.dst]] += bytes;
+        add(t.src, t.dst, bytes);
       } else {
-        entries[hosts[t.src]][ports[a]] += bytes;
-        entries[ports[a]][ports[b]] += bytes;
-        entries[ports[b]][hosts[t.dst]] += bytes;
+        add(t.src, G + a, bytes);
+        add(G + a, G + b, bytes);
+        add(G + b, t.dst, bytes);
       }
     }
-    std::map<sg4::Host*, std::size_t> index;
+    // The task's hosts: the end-points that send or receive, the ports first. SimGrid enters the
+    // task's entries row by row, and each link it meets is looked up among the links already met
+    // (a linear search): the port-to-port rows, which cross the few shared fabric links, go first,
+    // so those lookups stay short; each GPU's own links are met once, at the end.
+    std::vector<int> local(std::size_t(m), -1);
     std::vector<sg4::Host*> hs;
-    for (const auto& [src, row] : entries) {
-      if (index.emplace(src, hs.size()).second) hs.push_back(src);
-      for (const auto& [dst, b] : row)
-        if (index.emplace(dst, hs.size()).second) hs.push_back(dst);
+    auto use = [&](int id) {
+      if (local[std::size_t(id)] < 0) local[std::size_t(id)] = 0;
+    };
+    if (dense) {
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < m; ++j)
+          if (matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)] > 0) {
+            use(i);
+            use(j);
+          }
+    } else {
+      for (const auto& [key, b] : sparse) {
+        use(key.first);
+        use(key.second);
+      }
     }
+    for (int k = 0; k < m; ++k)
+      if (const int id = (k + G) % m; local[std::size_t(id)] >= 0) {  // ports (G..m-1), then GPUs
+        local[std::size_t(id)] = int(hs.size());
+        hs.push_back(id < G ? hosts[std::size_t(id)] : ports[std::size_t(id - G)]);
+      }
     const std::size_t n = hs.size();
     std::vector<double> bytes(n * n, 0.0);
-    for (const auto& [src, row] : entries)
-      for (const auto& [dst, b] : row) bytes[index[src] * n + index[dst]] = b;
+    if (dense) {
+      for (int i = 0; i < m; ++i)
+        if (local[std::size_t(i)] >= 0)
+          for (int j = 0; j < m; ++j)
+            if (const double b = matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)]; b > 0)
+              bytes[std::size_t(local[std::size_t(i)]) * n + std::size_t(local[std::size_t(j)])] = b;
+    } else {
+      for (const auto& [key, b] : sparse)
+        bytes[std::size_t(local[std::size_t(key.first)]) * n + std::size_t(local[std::size_t(key.second)])] = b;
+    }
     auto exec = sg4::Exec::init();
     exec->set_hosts(hs);
-    exec->set_flops_amounts(std::vector<double>(n, 0.0));
+    // No flops amounts at all (not zeros): with zeros, L07 ties the task to every host's CPU, so
+    // each compute op starting or ending on any of its GPUs would re-solve the whole task.
     exec->set_bytes_amounts(bytes);
     return exec;
   }
@@ -166,20 +206,26 @@ struct SimBackend::Impl {
   // would pay for every round's event with a re-solve of the big parallel task for nothing.
   bool latency_bound(const Step& step) const {
     if (cluster.nics().empty()) return true;
-    std::map<int, double> out, in;
+    std::vector<double> out(std::size_t(cluster.num_gpus()), 0.0), in(out.size(), 0.0);
+    std::vector<char> seen(std::size_t(cluster.gpus_per_node()), 0);  // local GPUs whose NIC latency is counted
     double latency = 0;
+    bool any = false;
     for (const auto& t : step.transfers) {
       if (cluster.node_of(t.src) == cluster.node_of(t.dst)) continue;
       const double b = (t.bytes + cluster.message_overhead_bytes(t.src, t.dst)) * step.rounds;
-      out[t.src] += b;
-      in[t.dst] += b;
-      latency = std::max(latency, cluster.route_latency(cluster.nic_route(cluster.local_of(t.src))) + cluster.rank_nic(t.src).latency);
+      out[std::size_t(t.src)] += b;
+      in[std::size_t(t.dst)] += b;
+      any = true;
+      if (const int local = cluster.local_of(t.src); !seen[std::size_t(local)]) {
+        seen[std::size_t(local)] = 1;
+        latency = std::max(latency, cluster.route_latency(cluster.nic_route(local)) + cluster.rank_nic(t.src).latency);
+      }
     }
-    if (out.empty()) return true;
+    if (!any) return true;
     double busiest = 0;
     for (const auto* side : {&out, &in})
-      for (const auto& [rank, b] : *side)
-        busiest = std::max(busiest, b / cluster.rank_nic(rank).bandwidth);
+      for (std::size_t rank = 0; rank < side->size(); ++rank)
+        if ((*side)[rank] > 0) busiest = std::max(busiest, (*side)[rank] / cluster.rank_nic(int(rank)).bandwidth);
     return step.serial_rounds * 2 * latency > busiest;
   }
 
@@ -189,105 +235,153 @@ struct SimBackend::Impl {
     return exec;
   }
 
-  Timing execute(const TaskGraph& graph) {
-    const double t0 = sg4::Engine::get_clock();
-    std::vector<sg4::ActivityPtr> all;  // kept alive until the run ends (probe pitfall P2)
-    std::vector<sg4::ExecPtr> entry(graph.size()), exit(graph.size());
-    auto keep = [&all](const sg4::ExecPtr& a) {
-      all.push_back(a);
+  // Issues op `id`: creates its activities (the op's own sub-graph: a collective's lanes and steps)
+  // and starts them; the entry activity starts now, the others when their dependencies inside
+  // the op are done. Returns the activity whose end is the op's end.
+  sg4::ExecPtr issue(const Op& op, std::vector<sg4::ActivityPtr>& all, sg4::ExecPtr& entry) {
+    std::vector<sg4::ExecPtr> created;
+    auto keep = [&](const sg4::ExecPtr& a) {
+      created.push_back(a);
       return a;
     };
-
-    for (const auto& op : graph.ops()) {
-      if (const auto* c = std::get_if<Compute>(&op.body)) {
-        const double seconds = c->seconds(gpu);
-        auto exec = sg4::Exec::init();
-        exec->set_flops_amount(seconds * gpu.peak_flops())->set_host(hosts[op.rank]);
-        entry[op.id] = exit[op.id] = keep(exec);
-      } else if (const auto* t = std::get_if<Transfer>(&op.body)) {
-        entry[op.id] = exit[op.id] =
-            keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0, false));
-      } else {
-        // A collective: its lanes run side by side from a start marker (to a finish marker when
-        // there are several); in a lane each step waits for the previous one. A step's copies are
-        // memory-bound execs on their GPUs; its transfers one parallel task (aggregate) or one
-        // each. Markers only where several activities join: every extra activity is an event,
-        // and each event re-solves the sharing of the big parallel tasks then running.
-        const auto& coll = std::get<Collective>(op.body);
-        auto start = entry[op.id] = keep(marker(op.rank));
-        const Lowering lowering = lower(coll, cluster);
-        sg4::ExecPtr finish = lowering.size() == 1 ? nullptr : keep(marker(op.rank));
-        if (finish) exit[op.id] = finish;
-        if (lowering.empty()) start->add_successor(finish);
-        for (const auto& lane : lowering) {
-          sg4::ExecPtr last = start;
-          for (const auto& step : lane) {
-            std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
-            for (const auto& copy : step.copies)
-              if (copy.bytes > 0) {
-                auto exec = sg4::Exec::init();
-                exec->set_flops_amount(gpu.memory_time(2 * copy.bytes) * gpu.peak_flops())->set_host(hosts[copy.rank]);
-                last->add_successor(exec);
-                ends.push_back(keep(exec));
+    sg4::ExecPtr exit;
+    if (const auto* c = std::get_if<Compute>(&op.body)) {
+      const double seconds = c->seconds(gpu);
+      auto exec = sg4::Exec::init();
+      exec->set_flops_amount(seconds * gpu.peak_flops())->set_host(hosts[op.rank]);
+      entry = exit = keep(exec);
+    } else if (const auto* t = std::get_if<Transfer>(&op.body)) {
+      entry = exit = keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0, false));
+    } else {
+      // A collective: its lanes run side by side from a start marker (to a finish marker when
+      // there are several); in a lane each step waits for the previous one. A step's copies are
+      // memory-bound execs on their GPUs; its transfers one parallel task (aggregate) or one
+      // each. Markers only where several activities join: every extra activity is an event,
+      // and each event re-solves the sharing of the big parallel tasks then running.
+      const auto& coll = std::get<Collective>(op.body);
+      auto start = entry = keep(marker(op.rank));
+      const Lowering lowering = lower(coll, cluster);
+      sg4::ExecPtr finish = lowering.size() == 1 ? nullptr : keep(marker(op.rank));
+      if (finish) exit = finish;
+      if (lowering.empty()) start->add_successor(finish);
+      for (const auto& lane : lowering) {
+        sg4::ExecPtr last = start;
+        for (const auto& step : lane) {
+          std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
+          for (const auto& copy : step.copies)
+            if (copy.bytes > 0) {
+              auto exec = sg4::Exec::init();
+              exec->set_flops_amount(gpu.memory_time(2 * copy.bytes) * gpu.peak_flops())->set_host(hosts[copy.rank]);
+              last->add_successor(exec);
+              ends.push_back(keep(exec));
+            }
+          // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
+          // on the step's longest route (an inter-node pair if there is one), each paying the
+          // route latency; the step ends when both the chain and the bytes are done.
+          if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step)) {
+            Transfer probe = step.transfers.front();
+            for (const auto& tr : step.transfers)
+              if (cluster.node_of(tr.src) != cluster.node_of(tr.dst)) {
+                probe = tr;
+                break;
               }
-            // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
-            // on the step's longest route (an inter-node pair if there is one), each paying the
-            // route latency; the step ends when both the chain and the bytes are done.
-            if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step)) {
-              Transfer probe = step.transfers.front();
-              for (const auto& tr : step.transfers)
-                if (cluster.node_of(tr.src) != cluster.node_of(tr.dst)) {
-                  probe = tr;
-                  break;
-                }
-              probe.bytes = 1;
-              sg4::ExecPtr prev = last;
-              for (int k = 0; k < step.serial_rounds; ++k) {
-                auto round = keep(ptask({probe}, 1.0, false, true));
-                prev->add_successor(round);
-                prev = round;
-              }
-              ends.push_back(prev);
+            probe.bytes = 1;
+            sg4::ExecPtr prev = last;
+            for (int k = 0; k < step.serial_rounds; ++k) {
+              auto round = keep(ptask({probe}, 1.0, false, true));
+              prev->add_successor(round);
+              prev = round;
             }
-            std::vector<sg4::ExecPtr> flows;
-            if (options.aggregate && !step.transfers.empty())
-              flows.push_back(ptask(step.transfers, step.rounds, !ports.empty()));
-            else
-              for (const auto& tr : step.transfers) flows.push_back(ptask({tr}, step.rounds, false));
-            for (auto& f : flows) {
-              last->add_successor(f);
-              ends.push_back(keep(f));
-            }
-            if (ends.size() == 1) {
-              last = ends.front();
-              continue;
-            }
-            auto done = keep(marker(op.rank));
-            if (ends.empty()) last->add_successor(done);
-            for (auto& e : ends) e->add_successor(done);
-            last = done;
+            ends.push_back(prev);
           }
-          if (finish) last->add_successor(finish);
-          else exit[op.id] = last;
+          std::vector<sg4::ExecPtr> flows;
+          if (options.aggregate && !step.transfers.empty())
+            flows.push_back(ptask(step.transfers, step.rounds, !ports.empty()));
+          else
+            for (const auto& tr : step.transfers) flows.push_back(ptask({tr}, step.rounds, false));
+          for (auto& f : flows) {
+            last->add_successor(f);
+            ends.push_back(keep(f));
+          }
+          if (ends.size() == 1) {
+            last = ends.front();
+            continue;
+          }
+          auto done = keep(marker(op.rank));
+          if (ends.empty()) last->add_successor(done);
+          for (auto& e : ends) e->add_successor(done);
+          last = done;
         }
+        if (finish) last->add_successor(finish);
+        else exit = last;
       }
     }
+    for (auto& a : created) {
+      all.push_back(a);  // kept alive until the run ends (probe pitfall P2)
+      a->vetoable_start();
+    }
+    return exit;
+  }
 
+  // Ops are issued when their predecessors have finished, not all at once: SimGrid keeps every
+  // started-or-vetoed activity of the maestro in one list that each completion walks
+  // (ExecImpl::post), so issuing a whole iteration up front made the run quadratic in its
+  // activities. An op's completion (its exit activity's) counts down its successors.
+  struct Run {
+    const TaskGraph* graph = nullptr;
+    std::vector<std::vector<OpId>> successors;
+    std::vector<int> waiting;                              // predecessors not finished, per op
+    std::vector<sg4::ExecPtr> entry, exit;
+    std::unordered_map<const sg4::Activity*, OpId> exit_of;  // exit activity -> its op
+    std::vector<sg4::ActivityPtr> all;
+  };
+  Run* run = nullptr;
+
+  void issue_op(OpId id) {
+    sg4::ExecPtr entry;
+    const sg4::ExecPtr exit = issue(run->graph->op(id), run->all, entry);
+    run->entry[id] = entry;
+    run->exit[id] = exit;
+    run->exit_of[exit.get()] = id;
+  }
+
+  void completed(const sg4::Activity& a) {
+    if (!run) return;
+    const auto it = run->exit_of.find(&a);
+    if (it == run->exit_of.end()) return;
+    const OpId done = it->second;
+    run->exit_of.erase(it);
+    for (OpId s : run->successors[done])
+      if (--run->waiting[s] == 0) issue_op(s);
+  }
+
+  Timing execute(const TaskGraph& graph) {
+    const double t0 = sg4::Engine::get_clock();
+    Run r;
+    r.graph = &graph;
+    r.successors.resize(graph.size());
+    r.waiting.assign(graph.size(), 0);
+    r.entry.resize(graph.size());
+    r.exit.resize(graph.size());
     const auto preds = graph.predecessors();
+    for (const auto& op : graph.ops()) {
+      r.waiting[op.id] = int(preds[op.id].size());
+      for (OpId p : preds[op.id]) r.successors[p].push_back(op.id);
+    }
+    run = &r;
     for (const auto& op : graph.ops())
-      for (OpId p : preds[op.id]) exit[p]->add_successor(entry[op.id]);
-
-    for (auto& a : all) a->vetoable_start();
+      if (r.waiting[op.id] == 0) issue_op(op.id);
     engine->run();
+    run = nullptr;
 
     Timing timing;
     timing.start.resize(graph.size());
     timing.end.resize(graph.size());
     for (const auto& op : graph.ops()) {
-      if (exit[op.id]->get_state() != sg4::Activity::State::FINISHED)
+      if (!r.exit[op.id] || r.exit[op.id]->get_state() != sg4::Activity::State::FINISHED)
         throw std::logic_error("SimBackend: op '" + op.label + "' never ran (a dependency cycle in the TaskGraph?)");
-      timing.start[op.id] = entry[op.id]->get_start_time() - t0;
-      timing.end[op.id] = exit[op.id]->get_finish_time() - t0;
+      timing.start[op.id] = r.entry[op.id]->get_start_time() - t0;
+      timing.end[op.id] = r.exit[op.id]->get_finish_time() - t0;
     }
     return timing;
   }
