@@ -235,10 +235,12 @@ struct SimBackend::Impl {
     return exec;
   }
 
-  // Issues op `id`: creates its activities (the op's own sub-graph: a collective's lanes and steps)
+  // Issues an op: creates its activities (the op's own sub-graph: a collective's lanes and steps)
   // and starts them; the entry activity starts now, the others when their dependencies inside
-  // the op are done. Returns the activity whose end is the op's end.
-  sg4::ExecPtr issue(const Op& op, std::vector<sg4::ActivityPtr>& all, sg4::ExecPtr& entry) {
+  // the op are done. Returns the activity whose end is the op's end; `all` keeps every one alive
+  // until then (probe pitfall P2).
+  sg4::ExecPtr issue(const Op& op, std::vector<sg4::ActivityPtr>& all) {
+    sg4::ExecPtr entry;
     std::vector<sg4::ExecPtr> created;
     auto keep = [&](const sg4::ExecPtr& a) {
       created.push_back(a);
@@ -317,7 +319,7 @@ struct SimBackend::Impl {
       }
     }
     for (auto& a : created) {
-      all.push_back(a);  // kept alive until the run ends (probe pitfall P2)
+      all.push_back(a);
       a->vetoable_start();
     }
     return exit;
@@ -326,22 +328,23 @@ struct SimBackend::Impl {
   // Ops are issued when their predecessors have finished, not all at once: SimGrid keeps every
   // started-or-vetoed activity of the maestro in one list that each completion walks
   // (ExecImpl::post), so issuing a whole iteration up front made the run quadratic in its
-  // activities. An op's completion (its exit activity's) counts down its successors.
+  // activities. An op's completion (its exit activity's) records its end, releases its
+  // activities (a collective step's byte matrix is G² doubles) and counts down its successors.
   struct Run {
     const TaskGraph* graph = nullptr;
     std::vector<std::vector<OpId>> successors;
-    std::vector<int> waiting;                              // predecessors not finished, per op
-    std::vector<sg4::ExecPtr> entry, exit;
+    std::vector<int> waiting;                                // predecessors not finished, per op
+    std::vector<std::vector<sg4::ActivityPtr>> activities;   // per op, until it ends
     std::unordered_map<const sg4::Activity*, OpId> exit_of;  // exit activity -> its op
-    std::vector<sg4::ActivityPtr> all;
+    Timing timing;                                           // absolute times until the end
+    std::vector<char> ended;
+    std::vector<sg4::ActivityPtr> deferred;                  // the last exit, released at the next
   };
   Run* run = nullptr;
 
   void issue_op(OpId id) {
-    sg4::ExecPtr entry;
-    const sg4::ExecPtr exit = issue(run->graph->op(id), run->all, entry);
-    run->entry[id] = entry;
-    run->exit[id] = exit;
+    run->timing.start[id] = sg4::Engine::get_clock();  // its entry starts as it is issued
+    const sg4::ExecPtr exit = issue(run->graph->op(id), run->activities[id]);
     run->exit_of[exit.get()] = id;
   }
 
@@ -351,6 +354,14 @@ struct SimBackend::Impl {
     if (it == run->exit_of.end()) return;
     const OpId done = it->second;
     run->exit_of.erase(it);
+    run->timing.end[done] = sg4::Engine::get_clock();
+    run->ended[done] = 1;
+    // Release the op's activities, all done; `a` itself only at the next completion, since
+    // SimGrid is still inside a->complete() and goes on to release its dependencies.
+    run->deferred.clear();
+    for (auto& x : run->activities[done])
+      if (x.get() == &a) run->deferred.push_back(std::move(x));
+    run->activities[done].clear();
     for (OpId s : run->successors[done])
       if (--run->waiting[s] == 0) issue_op(s);
   }
@@ -361,8 +372,10 @@ struct SimBackend::Impl {
     r.graph = &graph;
     r.successors.resize(graph.size());
     r.waiting.assign(graph.size(), 0);
-    r.entry.resize(graph.size());
-    r.exit.resize(graph.size());
+    r.activities.resize(graph.size());
+    r.timing.start.assign(graph.size(), 0.0);
+    r.timing.end.assign(graph.size(), 0.0);
+    r.ended.assign(graph.size(), 0);
     const auto preds = graph.predecessors();
     for (const auto& op : graph.ops()) {
       r.waiting[op.id] = int(preds[op.id].size());
@@ -373,17 +386,13 @@ struct SimBackend::Impl {
       if (r.waiting[op.id] == 0) issue_op(op.id);
     engine->run();
     run = nullptr;
-
-    Timing timing;
-    timing.start.resize(graph.size());
-    timing.end.resize(graph.size());
     for (const auto& op : graph.ops()) {
-      if (!r.exit[op.id] || r.exit[op.id]->get_state() != sg4::Activity::State::FINISHED)
+      if (!r.ended[op.id])
         throw std::logic_error("SimBackend: op '" + op.label + "' never ran (a dependency cycle in the TaskGraph?)");
-      timing.start[op.id] = r.entry[op.id]->get_start_time() - t0;
-      timing.end[op.id] = r.exit[op.id]->get_finish_time() - t0;
+      r.timing.start[op.id] -= t0;
+      r.timing.end[op.id] -= t0;
     }
-    return timing;
+    return std::move(r.timing);
   }
 };
 
