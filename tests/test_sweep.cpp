@@ -162,3 +162,27 @@ TEST_CASE("sweep: --emit-slurm writes a job array over the shards that resumes a
   CHECK_THAT(script, Contains("/opt/moesim results merge results.db small-shard-*.db"));
   CHECK_THAT(script, Contains(fs::absolute(dir + "/sweep.textproto").lexically_normal().string()));
 }
+
+TEST_CASE("aggregated collectives and one flow per message agree within 2% for every policy and routing") {
+  // A sweep over policy × routing × sim.aggregate on 16 GPUs (each point its own process: one
+  // SimGrid engine per process), compared pairwise.
+  const auto dir = test::temp_dir("aggregate");
+  test::write_file(dir + "/agg.textproto",
+                   "name: \"agg\"\nbase: \"" + test::kBaseSpec +
+                       "\"\nset: \"cluster.nodes=2\" set: \"model.layers=2\" set: \"model.experts=16\" set: \"iterations=2\"\n"
+                       "axis { field: \"policy.name\" values: [\"ep\", \"zero3\", \"fastermoe-shadow\", \"fastermoe-smart\", "
+                       "\"fastermoe\", \"replicate-top2\", \"pro-prophet\", \"schemoe\", \"tutel\"] }\n"
+                       "axis { field: \"gating.zipf.exponent\" values: [\"0\", \"1.2\"] }\n"
+                       "axis { field: \"sim.aggregate\" values: [\"true\", \"false\"] }\n");
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " sweep " + dir + "/agg.textproto -q --db " + dir + "/agg.db", out) == 0);
+  const auto points = ResultsDb(dir + "/agg.db", false).points();
+  REQUIRE(points.size() == 9 * 2 * 2);
+  for (std::size_t i = 0; i < points.size(); i += 2) {  // sim.aggregate is the fastest axis: true, false
+    INFO(points[i].label << " vs " << points[i + 1].label);
+    REQUIRE(points[i].overrides["sim.aggregate"] == "true");
+    REQUIRE(points[i + 1].overrides["sim.aggregate"] == "false");
+    const double aggregated = points[i].summary["iteration_time_s"], per_pair = points[i + 1].summary["iteration_time_s"];
+    CHECK(aggregated == Approx(per_pair).epsilon(0.02));
+  }
+}
