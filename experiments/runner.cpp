@@ -122,6 +122,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     }
     result.iterations.push_back(rec);
     if (it < keep) {
+      graph.drop_collective_matrices();  // only the timeline reads it from here on
       result.graphs.push_back(std::move(graph));
       result.timings.push_back(std::move(timing));
     }

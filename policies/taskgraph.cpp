@@ -66,6 +66,15 @@ double Compute::seconds(const GpuModel& gpu) const {
 
 double Collective::total_bytes() const { return std::accumulate(bytes.begin(), bytes.end(), 0.0); }
 
+void TaskGraph::drop_collective_matrices() {
+  for (auto& op : ops_)
+    if (auto* c = std::get_if<Collective>(&op.body)) {
+      const double total = c->total_bytes();
+      c->bytes.assign(1, total);
+      c->bytes.shrink_to_fit();
+    }
+}
+
 Category Op::category() const {
   if (const auto* c = std::get_if<Compute>(&body))
     return c->kind == ComputeKind::gemm || c->kind == ComputeKind::optimizer ? Category::compute : Category::moe;

@@ -81,6 +81,9 @@ class TaskGraph {
 
   int num_ranks() const { return num_ranks_; }
   const std::vector<Op>& ops() const { return ops_; }
+  /// Replaces each collective's G × G byte matrix by its total (one entry): for a graph kept after
+  /// it ran, for its timeline (at 2,048 GPUs a matrix is 33 MB).
+  void drop_collective_matrices();
   const Op& op(OpId id) const { return ops_[id]; }
   std::size_t size() const { return ops_.size(); }
 
