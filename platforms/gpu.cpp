@@ -49,9 +49,10 @@ double GpuModel::gemm_efficiency(double flops) const {
 }
 
 double GpuModel::gemm_time(const Gemm& g) const {
-  const double f = g.flops();
+  const double times = double(g.repeat ? g.repeat : 1);
+  const double f = g.flops() / times;  // one run: its size sets the efficiency
   if (f <= 0) return 0;
-  return f / (peak_ * gemm_efficiency(f));
+  return times * f / (peak_ * gemm_efficiency(f));
 }
 
 double GpuModel::memory_time(double bytes) const { return bytes <= 0 ? 0 : bytes / mem_bw_; }

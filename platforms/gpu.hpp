@@ -15,7 +15,8 @@ const char* dtype_name(spec::DType dtype);
 /// C[m×n] = A[m×k]·B[k×n], `batch` times.
 struct Gemm {
   std::uint64_t m = 0, n = 0, k = 0, batch = 1;
-  double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch ? batch : 1); }
+  std::uint64_t repeat = 1;  // the same GEMM run this many times, one after another (each timed alone)
+  double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch ? batch : 1) * double(repeat ? repeat : 1); }
 };
 
 class GpuModel {

@@ -50,8 +50,8 @@ namespace {
 std::vector<Gemm> backward(const std::vector<Gemm>& forward) {
   std::vector<Gemm> out;
   for (const auto& g : forward) {
-    out.push_back({g.m, g.k, g.n, g.batch});
-    out.push_back({g.k, g.n, g.m, g.batch});
+    out.push_back({g.m, g.k, g.n, g.batch, g.repeat});
+    out.push_back({g.k, g.n, g.m, g.batch, g.repeat});
   }
   return out;
 }
@@ -273,10 +273,13 @@ class Builder {
       if (tokens == 0) continue;
       std::vector<Gemm> fwd;
       if (schedule_.per_source_gemms) {  // one GEMM pair per source chunk (the all-to-all layout)
+        std::map<long, std::uint64_t> chunks;  // chunk size -> how many (equal chunks: one entry, repeated)
         for (int s = from; s < to; ++s)
-          if (target(l, s, e) == rank && R.at(s, e) > 0) {
-            const auto chunk = in_.model.expert_gemms(share(s, e));
-            fwd.insert(fwd.end(), chunk.begin(), chunk.end());
+          if (target(l, s, e) == rank && R.at(s, e) > 0) ++chunks[share(s, e)];
+        for (const auto& [size, count] : chunks)
+          for (auto g : in_.model.expert_gemms(size)) {
+            g.repeat = count;
+            fwd.push_back(g);
           }
       } else {
         fwd = in_.model.expert_gemms(tokens);
