@@ -14,6 +14,7 @@
 #include "plot.hpp"
 #include "results.hpp"
 #include "spec.hpp"
+#include "worker.hpp"
 
 namespace moesim {
 namespace fs = std::filesystem;
@@ -140,18 +141,24 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
     ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
     if (e.claims.empty()) continue;  // held out, or no paper numbers
     const bool ran = count_claims(e.claims).not_run < int(e.claims.size());
-    if (!ran && o.run) {
+    if (!ran && o.run) {  // in a child process: one SimGrid engine per process
       if (progress) progress("running " + path);
-      const std::string dir = (results / e.name).string();
-      if (collective) {
-        const auto file = load_collective_sweep(path);
-        write_collective_results(dir, file.sweep, run_collective_sweep(file.sweep), &file);
-        e = collective_entry(path, results);
-      } else {
-        const auto ex = load_experiment(path, {});
-        write_results(dir, ex, run_experiment(ex));
-        e = experiment_entry(path, results);
-      }
+      fs::create_directories(results);
+      const std::string dir = (results / e.name).string(), error = dir + ".err";
+      const std::string why = wait_worker(fork_worker(
+                                              [&] {
+                                                if (collective) {
+                                                  const auto file = load_collective_sweep(path);
+                                                  write_collective_results(dir, file.sweep, run_collective_sweep(file.sweep), &file);
+                                                } else {
+                                                  const auto ex = load_experiment(path, {});
+                                                  write_results(dir, ex, run_experiment(ex));
+                                                }
+                                              },
+                                              error),
+                                          error);
+      if (!why.empty()) throw std::runtime_error(path + ": " + why);
+      e = collective ? collective_entry(path, results) : experiment_entry(path, results);
     }
     // Its figure: speedups of the variants, or the collective's scaling lines.
     const fs::path dir = results / e.name;

@@ -1,7 +1,6 @@
 #include "sweep.hpp"
 
 #include <fmt/format.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include "runner.hpp"
 #include "spec.hpp"
 #include "textproto.hpp"
+#include "worker.hpp"
 
 namespace moesim {
 namespace fs = std::filesystem;
@@ -122,26 +122,17 @@ std::string sweep_identity(const Sweep& sw) {
   return to_text(sw.spec) + "\n# base " + sw.base + "\n" + text.str();
 }
 
-// In a worker process: run one point and leave its result in DIR/point-N.json (or the error in
-// DIR/point-N.err). Never returns.
-[[noreturn]] void run_point_in_child(const Sweep& sw, const SweepPoint& p, const fs::path& work) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a killed sweep takes its workers with it
-  int rc = 0;
-  try {
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto ex = load_experiment(sw.base, p.overrides);
-    const auto result = run_experiment(ex);
-    const json out = {{"summary", summary_json(ex, result)},
-                      {"spec", to_text(ex.spec)},
-                      {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
-    const fs::path file = work / fmt::format("point-{}.json", p.index);
-    std::ofstream(file.string() + ".tmp") << out.dump();
-    fs::rename(file.string() + ".tmp", file);
-  } catch (const std::exception& e) {
-    std::ofstream(work / fmt::format("point-{}.err", p.index)) << e.what();
-    rc = 1;
-  }
-  std::_Exit(rc);  // no atexit handlers, no SimGrid teardown: the result is on disk
+// In a worker process: run one point and leave its result in DIR/point-N.json.
+void run_point(const Sweep& sw, const SweepPoint& p, const fs::path& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ex = load_experiment(sw.base, p.overrides);
+  const auto result = run_experiment(ex);
+  const json out = {{"summary", summary_json(ex, result)},
+                    {"spec", to_text(ex.spec)},
+                    {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+  const fs::path file = work / fmt::format("point-{}.json", p.index);
+  std::ofstream(file.string() + ".tmp") << out.dump();
+  fs::rename(file.string() + ".tmp", file);
 }
 
 }  // namespace
@@ -175,11 +166,8 @@ int run_sweep(const Sweep& sw, const SweepOptions& o, const std::function<void(c
   std::size_t next = 0;
   while (next < pending.size() || !running.empty()) {
     while (next < pending.size() && int(running.size()) < jobs) {
-      std::fflush(nullptr);
-      const pid_t pid = ::fork();
-      if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
-      if (pid == 0) run_point_in_child(sw, pending[next], work);
-      running.emplace(pid, pending[next++]);
+      const SweepPoint& p = pending[next++];
+      running.emplace(fork_worker([&] { run_point(sw, p, work); }, (work / fmt::format("point-{}.err", p.index)).string()), p);
     }
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, 0);
@@ -191,8 +179,9 @@ int run_sweep(const Sweep& sw, const SweepOptions& o, const std::function<void(c
     if (it == running.end()) continue;
     const SweepPoint p = it->second;
     running.erase(it);
-    const fs::path result = work / fmt::format("point-{}.json", p.index), error = work / fmt::format("point-{}.err", p.index);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && fs::exists(result)) {
+    const fs::path result = work / fmt::format("point-{}.json", p.index);
+    const std::string why = worker_failure(status, (work / fmt::format("point-{}.err", p.index)).string());
+    if (why.empty() && fs::exists(result)) {
       json j;
       std::ifstream(result) >> j;
       db.insert({p.index, p.label, json(std::map<std::string, std::string>(p.values.begin(), p.values.end())),
@@ -200,14 +189,8 @@ int run_sweep(const Sweep& sw, const SweepOptions& o, const std::function<void(c
       fs::remove(result);
     } else {
       ++state.failed;
-      std::string why = WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status)) : "failed";
-      if (fs::exists(error)) {
-        std::stringstream text;
-        text << std::ifstream(error).rdbuf();
-        why = text.str();
-        fs::remove(error);
-      }
-      std::fprintf(stderr, "\nmoesim sweep: point %d (%s): %s\n", p.index, p.label.c_str(), why.c_str());
+      std::fprintf(stderr, "\nmoesim sweep: point %d (%s): %s\n", p.index, p.label.c_str(),
+                   why.empty() ? "left no result" : why.c_str());
     }
     ++state.done;
     state.running = int(running.size());

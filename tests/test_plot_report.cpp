@@ -166,23 +166,34 @@ TEST_CASE("report: runs an experiment that has no results then reads the same nu
   small_spec(dir + "/experiments",
              "paper { claim: \"FasterMoE vs EP\" variant: \"fastermoe\" baseline: \"ep\" value: 1.5 source: \"test\" }\n");
   small_spec(dir + "/experiments/held-out");  // no paper values: not in the report
+  fs::create_directories(dir + "/experiments/second");  // a second one: each runs in its own process
+  {
+    const std::string second = small_spec(dir + "/experiments/second",
+                                          "paper { claim: \"again\" variant: \"fastermoe\" baseline: \"ep\" value: 1.5 }\n");
+    std::string text = test::read_file(second);
+    text.replace(text.find("name: \"gpt-moe-s\""), 17, "name: \"second\"");
+    test::write_file(second, text);
+  }
   ReportOptions o;
   o.experiments = dir + "/experiments";
   o.results = dir + "/results";
   o.out = dir + "/report";
   o.run = true;
   const auto ran = write_report(o);
-  REQUIRE(ran.size() == 1);
-  REQUIRE(ran[0].claims.size() == 1);
-  CHECK(std::isfinite(ran[0].claims[0].simulated));
-  CHECK(ran[0].claims[0].simulated > 1.0);  // shadowing helps on Zipf routing
+  REQUIRE(ran.size() == 2);  // in path order: experiments/second/small.textproto, experiments/small.textproto
+  CHECK(ran[0].name == "second");
+  CHECK(ran[1].name == "gpt-moe-s");
+  CHECK(std::isfinite(ran[0].claims.at(0).simulated));
+  REQUIRE(ran[1].claims.size() == 1);
+  CHECK(std::isfinite(ran[1].claims[0].simulated));
+  CHECK(ran[1].claims[0].simulated > 1.0);  // shadowing helps on Zipf routing
   CHECK(fs::exists(dir + "/results/gpt-moe-s/summary.json"));
   const std::string md = test::read_file(dir + "/report/report.md");
-  CHECK_THAT(md, Contains("1 claims from 1 experiments"));
+  CHECK_THAT(md, Contains("2 claims from 2 experiments"));
   if (!gnuplot_path().empty()) CHECK(fs::exists(dir + "/report/figures/gpt-moe-s/speedup.png"));
   o.run = false;
   const auto read = write_report(o);
-  CHECK(read[0].claims[0].simulated == ran[0].claims[0].simulated);
+  CHECK(read[1].claims[0].simulated == ran[1].claims[0].simulated);
   o.only = {"nothing-matches"};
   CHECK_THROWS_AS(write_report(o), InputError);
 }
