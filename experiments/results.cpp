@@ -35,6 +35,11 @@ void write_atomically(const fs::path& path, const std::string& text) {
 
 namespace {
 
+// Whether the run's most demanding GPU fits in the GPU's memory (memory_model.hpp).
+bool fits(const Experiment& ex, const RunResult& r) {
+  return r.peak_memory().total() <= ex.cluster_spec.gpu().memory_gib() * double(1ull << 30);
+}
+
 // The numbers of one run: its policy, mean time and breakdown, and one row per iteration.
 nlohmann::json run_json(const RunResult& r) {
   nlohmann::json j;
@@ -45,6 +50,9 @@ nlohmann::json run_json(const RunResult& r) {
   j["iteration_time_s"] = r.mean_time();
   j["breakdown"] = breakdown_json(r.mean_breakdown());
   if (const auto load = r.mean_gpu_load(); !load.empty()) j["gpu_load"] = load;  // token-slots computed per GPU
+  if (const auto m = r.peak_memory(); m.total() > 0)  // the GPU that needs the most, in the iteration that needs the most
+    j["peak_memory_bytes"] = {{"total", m.total()},         {"params", m.params},           {"grads", m.grads},
+                              {"optimizer", m.optimizer},   {"activations", m.activations}, {"materialized", m.materialized}};
   auto& roof = j["roofline"] = nlohmann::json::array();  // FasterMoE §1.6, first iteration, EP placement
   for (const auto& [layer, x] : r.roofline)
     roof.push_back({{"layer", layer}, {"lat_comp_s", x.lat_comp}, {"lat_comm_s", x.lat_comm}, {"r_cc", x.r_cc},
@@ -88,12 +96,18 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
     j["gate"] = {{"capacity_factor", s.gate().capacity_factor()},
                  {"drop_policy", spec::GateSpec::DropPolicy_Name(s.gate().drop_policy())},
                  {"pad_to_capacity", s.gate().pad_to_capacity()}};
+  j["gpu_memory_bytes"] = ex.cluster_spec.gpu().memory_gib() * double(1ull << 30);
+  auto run = [&](const RunResult& r) {
+    auto rj = run_json(r);
+    rj["oom"] = !fits(ex, r);  // simulated all the same, and flagged
+    return rj;
+  };
   if (ex.variants.empty()) {
-    j.update(run_json(result.runs.front()));
+    j.update(run(result.runs.front()));
     return j;
   }
   auto& variants = j["variants"] = nlohmann::json::array();
-  for (const auto& r : result.runs) variants.push_back(run_json(r));
+  for (const auto& r : result.runs) variants.push_back(run(r));
   auto& paper = j["paper"] = nlohmann::json::array();
   for (const auto& c : result.paper)
     paper.push_back({{"claim", c.paper.claim()},
@@ -186,6 +200,11 @@ void write_results(const std::string& dir, const Experiment& ex, const Experimen
 
 namespace {
 
+std::string memory_cell(const Experiment& ex, const RunResult& r) {
+  const double gib = r.peak_memory().total() / double(1ull << 30);
+  return gib <= 0 ? "-" : fmt::format("{:.1f}{}", gib, fits(ex, r) ? "" : " OOM");
+}
+
 // Max over mean of the token-slots each GPU computes (0 when the policy does not report it).
 double computed_imbalance(const RunResult& r) {
   const auto load = r.mean_gpu_load();
@@ -216,6 +235,8 @@ std::string run_block(const Experiment& ex, const RunResult& r) {
     dropped += it.dropped;
   }
   out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
+  out += fmt::format("  {:<16}{:>12}  GiB on the GPU that needs the most, of {:.0f}{}\n", "peak memory", memory_cell(ex, r),
+                     ex.cluster_spec.gpu().memory_gib(), fits(ex, r) ? "" : ": the configuration does not fit");
   if (ex.spec.gate().has_capacity_factor())
     out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
   return out;
@@ -227,16 +248,19 @@ std::string comparison_table(const Experiment& ex, const ExperimentResult& resul
   std::string out = fmt::format("{}: {} GPUs ({} × {}), {} iteration(s){}, speedup over {}\n\n", ex.spec.name(),
                                 first.gpus, ex.cluster_spec.nodes(), ex.cluster_spec.name(), first.iterations.size(),
                                 first.warmup ? fmt::format(" ({} warm-up left out)", first.warmup) : "", first.name);
-  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}\n", "variant", "policy", "iteration", "speedup",
-                     "all-to-all", "max/mean");
-  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}\n", "", "", "ms", "", "% of path", "GPU load");
+  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}{:>12}\n", "variant", "policy", "iteration", "speedup",
+                     "all-to-all", "max/mean", "peak mem");
+  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}{:>12}\n", "", "", "ms", "", "% of path", "GPU load", "GiB");
   for (const auto& r : result.runs) {
     const double t = r.mean_time();
     const double imbalance = computed_imbalance(r);
-    out += fmt::format("  {:<28}{:<22}{:>12.1f}{:>9.2f}×{:>11.1f}%{:>12}\n", r.name, r.policy, t * 1e3,
+    out += fmt::format("  {:<28}{:<22}{:>12.1f}{:>9.2f}×{:>11.1f}%{:>12}{:>12}\n", r.name, r.policy, t * 1e3,
                        first.mean_time() / t, t > 0 ? 100 * r.mean_breakdown().seconds[int(Category::all_to_all)] / t : 0.0,
-                       imbalance > 0 ? fmt::format("{:.2f}", imbalance) : "-");
+                       imbalance > 0 ? fmt::format("{:.2f}", imbalance) : "-", memory_cell(ex, r));
   }
+  if (std::any_of(result.runs.begin(), result.runs.end(), [&](const RunResult& r) { return !fits(ex, r); }))
+    out += fmt::format("\n  OOM: needs more than the {:.0f} GiB of one {} (memory model: README, Memory)\n",
+                       ex.cluster_spec.gpu().memory_gib(), ex.cluster_spec.gpu().model());
   return out;
 }
 

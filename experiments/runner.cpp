@@ -40,6 +40,13 @@ double RunResult::mean_load_stddev(int layer) const {
   return sum;
 }
 
+MemoryUse RunResult::peak_memory() const {
+  MemoryUse peak;
+  for (const auto& it : iterations)
+    if (it.memory.total() > peak.total()) peak = it.memory;
+  return peak;
+}
+
 std::vector<double> RunResult::mean_gpu_load() const {
   const auto its = measured();
   std::vector<double> mean;
@@ -115,6 +122,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.decision_seconds = report.decision_seconds;
     rec.load_stddev_per_layer = report.load_stddev;
     rec.gpu_load = report.gpu_load;
+    rec.memory = report.memory;
     for (const auto& R : routed) {
       auto& loads = rec.expert_load.emplace_back(std::size_t(R.experts), 0);
       for (int src = 0; src < R.sources; ++src)

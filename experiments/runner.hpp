@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cost_model.hpp"
+#include "memory_model.hpp"
 #include "spec.hpp"
 #include "taskgraph.hpp"
 
@@ -29,6 +30,7 @@ struct IterationRecord {
   double max_mean_load = 0;  // mean over layers of max/mean tokens routed per GPU (before capacity drops)
   std::vector<double> load_stddev_per_layer;  // std-dev over GPUs of the token-slots each computes
   std::vector<double> gpu_load;               // per GPU, token-slots its experts compute (all layers)
+  MemoryUse memory;                           // of the GPU that needs the most (memory_model.hpp)
   /// Per layer and expert, the token-slots the gate routed to the expert (after capacity drops).
   std::vector<std::vector<std::int64_t>> expert_load;
 };
@@ -59,6 +61,8 @@ struct RunResult {
   /// Per GPU, the mean over the measured iterations of the token-slots it computes (empty when the
   /// policy does not report it).
   std::vector<double> mean_gpu_load() const;
+  /// The most memory any GPU needed in any iteration.
+  MemoryUse peak_memory() const;
 };
 
 /// A paper's number next to the simulated one.

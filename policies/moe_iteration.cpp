@@ -1,4 +1,5 @@
 #include "moe_iteration.hpp"
+#include "memory_model.hpp"
 
 #include <fmt/format.h>
 
@@ -6,6 +7,8 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+
+#include "memory_model.hpp"
 
 namespace moesim {
 
@@ -80,6 +83,7 @@ class Builder {
     expert_bytes_ = in.model.expert_params() * in.model.dtype_bytes();
     zero_ = s.sharding != ExpertSharding::owner;
     const bool sharded = s.shard_r > 0;
+    std::vector<double> activations(std::size_t(G_), 0.0), copies(std::size_t(G_), 0.0);
     for (std::size_t l = 0; l < plans.size(); ++l) {
       target_[l].resize(std::size_t(G_) * E_);
       for (int s = 0; s < G_; ++s)
@@ -106,12 +110,46 @@ class Builder {
           }
         }
       for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
+      for (int t = 0; t < G_; ++t) {  // what GPU t materializes and keeps for this layer
+        activations[std::size_t(t)] += layer_activation_bytes(in.model, in.model.tokens_per_gpu(), H[std::size_t(t)]);
+        if (!zero_ && !sharded)
+          for (int e : computes_[l][t])
+            if (expert_owner(e, E_, G_) != t) copies[std::size_t(t)] += 1;  // a replica, held until its reduce
+      }
       in.report.load_stddev.push_back(stddev(H));
       in.report.gpu_load.resize(H.size(), 0.0);
       for (std::size_t g = 0; g < H.size(); ++g) in.report.gpu_load[g] += H[g];
     }
+    in.report.memory = peak_memory(activations, copies);
     trans_sent_.assign(plans.size(), 0);
     agg_sent_.assign(plans.size(), 0);
+  }
+
+  // The memory of the GPU that needs the most (memory_model.hpp): dense state, its experts' state
+  // as the sharding keeps it, what it gathers or copies, and its activations.
+  MemoryUse peak_memory(const std::vector<double>& activations, const std::vector<double>& copies) const {
+    const auto b = state_bytes(in_.model.dtype());
+    const double P = in_.model.expert_params(), L = double(plans_.size()), E = E_, G = G_;
+    MemoryUse experts;  // the same on every GPU
+    if (schedule_.sharding == ExpertSharding::zero3) {  // everything sharded; one layer gathered at a time
+      experts = {L * E * P * b.param / G, L * E * P * b.grad / G, L * E * P * b.optimizer / G, 0, E * P * (b.param + b.grad)};
+    } else if (schedule_.sharding == ExpertSharding::zero2) {  // parameters kept; gradients and states sharded
+      experts = {L * E * P * b.param, L * E * P * b.grad / G, L * E * P * b.optimizer / G, 0, E * P * b.grad};
+    } else if (schedule_.shard_r > 0) {  // 1/s of an expert per GPU; a 1/r slice gathered at a time
+      const double s = G / E, r = schedule_.shard_r;
+      experts = {L * P / s * b.param, L * P / s * b.grad, L * P / s * b.optimizer, 0, P / r * (b.param + b.grad)};
+    } else {  // E/G experts of every layer
+      const double own = L * std::max(1.0, E / G) * P;
+      experts = {own * b.param, own * b.grad, own * b.optimizer, 0, 0};
+    }
+    const MemoryUse dense = dense_memory(in_.model);
+    MemoryUse peak;
+    for (int t = 0; t < G_; ++t) {
+      MemoryUse m{dense.params + experts.params, dense.grads + experts.grads, dense.optimizer + experts.optimizer,
+                  activations[std::size_t(t)], experts.materialized + copies[std::size_t(t)] * P * (b.param + b.grad)};
+      if (m.total() > peak.total()) peak = m;
+    }
+    return peak;
   }
 
   // ZeRO: a layer's experts gathered (all-gather) or their gradients scattered (reduce-scatter).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cluster.hpp"
+#include "memory_model.hpp"
 #include "model.hpp"
 #include "routing.hpp"
 #include "taskgraph.hpp"
@@ -25,6 +26,8 @@ struct PolicyReport {
   /// Per GPU, the token-slots its experts compute, summed over the MoE layers (same source as above).
   std::vector<double> gpu_load;
   int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
+  /// The memory of the GPU that needs the most this iteration (filled by build_moe_iteration()).
+  MemoryUse memory;
 };
 
 /// Everything a policy sees when it builds an iteration.

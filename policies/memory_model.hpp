@@ -1,0 +1,42 @@
+// The memory a GPU needs for one training iteration, by what holds it. One model for every policy:
+// the iteration builder counts what each GPU owns and what it materializes, this file prices it.
+//
+//   state per parameter (hecate.md §2, §14): the compute dtype's parameters and gradients, and
+//     Adam's states: with fp16/bf16 an fp32 master copy, m and v (12 B: "optimizer states ≥ 6× the
+//     parameter size"); with fp32, m and v (8 B).
+//   activations kept for the backward, per layer and token (Korthikanti et al. 2022, "Reducing
+//     Activation Recomputation in Large Transformer Models", Eq. 1, no recomputation, 2-byte
+//     activations, scaled by the dtype): attention 11·h + 5·a·s (the a heads' s × s scores and
+//     their softmax and dropout), two layer norms 4·h, the FFN 3·h + 4·f per token-slot (input,
+//     f-wide GEMM output and activation, dropout mask; 19·h for f = 4h), and the MoE layer's
+//     dispatch and combine buffers 2·k·h per token; h = d_model, f = d_ffn, a = heads, s = seq_len.
+#pragma once
+#include "model.hpp"
+
+namespace moesim {
+
+struct MemoryUse {
+  double params = 0;       // parameters the GPU keeps (dense, its own experts or shards)
+  double grads = 0;
+  double optimizer = 0;    // Adam's states (and the fp32 master copy)
+  double activations = 0;  // of its micro-batch, all layers, for the backward
+  double materialized = 0; // what a policy gathers or copies for the iteration: replicas' and
+                           // gathered experts' parameters and gradients
+  double total() const { return params + grads + optimizer + activations + materialized; }
+};
+
+/// Bytes per parameter of each kind of state.
+struct StateBytes {
+  double param = 0, grad = 0, optimizer = 0;
+  double total() const { return param + grad + optimizer; }
+};
+StateBytes state_bytes(spec::DType dtype);
+
+/// Activations one layer keeps for its backward, for `tokens` tokens of which the MoE part computes
+/// `token_slots` (k per token on average; a GPU computes the slots routed to the experts it runs).
+double layer_activation_bytes(const MoeModel& model, double tokens, double token_slots);
+
+/// Every layer's dense parameters with their full state (data parallelism replicates them).
+MemoryUse dense_memory(const MoeModel& model);
+
+}  // namespace moesim

@@ -1,0 +1,94 @@
+// The memory model (policies/memory_model.hpp) against hand-computed sizes: the Hecate paper's
+// expert size, Adam's states in mixed precision, Korthikanti et al.'s activations, and the state
+// each sharding keeps per GPU.
+#include <catch2/catch.hpp>
+
+#include "helpers.hpp"
+#include "memory_model.hpp"
+#include "policy.hpp"
+#include "routing.hpp"
+
+using namespace moesim;
+
+namespace {
+
+spec::ModelSpec gpt_moe_s() {  // hecate.md §11: d_model 768, d_ffn 1536, 64 experts, top-2
+  spec::ModelSpec m;
+  m.set_layers(12);
+  m.set_d_model(768);
+  m.set_d_ffn(1536);
+  m.set_experts(64);
+  m.set_top_k(2);
+  m.set_seq_len(1024);
+  m.set_tokens_per_gpu(4096);
+  m.set_heads(12);
+  m.set_dtype(spec::FP16);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("memory model: a GPT-MoE-S expert is 4.72 MB in fp16 and its Adam state six times that") {
+  const MoeModel model(gpt_moe_s());
+  CHECK(model.expert_params() == 2.0 * 768 * 1536);  // 2,359,296
+  const auto fp16 = state_bytes(spec::FP16);
+  CHECK(model.expert_params() * fp16.param == Approx(4.72e6).epsilon(0.001));  // "4.72 MB fp16"
+  CHECK(fp16.grad == 2);
+  CHECK(fp16.optimizer == 12);  // fp32 master copy, m, v: "optimizer states >= 6x the parameters"
+  CHECK(fp16.optimizer / fp16.param == 6);
+  const auto fp32 = state_bytes(spec::FP32);
+  CHECK(fp32.param == 4);
+  CHECK(fp32.optimizer == 8);  // m and v only
+}
+
+TEST_CASE("memory model: activations per layer are Korthikanti et al.'s 34h + 5as per token plus the MoE buffers") {
+  const MoeModel model(gpt_moe_s());
+  const double T = 4096, h = 768, a = 12, s = 1024, f = 1536, k = 2;
+  // A dense-like check: f = 2h here, so the FFN term is 3h + 4f = 11h per slot (19h when f = 4h).
+  const double expected = T * (11 * h + 5 * a * s) + T * 4 * h + T * k * (3 * h + 4 * f) + T * 2 * k * h;
+  CHECK(layer_activation_bytes(model, T, T * k) == Approx(expected));
+  // The FFN part follows the slots a GPU computes: twice the slots, the slot term twice.
+  CHECK(layer_activation_bytes(model, T, 2 * T * k) - layer_activation_bytes(model, T, T * k) ==
+        Approx(T * k * (3 * h + 4 * f)));
+  auto fp32 = gpt_moe_s();
+  fp32.set_dtype(spec::FP32);
+  CHECK(layer_activation_bytes(MoeModel(fp32), T, T * k) == Approx(2 * expected));
+}
+
+TEST_CASE("memory model: EP keeps its experts' state, ZeRO-3 a 1/G shard plus one gathered layer, shadowing its copies") {
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32"});
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
+  std::vector<RoutingMatrix> routing;
+  for (int l = 0; l < 2; ++l) routing.push_back(generate_routing(ex.spec.gating(), 16, 32, model.tokens_per_gpu(), 2, 11, 0, l));
+  auto memory = [&](const char* name) {
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    PolicyReport report;
+    make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    return report.memory;
+  };
+  const auto b = state_bytes(model.dtype());
+  const double P = model.expert_params(), L = 2, E = 32, G = 16;
+  const MemoryUse dense = dense_memory(model);
+  CHECK(dense.params == Approx(L * model.dense_params_per_layer() * 2));
+
+  const MemoryUse ep = memory("ep");  // E/G = 2 experts per layer
+  CHECK(ep.params == Approx(dense.params + L * 2 * P * b.param));
+  CHECK(ep.optimizer == Approx(dense.optimizer + L * 2 * P * b.optimizer));
+  CHECK(ep.materialized == 0);
+  CHECK(ep.activations > 0);
+
+  const MemoryUse z3 = memory("zero3");
+  CHECK(z3.params == Approx(dense.params + L * E * P * b.param / G));
+  CHECK(z3.optimizer == Approx(dense.optimizer + L * E * P * b.optimizer / G));
+  CHECK(z3.materialized == Approx(E * P * (b.param + b.grad)));  // one layer's experts, gathered
+  CHECK(z3.activations <= ep.activations);  // every GPU computes its own tokens: no hot GPU
+
+  const MemoryUse shadow = memory("fastermoe-shadow");  // Zipf routing: some experts shadowed
+  REQUIRE(shadow.materialized > 0);
+  const double copies = shadow.materialized / (P * (b.param + b.grad));
+  CHECK(copies == Approx(std::round(copies)));  // whole experts' parameters and gradients
+  CHECK(shadow.params == ep.params);            // the owners keep their experts
+}
