@@ -1,5 +1,4 @@
 #include "moe_iteration.hpp"
-#include "memory_model.hpp"
 
 #include <fmt/format.h>
 
@@ -23,13 +22,13 @@ int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int e)
   const Replica* rep = nullptr;
   for (const auto& r : plan.replicas)
     if (r.expert == e) rep = &r;
-  if (!rep) return expert_owner(e, plan.routing.experts, cluster.num_gpus());
-  return replica_targets(*rep, cluster, plan.routing.experts)[std::size_t(src)];
+  if (!rep) return plan_owner(plan, e, cluster.num_gpus());
+  return replica_targets(*rep, cluster, plan_owner(plan, e, cluster.num_gpus()))[std::size_t(src)];
 }
 
-std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int experts) {
+std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner) {
   const int G = cluster.num_gpus();
-  std::vector<int> copies{expert_owner(rep.expert, experts, G)};
+  std::vector<int> copies{owner};
   copies.insert(copies.end(), rep.holders.begin(), rep.holders.end());
   std::vector<std::vector<int>> near(std::size_t(cluster.nodes()));  // copies per node, in order
   std::vector<int> target(std::size_t(G), -1);
@@ -88,10 +87,10 @@ class Builder {
       target_[l].resize(std::size_t(G_) * E_);
       for (int s = 0; s < G_; ++s)
         for (int e = 0; e < E_; ++e)
-          target_[l][std::size_t(s) * E_ + e] = zero_ ? s : sharded ? e * (G_ / E_) : expert_owner(e, E_, G_);
+          target_[l][std::size_t(s) * E_ + e] = zero_ ? s : sharded ? e * (G_ / E_) : owner(int(l), e);
       if (!zero_ && !sharded)
         for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
-          const auto t = replica_targets(rep, in.cluster, E_);
+          const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert));
           for (int s = 0; s < G_; ++s) target_[l][std::size_t(s) * E_ + rep.expert] = t[std::size_t(s)];
         }
       // The experts each GPU computes this layer (its own, and copies some source sends it), so
@@ -114,7 +113,7 @@ class Builder {
         activations[std::size_t(t)] += layer_activation_bytes(in.model, in.model.tokens_per_gpu(), H[std::size_t(t)]);
         if (!zero_ && !sharded)
           for (int e : computes_[l][t])
-            if (expert_owner(e, E_, G_) != t) copies[std::size_t(t)] += 1;  // a replica, held until its reduce
+            if (owner(int(l), e) != t) copies[std::size_t(t)] += 1;  // a replica, held until its reduce
       }
       in.report.load_stddev.push_back(stddev(H));
       in.report.gpu_load.resize(H.size(), 0.0);
@@ -124,6 +123,8 @@ class Builder {
     trans_sent_.assign(plans.size(), 0);
     agg_sent_.assign(plans.size(), 0);
   }
+
+  int owner(int l, int e) const { return plan_owner(plans_[std::size_t(l)], e, G_); }
 
   // The memory of the GPU that needs the most (memory_model.hpp): dense state, its experts' state
   // as the sharding keeps it, what it gathers or copies, and its activations.
@@ -164,11 +165,20 @@ class Builder {
     const Gemm gate = in_.model.gate_gemm();
     using RS = ReplicaSchedule;
     const RS mode = schedule_.replicas;
+    // Experts changing owner move with their parameters and Adam states before anything else runs
+    // (SmartMoE's rearrangement is on the critical path).
+    std::vector<OpId> migrated;
+    const auto states = state_bytes(in_.model.dtype());
+    for (int l = 0; l < L; ++l)
+      for (const auto& m : plans_[std::size_t(l)].migrations)
+        migrated.push_back(g_.add_transfer(Stream::comm, fmt::format("L{}.migrate.e{}", l, m.expert),
+                                           {m.from, m.to, in_.model.expert_params() * (states.param + states.optimizer)}));
+    const std::vector<OpId> start = migrated.empty() ? std::vector<OpId>{} : std::vector<OpId>{join("migrations_done", migrated)};
     if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
     for (int l = 0; l < L; ++l) {
       if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
       for (int r = 0; r < G_; ++r) {
-        g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0});
+        g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0}, l == 0 ? start : std::vector<OpId>{});
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_});
       }
@@ -222,8 +232,8 @@ class Builder {
 
  private:
   // The chain of a replica's broadcast / reduce: its owner first, then the holders.
-  std::vector<int> ring(const Replica& rep) const {
-    std::vector<int> chain{expert_owner(rep.expert, E_, G_)};
+  std::vector<int> ring(int l, const Replica& rep) const {
+    std::vector<int> chain{owner(l, rep.expert)};
     chain.insert(chain.end(), rep.holders.begin(), rep.holders.end());
     return chain;
   }
@@ -234,7 +244,7 @@ class Builder {
     const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
     for (int& i = trans_sent_[l]; i < end; ++i)
       bcast_[l][reps[i].expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, reps[i].expert),
-                                                    {CollectiveType::broadcast, ring(reps[i]), {expert_bytes_}, "ring"},
+                                                    {CollectiveType::broadcast, ring(l, reps[i]), {expert_bytes_}, "ring"},
                                                     deps);
   }
 
@@ -244,7 +254,7 @@ class Builder {
     const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
     for (int& i = agg_sent_[l]; i < end; ++i)
       reduces_.push_back(g_.add_collective(stream, fmt::format("L{}.bwd.replica_reduce.e{}", l, reps[i].expert),
-                                           {CollectiveType::reduce, ring(reps[i]), {expert_bytes_}, "ring"},
+                                           {CollectiveType::reduce, ring(l, reps[i]), {expert_bytes_}, "ring"},
                                            users_[{l, reps[i].expert}]));
   }
 
@@ -325,7 +335,7 @@ class Builder {
       const auto gemms = bwd ? backward(fwd) : fwd;
       c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
       c.tokens += tokens;
-      if (!zero_ && rank != expert_owner(e, E_, G_)) {
+      if (!zero_ && rank != owner(l, e)) {
         if (!bwd) deps.push_back(bcast_[l].at(e));
         computing_.push_back(e);
       }

@@ -32,10 +32,20 @@ struct Replica {
   std::vector<int> holders;
 };
 
+/// An expert that changes owner before the iteration, with its parameters and optimizer states
+/// (SmartMoE-style rearrangement), on the critical path.
+struct Migration {
+  int expert = 0, from = 0, to = 0;
+};
+
 /// One layer's placement decision.
 struct LayerPlan {
+  LayerPlan() = default;
+  LayerPlan(RoutingMatrix r, std::vector<Replica> reps = {}) : routing(std::move(r)), replicas(std::move(reps)) {}
   RoutingMatrix routing;         // token-slots the gate sends, [source GPU][expert]
   std::vector<Replica> replicas;
+  std::vector<int> owner;        // per expert, the GPU that owns it; empty: expert_owner()
+  std::vector<Migration> migrations;
 };
 
 /// Where expert parameters live. `owner`: each expert on one GPU (expert parallelism, replicas
@@ -94,8 +104,12 @@ struct ScheduleOptions {
   bool per_source_gemms = false;  // expert GEMMs per source chunk, the all-to-all's layout (TutelSpec)
 };
 
-/// The GPU that owns expert e when E/G experts live on each GPU.
+/// The GPU that owns expert e when E/G experts live on each GPU, in order.
 inline int expert_owner(int expert, int experts, int gpus) { return expert / (experts / gpus); }
+/// The GPU that owns expert e under a plan (its `owner`, else expert_owner()).
+inline int plan_owner(const LayerPlan& plan, int expert, int gpus) {
+  return plan.owner.empty() ? expert_owner(expert, plan.routing.experts, gpus) : plan.owner[std::size_t(expert)];
+}
 
 /// A replica of `expert` on every GPU but its owner (FasterMoE shadowing, top-k replication).
 Replica everywhere(int expert, int experts, int gpus);
@@ -103,8 +117,8 @@ Replica everywhere(int expert, int experts, int gpus);
 /// The GPU that computes source `src`'s tokens for expert e under a plan: the source itself if it
 /// holds a copy (or owns e), else a holder on its node, else any holder (spread by source).
 int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int expert);
-/// expert_target() of every source for one replicated expert, in O(G + holders).
-std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int experts);
+/// expert_target() of every source for one replicated expert whose owner is `owner`, in O(G + holders).
+std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner);
 
 TaskGraph build_moe_iteration(const IterationInput& in, const std::vector<LayerPlan>& plans,
                               const ScheduleOptions& schedule);

@@ -181,7 +181,7 @@ ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const R
     if (rep.holders.empty()) continue;  // nobody else computes it: nothing to send
     std::sort(rep.holders.begin(), rep.holders.end());
     // Replace_Inputs for e: its inputs leave the home for the copy each source uses.
-    const auto target = replica_targets(rep, cluster, E);
+    const auto target = replica_targets(rep, cluster, expert_owner(rep.expert, E, cluster.num_gpus()));
     for (int s = 0; s < D; ++s) {
       const double x = double(gating.at(s, e));
       if (x == 0) continue;
