@@ -17,6 +17,7 @@ std::unique_ptr<Policy> make_replicate_top2();
 std::unique_ptr<Policy> make_replicate_top3();
 std::unique_ptr<Policy> make_schemoe();
 std::unique_ptr<Policy> make_tutel();
+std::unique_ptr<Policy> make_smartmoe();
 
 namespace {
 struct Entry {
@@ -36,6 +37,7 @@ const Entry kPolicies[] = {
     {"replicate-top3", make_replicate_top3},
     {"schemoe", make_schemoe},
     {"tutel", make_tutel},
+    {"smartmoe", make_smartmoe},
 };
 }  // namespace
 

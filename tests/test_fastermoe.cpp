@@ -133,7 +133,7 @@ TEST_CASE("every policy computes each routed token-slot exactly once") {
   for (int l = 0; l < 2; ++l)
     routing.push_back(generate_routing(ex.spec.gating(), 16, 32, model.tokens_per_gpu(), 2, 11, 0, l));
   const long slots = 2L * 16 * model.tokens_per_gpu() * 2;
-  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3"}) {
+  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe"}) {
     INFO(name);
     spec::PolicySpec ps;
     ps.set_name(name);
