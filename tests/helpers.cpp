@@ -10,6 +10,41 @@
 namespace moesim::test {
 namespace fs = std::filesystem;
 
+spec::ModelSpec model_spec(int layers, int d_model, int d_ffn, int experts, int top_k, int seq_len, int tokens_per_gpu,
+                           int heads, spec::DType dtype) {
+  spec::ModelSpec m;
+  m.set_layers(std::uint32_t(layers));
+  m.set_d_model(std::uint32_t(d_model));
+  m.set_d_ffn(std::uint32_t(d_ffn));
+  m.set_experts(std::uint32_t(experts));
+  m.set_top_k(std::uint32_t(top_k));
+  m.set_seq_len(std::uint32_t(seq_len));
+  m.set_tokens_per_gpu(std::uint32_t(tokens_per_gpu));
+  m.set_heads(std::uint32_t(heads));
+  m.set_dtype(dtype);
+  return m;
+}
+
+namespace {
+std::vector<std::string> small_overrides(std::vector<std::string> extra) {
+  std::vector<std::string> all{"cluster.nodes=2", "model.layers=2", "model.experts=32"};
+  all.insert(all.end(), extra.begin(), extra.end());
+  return all;
+}
+}  // namespace
+
+SmallSetup::SmallSetup(const std::vector<std::string>& extra)
+    : ex(load_experiment(kBaseSpec, small_overrides(extra))), cluster(ex.cluster_spec), model(ex.spec.model()),
+      gpu(ex.cluster_spec.gpu(), model.dtype()) {}
+
+std::vector<RoutingMatrix> SmallSetup::routing(std::uint64_t seed, std::uint64_t iteration) const {
+  std::vector<RoutingMatrix> out;
+  for (int l = 0; l < model.layers(); ++l)
+    out.push_back(generate_routing(ex.spec.gating(), cluster.num_gpus(), model.experts(), model.tokens_per_gpu(),
+                                   model.top_k(), seed, iteration, l));
+  return out;
+}
+
 int run_command(const std::string& command, std::string& output) {
   output.clear();
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");

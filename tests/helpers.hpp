@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cluster.hpp"
+#include "routing.hpp"
 #include "spec.hpp"
 
 namespace moesim::test {
@@ -16,6 +17,22 @@ inline spec::ClusterSpec platform(const std::string& name, int nodes) {
   s.set_nodes(nodes);
   return s;
 }
+
+/// A ModelSpec with its shape given in one line.
+spec::ModelSpec model_spec(int layers, int d_model, int d_ffn, int experts, int top_k, int seq_len, int tokens_per_gpu,
+                           int heads, spec::DType dtype = spec::FP16);
+
+/// The base experiment made small (2 DGX-A100 nodes: 16 GPUs, 2 layers, 32 experts; `extra`
+/// overrides on top) with what a test needs to build iterations by hand.
+struct SmallSetup {
+  explicit SmallSetup(const std::vector<std::string>& extra = {});
+  /// One iteration's routing of every layer (the spec's Zipf gating, this seed and iteration).
+  std::vector<RoutingMatrix> routing(std::uint64_t seed, std::uint64_t iteration = 0) const;
+  Experiment ex;
+  Cluster cluster;
+  MoeModel model;
+  GpuModel gpu;
+};
 
 /// Runs a shell command; returns its exit status and puts stdout+stderr in `output`.
 int run_command(const std::string& command, std::string& output);

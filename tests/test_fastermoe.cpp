@@ -125,13 +125,11 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
 }
 
 TEST_CASE("every policy computes each routed token-slot exactly once") {
-  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32"});
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(ex.spec.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  std::vector<RoutingMatrix> routing;
-  for (int l = 0; l < 2; ++l)
-    routing.push_back(generate_routing(ex.spec.gating(), 16, 32, model.tokens_per_gpu(), 2, 11, 0, l));
+  const test::SmallSetup t;
+  const auto& cluster = t.cluster;
+  const auto& model = t.model;
+  const auto& gpu = t.gpu;
+  const auto routing = t.routing(11);
   const long slots = 2L * 16 * model.tokens_per_gpu() * 2;
   for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe"}) {
     INFO(name);

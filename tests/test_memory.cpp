@@ -13,17 +13,7 @@ using namespace moesim;
 namespace {
 
 spec::ModelSpec gpt_moe_s() {  // hecate.md §11: d_model 768, d_ffn 1536, 64 experts, top-2
-  spec::ModelSpec m;
-  m.set_layers(12);
-  m.set_d_model(768);
-  m.set_d_ffn(1536);
-  m.set_experts(64);
-  m.set_top_k(2);
-  m.set_seq_len(1024);
-  m.set_tokens_per_gpu(4096);
-  m.set_heads(12);
-  m.set_dtype(spec::FP16);
-  return m;
+  return test::model_spec(12, 768, 1536, 64, 2, 1024, 4096, 12);
 }
 
 }  // namespace
@@ -56,17 +46,14 @@ TEST_CASE("memory model: activations per layer are Korthikanti et al.'s 34h + 5a
 }
 
 TEST_CASE("memory model: EP keeps its experts' state, ZeRO-3 a 1/G shard plus one gathered layer, shadowing its copies") {
-  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32"});
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(ex.spec.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  std::vector<RoutingMatrix> routing;
-  for (int l = 0; l < 2; ++l) routing.push_back(generate_routing(ex.spec.gating(), 16, 32, model.tokens_per_gpu(), 2, 11, 0, l));
+  const test::SmallSetup t;
+  const auto& model = t.model;
+  const auto routing = t.routing(11);
   auto memory = [&](const char* name) {
     spec::PolicySpec ps;
     ps.set_name(name);
     PolicyReport report;
-    make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    make_policy(ps)->build_iteration({t.cluster, model, t.gpu, ps, routing, report});
     return report.memory;
   };
   const auto b = state_bytes(model.dtype());

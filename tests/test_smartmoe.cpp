@@ -31,22 +31,18 @@ TEST_CASE("smartmoe: hot experts share a GPU with cold ones on a hand case") {
 }
 
 TEST_CASE("smartmoe: E/G experts per GPU, migrations only every interval, each with its Adam states") {
-  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32",
-                                               "policy.name=smartmoe", "policy.smartmoe.interval=3"});
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(ex.spec.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  auto policy = make_policy(ex.spec.policy());
+  const test::SmallSetup t({"policy.name=smartmoe", "policy.smartmoe.interval=3"});
+  const auto& model = t.model;
+  auto policy = make_policy(t.ex.spec.policy());
   const auto b = state_bytes(model.dtype());
   std::vector<std::vector<int>> owner(2, std::vector<int>(32));
   for (auto& layer : owner)
     for (int e = 0; e < 32; ++e) layer[std::size_t(e)] = expert_owner(e, 32, 16);
   int rearranged = 0;
   for (int it = 0; it < 7; ++it) {
-    std::vector<RoutingMatrix> routing;
-    for (int l = 0; l < 2; ++l) routing.push_back(generate_routing(ex.spec.gating(), 16, 32, model.tokens_per_gpu(), 2, 5, std::uint64_t(it), l));
+    const auto routing = t.routing(5, std::uint64_t(it));
     PolicyReport report;
-    const TaskGraph g = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing, report});
+    const TaskGraph g = policy->build_iteration({t.cluster, model, t.gpu, t.ex.spec.policy(), routing, report});
     int moves = 0;
     for (const auto& op : g.ops()) {
       const auto* t = std::get_if<Transfer>(&op.body);

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "helpers.hpp"
 #include "errors.hpp"
 #include "model.hpp"
 #include "routing.hpp"
@@ -10,17 +11,8 @@ using namespace moesim;
 
 namespace {
 spec::ModelSpec small_model() {
-  spec::ModelSpec m;
+  auto m = test::model_spec(2, 512, 2048, 16, 2, 256, 1024, 8);
   m.set_name("t");
-  m.set_layers(2);
-  m.set_d_model(512);
-  m.set_d_ffn(2048);
-  m.set_experts(16);
-  m.set_top_k(2);
-  m.set_seq_len(256);
-  m.set_tokens_per_gpu(1024);
-  m.set_heads(8);
-  m.set_dtype(spec::FP16);
   return m;
 }
 spec::GatingSpec zipf(double s) {
