@@ -147,7 +147,8 @@ class Builder {
     MemoryUse peak;
     for (int t = 0; t < G_; ++t) {
       MemoryUse m{dense.params + experts.params, dense.grads + experts.grads, dense.optimizer + experts.optimizer,
-                  activations[std::size_t(t)], experts.materialized + copies[std::size_t(t)] * P * (b.param + b.grad)};
+                  activations[std::size_t(t)],
+                  experts.materialized + copies[std::size_t(t)] * P * (b.param + b.grad + (schedule_.persistent_replicas ? b.optimizer : 0))};
       if (m.total() > peak.total()) peak = m;
     }
     return peak;
@@ -242,6 +243,7 @@ class Builder {
   void broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps = {}, int limit = -1) {
     const auto& reps = plans_[l].replicas;
     const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
+    if (schedule_.persistent_replicas) return;  // the copies are already there
     for (int& i = trans_sent_[l]; i < end; ++i)
       bcast_[l][reps[i].expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, reps[i].expert),
                                                     {CollectiveType::broadcast, ring(l, reps[i]), {expert_bytes_}, "ring"},
@@ -252,10 +254,12 @@ class Builder {
   void reduce_replicas(int l, Stream stream, int limit = -1) {
     const auto& reps = plans_[l].replicas;
     const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
+    const bool all = schedule_.persistent_replicas;  // every copy keeps the summed gradient
     for (int& i = agg_sent_[l]; i < end; ++i)
-      reduces_.push_back(g_.add_collective(stream, fmt::format("L{}.bwd.replica_reduce.e{}", l, reps[i].expert),
-                                           {CollectiveType::reduce, ring(l, reps[i]), {expert_bytes_}, "ring"},
-                                           users_[{l, reps[i].expert}]));
+      reduces_.push_back(g_.add_collective(
+          stream, fmt::format("L{}.bwd.replica_{}.e{}", l, all ? "allreduce" : "reduce", reps[i].expert),
+          {all ? CollectiveType::all_reduce : CollectiveType::reduce, ring(l, reps[i]), {expert_bytes_}, "ring"},
+          users_[{l, reps[i].expert}]));
   }
 
   // Block-wise schedule, between a layer's dispatch and combine (under its experts): the next
@@ -336,7 +340,7 @@ class Builder {
       c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
       c.tokens += tokens;
       if (!zero_ && rank != owner(l, e)) {
-        if (!bwd) deps.push_back(bcast_[l].at(e));
+        if (!bwd && !schedule_.persistent_replicas) deps.push_back(bcast_[l].at(e));
         computing_.push_back(e);
       }
     }

@@ -100,6 +100,10 @@ struct ScheduleOptions {
   /// experts; gradients reduce-scattered back), and the r partial outputs are summed at the
   /// source. 0: not sharded (E/G experts per GPU, or sharding = zero3 for r = 0).
   int shard_r = 0;
+  /// FlexMoE: replicas are kept across iterations as full copies with their optimizer states:
+  /// nothing is broadcast before a layer, and each replicated expert's gradients are all-reduced
+  /// among its copies after the layer's backward (instead of reduced to the owner).
+  bool persistent_replicas = false;
   bool dense_encode = false;      // Fairseq's one-hot einsum encode/decode GEMMs (TutelSpec)
   bool per_source_gemms = false;  // expert GEMMs per source chunk, the all-to-all's layout (TutelSpec)
 };

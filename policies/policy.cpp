@@ -18,6 +18,7 @@ std::unique_ptr<Policy> make_replicate_top3();
 std::unique_ptr<Policy> make_schemoe();
 std::unique_ptr<Policy> make_tutel();
 std::unique_ptr<Policy> make_smartmoe();
+std::unique_ptr<Policy> make_flexmoe();
 
 namespace {
 struct Entry {
@@ -38,6 +39,7 @@ const Entry kPolicies[] = {
     {"schemoe", make_schemoe},
     {"tutel", make_tutel},
     {"smartmoe", make_smartmoe},
+    {"flexmoe", make_flexmoe},
 };
 }  // namespace
 

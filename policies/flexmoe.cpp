@@ -1,0 +1,126 @@
+// FlexMoE-style replication, one of Hecate's baselines (hecate.md §2 table, §14): expert
+// parallelism plus persistent copies of hot experts in reserved memory slots. Copies are full
+// replicas with their optimizer states, so nothing is broadcast per iteration; their gradients are
+// all-reduced among the copies after each layer's backward (ScheduleOptions::persistent_replicas).
+// Before each iteration, from the loads predicted for it (an exponential average of the past
+// iterations', factor 1/2), the policy changes at most `changes` copies per layer: while the
+// predicted max/mean GPU load exceeds `threshold`, the busiest GPU's hottest expert gets a copy on
+// the least loaded GPU that has a free slot and no copy yet (parameters and Adam states moved
+// from the owner before the iteration, on the critical path); a copy of an expert whose predicted
+// load per copy fell below a quarter of the mean GPU load is dropped (no traffic).
+//
+// Chosen where the extract is silent: the slot budget is per layer; a GPU's predicted load counts
+// an expert's tokens split evenly over its copies (the dispatch prefers a copy on the source's own
+// GPU or node: moe_iteration.cpp, replica_targets()); relocation of owners is not modelled.
+#include <algorithm>
+#include <chrono>
+
+#include "moe_iteration.hpp"
+
+namespace moesim {
+namespace {
+
+class FlexMoe final : public Policy {
+ public:
+  std::string name() const override { return "flexmoe"; }
+
+  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
+    validate_expert_placement(cluster, model, spec);
+  }
+
+  TaskGraph build_iteration(const IterationInput& in) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto& f = in.spec.flexmoe();
+    const int G = in.cluster.num_gpus(), E = in.model.experts();
+    const int slots = int(f.slots() ? f.slots() : 1), changes = int(f.changes() ? f.changes() : 1);
+    const double threshold = f.threshold() > 0 ? f.threshold() : 1.1;
+    if (holders_.empty()) {
+      holders_.assign(in.routing.size(), std::vector<std::vector<int>>(std::size_t(E)));
+      load_.assign(in.routing.size(), std::vector<double>(std::size_t(E), 0.0));
+    }
+    std::vector<LayerPlan> plans;
+    for (std::size_t l = 0; l < in.routing.size(); ++l) {
+      LayerPlan plan(in.routing[l]);
+      if (seen_ > 0) rebalance(l, G, E, slots, changes, threshold, plan.migrations);
+      for (int e = 0; e < E; ++e)
+        if (!holders_[l][std::size_t(e)].empty()) plan.replicas.push_back({e, holders_[l][std::size_t(e)]});
+      for (int e = 0; e < E; ++e) {  // the prediction for the next iteration
+        double tokens = 0;
+        for (int s = 0; s < in.routing[l].sources; ++s) tokens += double(in.routing[l].at(s, e));
+        load_[l][std::size_t(e)] = seen_ == 0 ? tokens : 0.5 * load_[l][std::size_t(e)] + 0.5 * tokens;
+      }
+      plans.push_back(std::move(plan));
+    }
+    ++seen_;
+    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ScheduleOptions schedule;
+    schedule.persistent_replicas = true;
+    return build_moe_iteration(in, plans, schedule);
+  }
+
+ private:
+  // Predicted tokens per GPU: each expert's load split evenly over its copies.
+  std::vector<double> gpu_load(std::size_t l, int G, int E) const {
+    std::vector<double> load(std::size_t(G), 0.0);
+    for (int e = 0; e < E; ++e) {
+      const auto& h = holders_[l][std::size_t(e)];
+      const double share = load_[l][std::size_t(e)] / double(1 + h.size());
+      load[std::size_t(expert_owner(e, E, G))] += share;
+      for (int g : h) load[std::size_t(g)] += share;
+    }
+    return load;
+  }
+
+  void rebalance(std::size_t l, int G, int E, int slots, int changes, double threshold, std::vector<Migration>& moves) {
+    auto& holders = holders_[l];
+    std::vector<int> used(std::size_t(G), 0);
+    for (const auto& h : holders)
+      for (int g : h) ++used[std::size_t(g)];
+    for (int c = 0; c < changes; ++c) {
+      const auto load = gpu_load(l, G, E);
+      double mean = 0;
+      for (double x : load) mean += x / G;
+      // Drop a copy of an expert gone cold.
+      for (int e = 0; e < E; ++e) {
+        auto& h = holders[std::size_t(e)];
+        if (!h.empty() && load_[l][std::size_t(e)] / double(1 + h.size()) < mean / 4) {
+          --used[std::size_t(h.back())];
+          h.pop_back();
+          break;
+        }
+      }
+      const int busiest = int(std::max_element(load.begin(), load.end()) - load.begin());
+      if (mean <= 0 || load[std::size_t(busiest)] / mean <= threshold) break;
+      // The busiest GPU's hottest expert (by load per copy), owned or copied there.
+      int hot = -1;
+      for (int e = 0; e < E; ++e) {
+        const auto& h = holders[std::size_t(e)];
+        const bool there = expert_owner(e, E, G) == busiest || std::find(h.begin(), h.end(), busiest) != h.end();
+        if (there && (hot < 0 || load_[l][std::size_t(e)] / double(1 + h.size()) >
+                                     load_[l][std::size_t(hot)] / double(1 + holders[std::size_t(hot)].size())))
+          hot = e;
+      }
+      int to = -1;
+      const auto& h = holders[std::size_t(hot)];
+      for (int g = 0; g < G; ++g)
+        if (used[std::size_t(g)] < slots && g != expert_owner(hot, E, G) && std::find(h.begin(), h.end(), g) == h.end() &&
+            (to < 0 || load[std::size_t(g)] < load[std::size_t(to)]))
+          to = g;
+      if (to < 0) break;  // no slot left
+      holders[std::size_t(hot)].push_back(to);
+      std::sort(holders[std::size_t(hot)].begin(), holders[std::size_t(hot)].end());
+      ++used[std::size_t(to)];
+      moves.push_back({hot, expert_owner(hot, E, G), to});
+    }
+  }
+
+  std::vector<std::vector<std::vector<int>>> holders_;  // per layer and expert: GPUs with a copy
+  std::vector<std::vector<double>> load_;                // per layer and expert: predicted tokens
+  int seen_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_flexmoe() { return std::make_unique<FlexMoe>(); }
+
+}  // namespace moesim
