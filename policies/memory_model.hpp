@@ -21,7 +21,8 @@ struct MemoryUse {
   double optimizer = 0;    // Adam's states (and the fp32 master copy)
   double activations = 0;  // of its micro-batch, all layers, for the backward
   double materialized = 0; // what a policy gathers or copies for the iteration: replicas' and
-                           // gathered experts' parameters and gradients
+                           // gathered experts' parameters and gradients (FlexMoE's persistent
+                           // copies: and their optimizer states)
   double total() const { return params + grads + optimizer + activations + materialized; }
 };
 
