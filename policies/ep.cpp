@@ -14,10 +14,6 @@ class ExpertParallel final : public Policy {
  public:
   std::string name() const override { return "ep"; }
 
-  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
-    validate_expert_placement(cluster, model, spec);
-  }
-
   TaskGraph build_iteration(const IterationInput& in) override {
     std::vector<LayerPlan> plans;
     for (const auto& R : in.routing) plans.push_back({R, {}});

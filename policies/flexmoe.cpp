@@ -24,10 +24,6 @@ class FlexMoe final : public Policy {
  public:
   std::string name() const override { return "flexmoe"; }
 
-  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
-    validate_expert_placement(cluster, model, spec);
-  }
-
   TaskGraph build_iteration(const IterationInput& in) override {
     const auto t0 = std::chrono::steady_clock::now();
     const auto& f = in.spec.flexmoe();

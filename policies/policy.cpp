@@ -43,6 +43,10 @@ const Entry kPolicies[] = {
 };
 }  // namespace
 
+void Policy::validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const {
+  validate_expert_placement(cluster, model, spec);
+}
+
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;
   for (const auto& e : kPolicies) names.push_back(e.name);

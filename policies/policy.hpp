@@ -46,8 +46,9 @@ class Policy {
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
   /// Rejects a model/cluster/spec combination the policy cannot run, before any work starts
-  /// (FieldError with the field path in the experiment spec).
-  virtual void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const = 0;
+  /// (FieldError with the field path in the experiment spec). By default: what every E/G-per-GPU
+  /// placement needs (validate_expert_placement()).
+  virtual void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const;
   virtual TaskGraph build_iteration(const IterationInput& in) = 0;
   /// Called with each iteration's graph and timing (for policies that adapt).
   virtual void observe(const TaskGraph&, const Timing&) {}

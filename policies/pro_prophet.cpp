@@ -314,9 +314,6 @@ class ReplicateTop final : public Policy {
  public:
   explicit ReplicateTop(int k) : k_(k) {}
   std::string name() const override { return fmt::format("replicate-top{}", k_); }
-  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
-    validate_expert_placement(cluster, model, spec);
-  }
   TaskGraph build_iteration(const IterationInput& in) override {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<LayerPlan> plans;

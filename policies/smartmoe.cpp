@@ -50,10 +50,6 @@ class SmartMoe final : public Policy {
  public:
   std::string name() const override { return "smartmoe"; }
 
-  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
-    validate_expert_placement(cluster, model, spec);
-  }
-
   TaskGraph build_iteration(const IterationInput& in) override {
     const auto t0 = std::chrono::steady_clock::now();
     const int G = in.cluster.num_gpus(), E = in.model.experts();
