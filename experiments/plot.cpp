@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -267,42 +268,43 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
     throw InputError(fmt::format("--baseline {}: no run of that name (runs: {})", baseline, fmt::join(names, ", ")));
   std::map<std::pair<std::string, std::string>, double> time;
   for (const auto& r : runs) time[{r.group, r.name}] = r.time;
-  std::string body = "$data << EOD\ngroup";
+  // speedup(g, n) = time of the group's baseline / time of n; nullopt where either is missing.
+  auto speedup = [&](const std::string& g, const std::string& n) -> std::optional<double> {
+    const auto base = time.find({g, baseline}), t = time.find({g, n});
+    if (base == time.end() || t == time.end() || t->second <= 0) return std::nullopt;
+    return base->second / t->second;
+  };
+  double top = 1;
+  for (const auto& g : groups)
+    for (const auto& n : names)
+      if (const auto x = speedup(g, n)) top = std::max(top, *x);
+  std::string body = fmt::format("set ylabel 'Speedup over {} (x)'\nset yrange [0:{:.3f}]\n", baseline, top * 1.18);
+  body += "set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front\n";
+  if (groups.size() == 1) {  // one bar per run, named on the axis, its value above it
+    body += "$bars << EOD\n";
+    for (const auto& n : names)
+      if (const auto x = speedup(groups[0], n)) body += fmt::format("{} {:.4f}\n", quoted(n), *x);
+    const bool many = names.size() > 8;  // steeper, smaller names and values
+    body += fmt::format("EOD\nset xtics rotate by {} right{}\nset boxwidth 0.7\nset xrange [-0.6:*]\n", many ? 45 : 30,
+                        many ? " font ',7'" : "");
+    body += fmt::format("plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, "
+                        "'' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',{}'\n", many ? 6 : 7);
+    return {"speedup", body};
+  }
+  body += "$data << EOD\ngroup";  // a row per group, a column per run name
   for (const auto& n : names) body += " " + quoted(n);
   body += "\n";
-  double top = 1;
   for (const auto& g : groups) {
     body += quoted(g);
-    const auto base = time.find({g, baseline});
     for (const auto& n : names) {
-      const auto t = time.find({g, n});
-      if (base == time.end() || t == time.end() || t->second <= 0) {
-        body += " ?";
-        continue;
-      }
-      top = std::max(top, base->second / t->second);
-      body += fmt::format(" {:.4f}", base->second / t->second);
+      const auto x = speedup(g, n);
+      body += x ? fmt::format(" {:.4f}", *x) : " ?";
     }
     body += "\n";
   }
-  body += "EOD\n";
-  body += fmt::format("set ylabel 'Speedup over {} (x)'\nset yrange [0:{:.3f}]\n", baseline, top * 1.18);
-  body += "set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front\n";
-  if (groups.size() == 1) {  // one bar per run, named on the axis, its value above it
-    body += "set xtics rotate by 30 right\nset boxwidth 0.7\nset xrange [-0.6:*]\n"
-            "set style data boxes\n";
-    body += "$bars << EOD\n";
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      const auto t = time.find({groups[0], names[i]});
-      body += fmt::format("{} {:.4f}\n", quoted(names[i]), time.at({groups[0], baseline}) / t->second);
-    }
-    body += "EOD\nplot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, "
-            "'' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'\n";
-  } else {
-    body += "set style data histograms\nset style histogram clustered gap 1\nset boxwidth 0.9\n"
-            "set key top left horizontal\nset xtics rotate by 20 right\n";
-    body += fmt::format("plot for [i=2:{}] $data using i:xtic(1) title columnheader(i)\n", names.size() + 1);
-  }
+  body += "EOD\nset style data histograms\nset style histogram clustered gap 1\nset boxwidth 0.9\n"
+          "set key top left horizontal\nset xtics rotate by 20 right\n";
+  body += fmt::format("plot for [i=2:{}] $data using i:xtic(1) title columnheader(i)\n", names.size() + 1);
   return {"speedup", body};
 }
 

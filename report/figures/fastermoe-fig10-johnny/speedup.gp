@@ -17,21 +17,16 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-$data << EOD
-group "zero3" "zero2" "fastmoe" "fastermoe"
-"" 1.0000 1.3615 1.9970 3.8358
-EOD
 set ylabel 'Speedup over zero3 (x)'
 set yrange [0:4.526]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-set style data boxes
 $bars << EOD
 "zero3" 1.0000
 "zero2" 1.3615
 "fastmoe" 1.9970
 "fastermoe" 3.8358
 EOD
+set xtics rotate by 30 right
+set boxwidth 0.7
+set xrange [-0.6:*]
 plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

@@ -17,21 +17,16 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-$data << EOD
-group "fastmoe" "shadowing" "smart" "fastermoe"
-"" 1.0000 2.3064 1.3831 2.8105
-EOD
 set ylabel 'Speedup over fastmoe (x)'
 set yrange [0:3.316]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-set style data boxes
 $bars << EOD
 "fastmoe" 1.0000
 "shadowing" 2.3064
 "smart" 1.3831
 "fastermoe" 2.8105
 EOD
+set xtics rotate by 30 right
+set boxwidth 0.7
+set xrange [-0.6:*]
 plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

@@ -17,6 +17,9 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set ylabel 'Speedup over deepspeed (x)'
+set yrange [0:2.883]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
 "S" 1.0000 2.1365 2.0394
@@ -25,9 +28,6 @@ group "deepspeed" "fastermoe" "pro-prophet"
 "DS" 1.0000 2.4434 2.3031
 "DM" 1.0000 2.2400 1.9162
 EOD
-set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.883]
-set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9

@@ -17,6 +17,9 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set ylabel 'Speedup over deepspeed (x)'
+set yrange [0:3.303]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
 "S" 1.0000 2.6365 2.4892
@@ -25,9 +28,6 @@ group "deepspeed" "fastermoe" "pro-prophet"
 "DS" 1.0000 2.7992 2.6391
 "DM" 1.0000 2.4616 2.2011
 EOD
-set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:3.303]
-set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9

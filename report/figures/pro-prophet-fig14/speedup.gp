@@ -17,14 +17,14 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set ylabel 'Speedup over baseline (x)'
+set yrange [0:1.960]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" "planner" "scheduler" "full"
 "k1" 1.0000 1.4049 1.5834 1.5521
 "k2" 1.0000 1.4262 1.6583 1.6607
 EOD
-set ylabel 'Speedup over baseline (x)'
-set yrange [0:1.960]
-set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9

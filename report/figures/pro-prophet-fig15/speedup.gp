@@ -17,14 +17,14 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set ylabel 'Speedup over planner (x)'
+set yrange [0:1.180]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" "top2" "top3"
 "k1" 1.0000 0.9058 0.7983
 "k2" 1.0000 0.9888 0.9723
 EOD
-set ylabel 'Speedup over planner (x)'
-set yrange [0:1.180]
-set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9

@@ -17,6 +17,9 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set ylabel 'Speedup over tutel (x)'
+set yrange [0:1.994]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "tutel" "fastermoe" "schemoe"
 "x12" 1.0000 1.0010 1.6898
@@ -24,9 +27,6 @@ group "tutel" "fastermoe" "schemoe"
 "x20" 1.0000 1.0010 1.6900
 "x24" 1.0000 1.0010 1.6900
 EOD
-set ylabel 'Speedup over tutel (x)'
-set yrange [0:1.994]
-set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9

@@ -17,17 +17,9 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-$data << EOD
-group "fairseq" "kernels" "pipelining" "flex" "full"
-"" 1.0000 2.0702 2.3581 2.7738 2.7738
-EOD
 set ylabel 'Speedup over fairseq (x)'
 set yrange [0:3.273]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-set style data boxes
 $bars << EOD
 "fairseq" 1.0000
 "kernels" 2.0702
@@ -35,4 +27,7 @@ $bars << EOD
 "flex" 2.7738
 "full" 2.7738
 EOD
+set xtics rotate by 30 right
+set boxwidth 0.7
+set xrange [-0.6:*]
 plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

@@ -17,17 +17,9 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-$data << EOD
-group "adaptive" "linear-1" "linear-2" "linear-4" "linear-8" "2dh-1" "2dh-2" "2dh-4" "2dh-8"
-"" 1.0000 0.8390 1.0000 0.9850 0.9562 0.7823 0.9080 0.9056 0.9008
-EOD
 set ylabel 'Speedup over adaptive (x)'
 set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-set style data boxes
 $bars << EOD
 "adaptive" 1.0000
 "linear-1" 0.8390
@@ -39,4 +31,7 @@ $bars << EOD
 "2dh-4" 0.9056
 "2dh-8" 0.9008
 EOD
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+set xtics rotate by 45 right font ',7'
+set boxwidth 0.7
+set xrange [-0.6:*]
+plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',6'
