@@ -178,6 +178,7 @@ class Builder {
     if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
     for (int l = 0; l < L; ++l) {
       if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
+      if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm);  // spAG under attention_l
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0}, l == 0 ? start : std::vector<OpId>{});
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});

@@ -57,6 +57,10 @@ struct LayerPlan {
 enum class ExpertSharding { owner, zero2, zero3 };
 /// Where replicas' parameter broadcasts (Pro-Prophet's Trans) and gradient reduces (Agg) go.
 enum class ReplicaSchedule : std::uint8_t {
+  /// Hecate's FSSDP (hecate.md §2.4): layer l's broadcasts (spAG) start with its attention, on the
+  /// comm stream, from a placement predicted before the gate; its reduces (spRS) after its
+  /// backward exchange, under the attention backward.
+  under_attention,
   /// On the comm stream in program order: layer l's broadcasts after its gate (the choice is made
   /// from this iteration's routing, so nothing can be sent before the gate has counted), its
   /// reduces after layer l's backward exchange, under the rest of the backward (FasterMoE).

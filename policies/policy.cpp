@@ -19,6 +19,7 @@ std::unique_ptr<Policy> make_schemoe();
 std::unique_ptr<Policy> make_tutel();
 std::unique_ptr<Policy> make_smartmoe();
 std::unique_ptr<Policy> make_flexmoe();
+std::unique_ptr<Policy> make_hecate();
 
 namespace {
 struct Entry {
@@ -40,6 +41,7 @@ const Entry kPolicies[] = {
     {"tutel", make_tutel},
     {"smartmoe", make_smartmoe},
     {"flexmoe", make_flexmoe},
+    {"hecate", make_hecate},
 };
 }  // namespace
 

@@ -131,7 +131,7 @@ TEST_CASE("every policy computes each routed token-slot exactly once") {
   const auto& gpu = t.gpu;
   const auto routing = t.routing(11);
   const long slots = 2L * 16 * model.tokens_per_gpu() * 2;
-  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe"}) {
+  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate"}) {
     INFO(name);
     spec::PolicySpec ps;
     ps.set_name(name);
