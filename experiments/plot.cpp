@@ -440,8 +440,7 @@ Figure heatmap_figure(const Inputs& in, const PlotOptions& o) {
       const auto m = record_matrix(reader.header(), rec);
       if (columns.empty() || columns.back().first != double(rec.iteration()))
         columns.emplace_back(double(rec.iteration()), std::vector<double>(std::size_t(m.experts), 0.0));
-      for (int s = 0; s < m.sources; ++s)
-        for (int e = 0; e < m.experts; ++e) columns.back().second[std::size_t(e)] += double(m.at(s, e));
+      for (int e = 0; e < m.experts; ++e) columns.back().second[std::size_t(e)] += double(m.expert_load(e));
     }
     return heatmap_of(columns, fmt::format("{}, layer {}", fs::path(in.trace).filename().string(), o.layer));
   }

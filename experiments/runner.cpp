@@ -125,8 +125,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.memory = report.memory;
     for (const auto& R : routed) {
       auto& loads = rec.expert_load.emplace_back(std::size_t(R.experts), 0);
-      for (int src = 0; src < R.sources; ++src)
-        for (int e = 0; e < R.experts; ++e) loads[std::size_t(e)] += R.at(src, e);
+      for (int e = 0; e < R.experts; ++e) loads[std::size_t(e)] = R.expert_load(e);
     }
     result.iterations.push_back(rec);
     if (it < keep) {

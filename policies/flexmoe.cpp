@@ -41,8 +41,7 @@ class FlexMoe final : public Policy {
       for (int e = 0; e < E; ++e)
         if (!holders_[l][std::size_t(e)].empty()) plan.replicas.push_back({e, holders_[l][std::size_t(e)]});
       for (int e = 0; e < E; ++e) {  // the prediction for the next iteration
-        double tokens = 0;
-        for (int s = 0; s < in.routing[l].sources; ++s) tokens += double(in.routing[l].at(s, e));
+        const double tokens = double(in.routing[l].expert_load(e));
         load_[l][std::size_t(e)] = seen_ == 0 ? tokens : 0.5 * load_[l][std::size_t(e)] + 0.5 * tokens;
       }
       plans.push_back(std::move(plan));

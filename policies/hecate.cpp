@@ -103,11 +103,10 @@ class Hecate final : public Policy {
     const auto& spec = in.spec.hecate();
     const int t = spec.overlap_degree() ? int(spec.overlap_degree()) : int(std::floor(t_attn * bw / expert_size));
     // m: the copies per GPU and layer the memory left beside EP's state and mean activations holds.
-    const double own = double(L) * double(E) / G * in.model.expert_params() * b.total();
     const double activations =
         L * layer_activation_bytes(in.model, in.model.tokens_per_gpu(), double(in.model.tokens_per_gpu()) * in.model.top_k());
-    const MemoryUse dense = dense_memory(in.model);
-    const double left = in.gpu.memory_bytes() - dense.total() - own - activations;
+    const double left = in.gpu.memory_bytes() - dense_memory(in.model).total() -
+                        expert_state(in.model, double(L) * E / G).total() - activations;
     const int m = spec.memory_slots() ? int(spec.memory_slots())
                   : left > 0 ? int(std::floor(left / (L * in.model.expert_params() * (b.param + b.grad)))) : 0;
 
@@ -126,8 +125,7 @@ class Hecate final : public Policy {
           if (!copies[std::size_t(e)].empty()) plan.replicas.push_back({e, copies[std::size_t(e)]});
       }
       std::vector<double> now(std::size_t(E), 0.0);
-      for (int s = 0; s < in.routing[l].sources; ++s)
-        for (int e = 0; e < E; ++e) now[std::size_t(e)] += double(in.routing[l].at(s, e));
+      for (int e = 0; e < E; ++e) now[std::size_t(e)] = double(in.routing[l].expert_load(e));
       history_[l].push_back(std::move(now));
       if (history_[l].size() > 5) history_[l].pop_front();  // w = 5
       plans.push_back(std::move(plan));

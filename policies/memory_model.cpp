@@ -16,6 +16,12 @@ double layer_activation_bytes(const MoeModel& model, double tokens, double token
   return scale * (attention + ffn);
 }
 
+MemoryUse expert_state(const MoeModel& model, double experts) {
+  const auto b = state_bytes(model.dtype());
+  const double params = experts * model.expert_params();
+  return {params * b.param, params * b.grad, params * b.optimizer, 0, 0};
+}
+
 MemoryUse dense_memory(const MoeModel& model) {
   const auto b = state_bytes(model.dtype());
   const double params = model.dense_params_per_layer() * model.layers();

@@ -40,4 +40,8 @@ double layer_activation_bytes(const MoeModel& model, double tokens, double token
 /// Every layer's dense parameters with their full state (data parallelism replicates them).
 MemoryUse dense_memory(const MoeModel& model);
 
+/// The full state (parameters, gradients, optimizer) of `experts` experts' worth of parameters,
+/// all layers together (e.g. L · E/G for expert parallelism, L / s for a 1/s shard per layer).
+MemoryUse expert_state(const MoeModel& model, double experts);
+
 }  // namespace moesim

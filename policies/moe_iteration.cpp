@@ -133,15 +133,15 @@ class Builder {
     const double P = in_.model.expert_params(), L = double(plans_.size()), E = E_, G = G_;
     MemoryUse experts;  // the same on every GPU
     if (schedule_.sharding == ExpertSharding::zero3) {  // everything sharded; one layer gathered at a time
-      experts = {L * E * P * b.param / G, L * E * P * b.grad / G, L * E * P * b.optimizer / G, 0, E * P * (b.param + b.grad)};
+      experts = expert_state(in_.model, L * E / G);
+      experts.materialized = E * P * (b.param + b.grad);
     } else if (schedule_.sharding == ExpertSharding::zero2) {  // parameters kept; gradients and states sharded
       experts = {L * E * P * b.param, L * E * P * b.grad / G, L * E * P * b.optimizer / G, 0, E * P * b.grad};
     } else if (schedule_.shard_r > 0) {  // 1/s of an expert per GPU; a 1/r slice gathered at a time
-      const double s = G / E, r = schedule_.shard_r;
-      experts = {L * P / s * b.param, L * P / s * b.grad, L * P / s * b.optimizer, 0, P / r * (b.param + b.grad)};
+      experts = expert_state(in_.model, L / (G / E));
+      experts.materialized = P / schedule_.shard_r * (b.param + b.grad);
     } else {  // E/G experts of every layer
-      const double own = L * std::max(1.0, E / G) * P;
-      experts = {own * b.param, own * b.grad, own * b.optimizer, 0, 0};
+      experts = expert_state(in_.model, L * std::max(1.0, E / G));
     }
     const MemoryUse dense = dense_memory(in_.model);
     MemoryUse peak;

@@ -75,8 +75,7 @@ class SmartMoe final : public Policy {
         std::fill(load_[l].begin(), load_[l].end(), 0.0);
       }
       plan.owner = owner_[l];
-      for (int s = 0; s < in.routing[l].sources; ++s)
-        for (int e = 0; e < E; ++e) load_[l][std::size_t(e)] += double(in.routing[l].at(s, e));
+      for (int e = 0; e < E; ++e) load_[l][std::size_t(e)] += double(in.routing[l].expert_load(e));
       plans.push_back(std::move(plan));
     }
     ++iteration_;

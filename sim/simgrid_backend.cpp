@@ -153,28 +153,25 @@ struct SimBackend::Impl {
         add(G + b, t.dst, bytes);
       }
     }
+    struct Entry {
+      int from, to;
+      double bytes;
+    };
+    std::vector<Entry> entries;  // the non-zero ones
+    if (dense) {
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < m; ++j)
+          if (const double b = matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)]; b > 0) entries.push_back({i, j, b});
+    } else {
+      for (const auto& [key, b] : sparse) entries.push_back({key.first, key.second, b});
+    }
     // The task's hosts: the end-points that send or receive, the ports first. SimGrid enters the
     // task's entries row by row, and each link it meets is looked up among the links already met
     // (a linear search): the port-to-port rows, which cross the few shared fabric links, go first,
     // so those lookups stay short; each GPU's own links are met once, at the end.
     std::vector<int> local(std::size_t(m), -1);
+    for (const auto& e : entries) local[std::size_t(e.from)] = local[std::size_t(e.to)] = 0;
     std::vector<sg4::Host*> hs;
-    auto use = [&](int id) {
-      if (local[std::size_t(id)] < 0) local[std::size_t(id)] = 0;
-    };
-    if (dense) {
-      for (int i = 0; i < m; ++i)
-        for (int j = 0; j < m; ++j)
-          if (matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)] > 0) {
-            use(i);
-            use(j);
-          }
-    } else {
-      for (const auto& [key, b] : sparse) {
-        use(key.first);
-        use(key.second);
-      }
-    }
     for (int k = 0; k < m; ++k)
       if (const int id = (k + G) % m; local[std::size_t(id)] >= 0) {  // ports (G..m-1), then GPUs
         local[std::size_t(id)] = int(hs.size());
@@ -182,20 +179,11 @@ struct SimBackend::Impl {
       }
     const std::size_t n = hs.size();
     std::vector<double> bytes(n * n, 0.0);
-    if (dense) {
-      for (int i = 0; i < m; ++i)
-        if (local[std::size_t(i)] >= 0)
-          for (int j = 0; j < m; ++j)
-            if (const double b = matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)]; b > 0)
-              bytes[std::size_t(local[std::size_t(i)]) * n + std::size_t(local[std::size_t(j)])] = b;
-    } else {
-      for (const auto& [key, b] : sparse)
-        bytes[std::size_t(local[std::size_t(key.first)]) * n + std::size_t(local[std::size_t(key.second)])] = b;
-    }
+    for (const auto& e : entries) bytes[std::size_t(local[std::size_t(e.from)]) * n + std::size_t(local[std::size_t(e.to)])] = e.bytes;
     auto exec = sg4::Exec::init();
     exec->set_hosts(hs);
-    // No flops amounts at all (not zeros): with zeros, L07 ties the task to every host's CPU, so
-    // each compute op starting or ending on any of its GPUs would re-solve the whole task.
+    // No flops amounts at all (not zeros): the task computes nothing, and with zeros L07 would enter
+    // every host's CPU into it (measured: no difference in time at 256 GPUs).
     exec->set_bytes_amounts(bytes);
     return exec;
   }
