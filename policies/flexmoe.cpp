@@ -15,6 +15,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include <fmt/format.h>
+
+#include "errors.hpp"
 #include "moe_iteration.hpp"
 
 namespace moesim {
@@ -23,6 +26,15 @@ namespace {
 class FlexMoe final : public Policy {
  public:
   std::string name() const override { return "flexmoe"; }
+
+  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
+    validate_expert_placement(cluster, model, spec);
+    const double threshold = spec.flexmoe().threshold();
+    if (threshold != 0 && !(threshold >= 1))
+      throw FieldError("policy.flexmoe.threshold",
+                       fmt::format("{} is below 1: max/mean load is never below 1, so copies would be added for ever; "
+                                   "use e.g. 1.1 (or 0 for that default)", threshold));
+  }
 
   TaskGraph build_iteration(const IterationInput& in) override {
     const auto t0 = std::chrono::steady_clock::now();

@@ -112,6 +112,12 @@ TEST_CASE("flexmoe: copies stay within the slots and are never broadcast and the
   CHECK(total > 0);  // Zipf routing: hot experts got copies
 }
 
+TEST_CASE("flexmoe: a threshold below 1 is refused at its field") {
+  CHECK_THROWS_WITH(test::SmallSetup({"policy.name=flexmoe", "policy.flexmoe.threshold=0.5"}),
+                    Catch::Matchers::Contains("policy.flexmoe.threshold"));
+  CHECK_NOTHROW(test::SmallSetup({"policy.name=flexmoe", "policy.flexmoe.threshold=1.5"}));
+}
+
 TEST_CASE("flexmoe: once its copies are in place it beats plain EP under skewed routing") {
   auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=4", "model.layers=2", "model.experts=64", "iterations=8",
                                                "warmup_iterations=5", "gating.zipf.exponent=1.2"});
