@@ -562,6 +562,7 @@ class Builder {
 
 TaskGraph build_moe_iteration(const IterationInput& in, const std::vector<LayerPlan>& plans,
                               const ScheduleOptions& schedule) {
+  if (in.report.on_plans) in.report.on_plans(plans, schedule);
   return Builder(in, plans, schedule).build();
 }
 

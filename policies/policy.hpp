@@ -3,6 +3,7 @@
 // returns. Policies are registered by name and chosen in the experiment spec (`policy { name: }`).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,9 @@
 #include "taskgraph.hpp"
 
 namespace moesim {
+
+struct LayerPlan;        // moe_iteration.hpp
+struct ScheduleOptions;  // moe_iteration.hpp
 
 /// What a policy did in an iteration, for the results.
 struct PolicyReport {
@@ -28,6 +32,9 @@ struct PolicyReport {
   int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
   /// The memory of the GPU that needs the most this iteration (filled by build_moe_iteration()).
   MemoryUse memory;
+  /// When set, build_moe_iteration() hands it the plans and schedule the graph was built from: the
+  /// host data path (hw/data_path.hpp) replays them with real numbers.
+  std::function<void(const std::vector<LayerPlan>&, const ScheduleOptions&)> on_plans;
 };
 
 /// Everything a policy sees when it builds an iteration.

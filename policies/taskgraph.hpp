@@ -104,6 +104,9 @@ class TaskGraph {
 /// Start and end (seconds from the iteration's start) of every op of a graph.
 struct Timing {
   std::vector<double> start, end;
+  /// Per rank, the device memory the backend allocated at most (bytes); empty where not measured
+  /// (the simulator's figure is the memory model's, PolicyReport::memory).
+  std::vector<double> memory_peak;
   double makespan() const;
 };
 

@@ -14,8 +14,8 @@
 #pragma once
 #include <memory>
 
+#include "backend.hpp"
 #include "cluster.hpp"
-#include "taskgraph.hpp"
 
 namespace moesim {
 
@@ -23,7 +23,7 @@ struct SimOptions {
   bool aggregate = true;
 };
 
-class SimBackend {
+class SimBackend final : public Backend {
  public:
   /// Creates the SimGrid engine and the platform. SimGrid allows one engine per process, so there
   /// is at most one SimBackend per process.
@@ -33,9 +33,10 @@ class SimBackend {
   SimBackend& operator=(const SimBackend&) = delete;
 
   /// Runs the graph from the current simulated clock; times in the result are relative to it.
-  Timing execute(const TaskGraph& graph);
+  std::string name() const override { return "sim"; }
+  Timing execute(const TaskGraph& graph) override;
   /// Simulated clock after the last execute().
-  double now() const;
+  double now() const override;
 
  private:
   struct Impl;

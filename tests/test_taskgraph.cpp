@@ -25,7 +25,7 @@ TEST_CASE("the critical path adds up to the makespan on a hand case") {
   const OpId a = g.add_compute(0, "a", {});
   const OpId b = g.add_collective(Stream::comm, "b", {CollectiveType::all_to_all, {0}, {0}, "linear"}, {a});
   g.add_compute(0, "c", {}, {b});
-  Timing t{{0, 1, 3.5}, {1, 3, 4}};  // a: 0-1, b: 1-3, gap 0.5, c: 3.5-4
+  Timing t{{0, 1, 3.5}, {1, 3, 4}, {}};  // a: 0-1, b: 1-3, gap 0.5, c: 3.5-4
   const auto br = critical_path(g, t);
   CHECK(br.seconds[int(Category::compute)] == Approx(1.5));
   CHECK(br.seconds[int(Category::all_to_all)] == Approx(2));

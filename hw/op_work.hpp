@@ -1,0 +1,29 @@
+// How the hardware backends read a TaskGraph op: which ranks take part and, for communication,
+// the point-to-point steps to run. One place for both devices (host_backend.cpp, cuda_backend.cpp):
+// a Transfer is one step of one message; a Collective is lowered by its algorithm
+// (policies/collectives) exactly as the simulator lowers it, so both backends move the same bytes
+// in the same steps.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "cluster.hpp"
+#include "collectives/collectives.hpp"
+#include "taskgraph.hpp"
+
+namespace moesim::hw {
+
+/// Ranks that execute the op: a compute op's rank, a transfer's source and destination, a
+/// collective's group. Every participant runs the op at its place in id order.
+std::vector<int> participants(const Op& op);
+
+/// The steps of a transfer or collective (empty for compute). Lanes run one after another on the
+/// host device and on one stream each on GPUs.
+Lowering communication_steps(const Op& op, const Cluster& cluster);
+
+/// Bytes a step's transfer really moves: the transfer's bytes times the step's pipelined rounds.
+inline std::size_t wire_bytes(const Transfer& t, const Step& step) {
+  return std::size_t(t.bytes * double(step.rounds < 1 ? 1 : step.rounds) + 0.5);
+}
+
+}  // namespace moesim::hw
