@@ -27,6 +27,8 @@
 #include "trace.hpp"
 #include "trace_import.hpp"
 #include "trace_stats.hpp"
+#include "calibrate.hpp"
+#include "compare.hpp"
 #include "generator.hpp"
 #include "rescale.hpp"
 #include "textproto.hpp"
@@ -36,8 +38,10 @@ using namespace moesim;
 namespace {
 
 int cmd_run(const std::optional<std::string>& spec_path, const std::string& out, const std::vector<std::string>& sets,
-            bool quiet) {
+            bool quiet, const std::string& backend) {
   const auto ex = load_experiment(spec_path, sets);  // everything validated before any work
+  const bool writer = launcher_rank() == 0;  // under mpirun only rank 0 prints and writes
+  quiet = quiet || !writer;
   const bool demo = !spec_path;
   if (demo && !quiet)
     fmt::print(stderr, "moesim demo: {} policies on {} simulated {} GPUs; routing: {}\n", ex.variants.size(),
@@ -52,7 +56,8 @@ int cmd_run(const std::optional<std::string>& spec_path, const std::string& out,
     const double eta = s / done * (total - done);
     fmt::print(stderr, "\r  iteration {}/{}  {:.1f} s elapsed, ETA {:.1f} s   ", done, total, s, eta);
     if (done == total) fmt::print(stderr, "\n");
-  });
+  }, backend);
+  if (!writer) return 0;
   write_results(out, ex, result);
   fmt::print("{}", summary_table(ex, result));
   fmt::print("\n  wrote {0}/summary.json and {0}/timeline.json (open the timeline in https://ui.perfetto.dev)\n", out);
@@ -224,8 +229,12 @@ int main(int argc, char** argv) {
                   "--set gating.zipf.exponent=1.2 (repeatable)");
   run->add_flag("--quiet,-q", quiet, "No progress on stderr");
   std::string backend = "sim";
-  run->add_option("--backend", backend, "sim (SimGrid) or hw (real GPUs; not built yet)")
-      ->check(CLI::IsMember({"sim", "hw"}))
+  run->add_option("--backend", backend,
+                  "sim: the SimGrid model of the spec's cluster. host: the same graphs executed on this CPU (threads "
+                  "as ranks, memcpy as transport, plain GEMMs; small models). hw: on this machine's GPUs through "
+                  "CUDA, cuBLAS and NCCL (one rank per GPU; `mpirun -np N moesim run SPEC --backend hw` for more "
+                  "machines)")
+      ->check(CLI::IsMember({"sim", "host", "hw"}))
       ->capture_default_str();
 
   auto* platform = app.add_subcommand("platform", "The cluster catalog");
@@ -238,6 +247,40 @@ int main(int argc, char** argv) {
   pexport->add_option("name", pname, "Catalog name or .textproto path")->required();
 
   auto* algos = app.add_subcommand("algorithms", "List the collective algorithms and policies");
+
+  auto* compare_cmd = app.add_subcommand(
+      "compare",
+      "Two runs of one spec side by side: iteration time, critical-path phases, op classes, the ops that differ most\n"
+      "  moesim run experiments/hw/moe-small.textproto --out sim-out\n"
+      "  moesim run experiments/hw/moe-small.textproto --backend hw --out gpu-out\n"
+      "  moesim compare sim-out gpu-out");
+  std::string compare_a, compare_b;
+  CompareOptions compare_options;
+  compare_cmd->add_option("A", compare_a, "A results directory (or its summary.json)")->required();
+  compare_cmd->add_option("B", compare_b, "Another, of the same spec")->required();
+  compare_cmd->add_option("--top", compare_options.top_ops, "How many of the most different ops to list")->capture_default_str();
+
+  auto* calibrate_cmd = app.add_subcommand(
+      "calibrate",
+      "Measure the GEMM-efficiency curve of the spec's expert shapes and dtype and the memory bandwidth on a\n"
+      "hardware backend; write them as a GPU profile the simulator takes in place of the catalog's GPU:\n"
+      "  moesim calibrate --backend hw --out profile.textproto\n"
+      "  moesim run SPEC --set cluster.gpu_profile=profile.textproto");
+  std::string calibrate_spec, calibrate_out = "profile.textproto";
+  std::vector<std::string> calibrate_sets;
+  CalibrateOptions calibrate_options;
+  calibrate_cmd->add_option("spec", calibrate_spec, "Experiment spec whose model is measured (default: the demo's)");
+  calibrate_cmd->add_option("--backend", calibrate_options.backend, "host (this CPU) or hw (GPU 0 through CUDA)")
+      ->check(CLI::IsMember({"host", "hw"}))
+      ->capture_default_str();
+  calibrate_cmd->add_option("--out,-o", calibrate_out, "Profile to write (GpuSpec text format)")->capture_default_str();
+  calibrate_cmd->add_option("--set,-s", calibrate_sets, "Override a spec field (repeatable)");
+  calibrate_cmd->add_option("--collective-ranks", calibrate_options.collective_ranks,
+                            "Also time all-to-all and all-reduce over this many ranks (GPUs with hw)")
+      ->capture_default_str();
+  calibrate_cmd->add_option("--max-point-seconds", calibrate_options.max_point_seconds,
+                            "End the GEMM sweep after a size that takes longer than this")
+      ->capture_default_str();
 
   auto* coll = app.add_subcommand(
       "collective",
@@ -392,8 +435,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*run) {
-      if (backend == "hw") throw InputError("--backend hw: the GPU backend is not built yet (see the GPU-backend issue)");
-      return cmd_run(spec_path.empty() ? std::nullopt : std::optional(spec_path), out, sets, quiet);
+      return cmd_run(spec_path.empty() ? std::nullopt : std::optional(spec_path), out, sets, quiet, backend);
     }
     if (*plist) {
       for (const auto& n : platform_names()) {
@@ -403,6 +445,19 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*pshow) return cmd_platform_show(pname);
+    if (*compare_cmd) {
+      fmt::print("{}", compare_runs(compare_a, compare_b, compare_options));
+      return 0;
+    }
+    if (*calibrate_cmd) {
+      const auto ex = load_experiment(calibrate_spec.empty() ? std::nullopt : std::optional(calibrate_spec), calibrate_sets);
+      calibrate_options.progress = [](const std::string& line) { fmt::print(stderr, "  {}\n", line); };
+      const Calibration cal = calibrate(ex, calibrate_options);
+      write_atomically(calibrate_out, cal.text());
+      fmt::print("wrote {}: peak {:.4g} TFLOP/s, {} GEMM points, {:.1f} GB/s; use it with --set cluster.gpu_profile={}\n",
+                 calibrate_out, cal.gpu.peak(0).tflops(), cal.gemms.size(), cal.memory_bytes_per_s / 1e9, calibrate_out);
+      return 0;
+    }
     if (*sweep_cmd) {
       const auto sw = load_sweep(sweep_spec);  // every point checked before anything runs
       if (emit_slurm) {

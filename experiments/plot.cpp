@@ -1,5 +1,7 @@
 #include "plot.hpp"
 
+#include "results.hpp"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -48,15 +50,6 @@ struct Inputs {
   fs::path first_dir;                       // where figures go by default
 };
 
-json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path.string() + ": cannot read");
-  try {
-    return json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: not JSON ({}); give a file moesim wrote", path.string(), e.what()));
-  }
-}
 
 Run run_from_json(const json& j, int gpus) {
   Run r;
@@ -96,7 +89,7 @@ void add_summary(const json& j, const std::string& name, const std::string& wher
 }
 
 void read_summary(const fs::path& path, Inputs& in) {
-  const json j = read_json(path);
+  const json j = read_json_file(path);
   add_summary(j, j.value("name", path.parent_path().filename().string()), path.string(), in);
 }
 
@@ -147,7 +140,7 @@ void read_input(const fs::path& path, Inputs& in) {
     in.timeline = path.string();
     return;
   }
-  const json j = read_json(path);
+  const json j = read_json_file(path);
   if (j.contains("traceEvents")) in.timeline = path.string();
   else if (j.contains("points")) in.collectives.push_back(j);
   else read_summary(path, in);
@@ -454,7 +447,7 @@ Figure heatmap_figure(const Inputs& in, const PlotOptions& o) {
 }
 
 Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
-  const json j = read_json(in.timeline);
+  const json j = read_json_file(in.timeline);
   struct Box {
     double t0, t1;
     int row;  // gpu × kNumStreams + stream

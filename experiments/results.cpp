@@ -20,8 +20,10 @@ nlohmann::json breakdown_json(const Breakdown& b) {
   return j;
 }
 
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
+}  // namespace
+
+void write_atomically(const std::string& path_text, const std::string& text) {
+  const fs::path path = path_text, tmp = path_text + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out) throw InputError(tmp.string() + ": cannot write (check --out and its permissions)");
@@ -31,7 +33,6 @@ void write_atomically(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
-}  // namespace
 
 namespace {
 
@@ -72,6 +73,13 @@ nlohmann::json run_json(const RunResult& r) {
                     {"shadowed_experts", it.shadowed},
                     {"load_stddev_per_layer", it.load_stddev_per_layer},
                     {"expert_load", it.expert_load}});
+  double device_peak = 0;
+  for (std::size_t i = 0; i < r.iterations.size(); ++i) {
+    if (r.iterations[i].device_memory_peak <= 0) continue;
+    rows[i]["device_memory_peak_bytes"] = r.iterations[i].device_memory_peak;
+    device_peak = std::max(device_peak, r.iterations[i].device_memory_peak);
+  }
+  if (device_peak > 0) j["device_memory_peak_bytes"] = device_peak;  // measured by a hardware backend
   return j;
 }
 
@@ -81,6 +89,7 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
   const auto& s = ex.spec;
   nlohmann::json j;
   j["name"] = s.name();
+  j["backend"] = result.backend;  // sim, host or hw: what produced the times
   j["spec"] = ex.spec_path;
   j["platform"] = ex.cluster_spec.name();
   j["nodes"] = ex.cluster_spec.nodes();
@@ -123,6 +132,16 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
                      {"ratio", c.ratio()},
                      {"pass", c.pass()}});
   return j;
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot read");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(fmt::format("{}: not JSON ({}); give a file moesim wrote", path, e.what()));
+  }
 }
 
 void write_timeline(std::ostream& out, const ExperimentResult& result) {

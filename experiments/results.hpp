@@ -10,6 +10,12 @@
 
 namespace moesim {
 
+/// Writes `text` to PATH.tmp, then renames it over PATH: a reader never sees half a file.
+void write_atomically(const std::string& path, const std::string& text);
+
+/// A JSON file moesim wrote (InputError naming the file when it cannot be read or parsed).
+nlohmann::json read_json_file(const std::string& path);
+
 nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& r);
 /// Chrome trace of the first iterations of every run (variants one after another in pid blocks).
 void write_timeline(std::ostream& out, const ExperimentResult& r);

@@ -9,6 +9,7 @@
 #include "gate.hpp"
 #include "gating.hpp"
 #include "routing.hpp"
+#include "hw_info.hpp"
 #include "simgrid_backend.hpp"
 
 namespace moesim {
@@ -80,7 +81,7 @@ double max_mean_gpu_load(const std::vector<RoutingMatrix>& routing, int gpus) {
 
 namespace {
 
-RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const GpuModel& gpu, SimBackend& backend,
+RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const GpuModel& gpu, Backend& backend,
                   const std::function<void()>& iteration_done) {
   const MoeModel model(s.model());
   auto policy = make_policy(s.policy());
@@ -111,6 +112,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     PolicyReport report;
     const IterationInput input{cluster, model, gpu, s.policy(), routed, report};
     TaskGraph graph = policy->build_iteration(input);
+    backend.check_memory(report.memory.total());
     rec.start = backend.now();
     Timing timing = backend.execute(graph);
     policy->observe(graph, timing);
@@ -123,6 +125,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.load_stddev_per_layer = report.load_stddev;
     rec.gpu_load = report.gpu_load;
     rec.memory = report.memory;
+    for (double m : timing.memory_peak) rec.device_memory_peak = std::max(rec.device_memory_peak, m);
     for (const auto& R : routed) {
       auto& loads = rec.expert_load.emplace_back(std::size_t(R.experts), 0);
       for (int e = 0; e < R.experts; ++e) loads[std::size_t(e)] = R.expert_load(e);
@@ -146,20 +149,27 @@ const RunResult& ExperimentResult::run(const std::string& name) const {
   throw std::logic_error("no run named " + name);
 }
 
-ExperimentResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress) {
+ExperimentResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress,
+                                const std::string& backend_name) {
   const Cluster cluster(ex.cluster_spec);
   const GpuModel gpu(ex.cluster_spec.gpu(), ex.spec.model().dtype());
-  SimOptions options;
-  options.aggregate = !ex.spec.sim().has_aggregate() || ex.spec.sim().aggregate();
-  SimBackend backend(cluster, gpu, options);
+  std::unique_ptr<Backend> backend;
+  if (backend_name == "sim") {
+    SimOptions options;
+    options.aggregate = !ex.spec.sim().has_aggregate() || ex.spec.sim().aggregate();
+    backend = std::make_unique<SimBackend>(cluster, gpu, options);
+  } else {
+    backend = make_hw_backend(backend_name, cluster, MoeModel(ex.spec.model()));
+  }
 
   std::vector<std::pair<std::string, spec::ExperimentSpec>> runs = ex.variants;
   if (runs.empty()) runs.emplace_back("", ex.spec);
   int total = 0, done = 0;
   for (const auto& [name, s] : runs) total += int(s.iterations());
   ExperimentResult result;
+  result.backend = backend->name();
   for (const auto& [name, s] : runs) {
-    result.runs.push_back(run_one(s, cluster, gpu, backend, [&] {
+    result.runs.push_back(run_one(s, cluster, gpu, *backend, [&] {
       if (progress) progress(++done, total);
     }));
     result.runs.back().name = name;

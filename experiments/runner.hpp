@@ -31,6 +31,7 @@ struct IterationRecord {
   std::vector<double> load_stddev_per_layer;  // std-dev over GPUs of the token-slots each computes
   std::vector<double> gpu_load;               // per GPU, token-slots its experts compute (all layers)
   MemoryUse memory;                           // of the GPU that needs the most (memory_model.hpp)
+  double device_memory_peak = 0;              // hardware backends: the most any rank allocated, bytes
   /// Per layer and expert, the token-slots the gate routed to the expert (after capacity drops).
   std::vector<std::vector<std::int64_t>> expert_load;
 };
@@ -75,6 +76,7 @@ struct PaperComparison {
 };
 
 struct ExperimentResult {
+  std::string backend = "sim";  // what executed the graphs (Backend::name())
   std::vector<RunResult> runs;  // one per variant, or the spec's own run
   std::vector<PaperComparison> paper;
   const RunResult& run(const std::string& name) const;
@@ -84,8 +86,10 @@ struct ExperimentResult {
 /// the best baseline over the variant's, per group (per group and layer for BALANCE), aggregated.
 double simulated_value(const spec::PaperValue& p, const ExperimentResult& result);
 
-/// Simulates every iteration of every run (the variants, or the spec itself) on one SimGrid
-/// engine. `progress(done, total)` is called after each iteration.
-ExperimentResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress = {});
+/// Runs every iteration of every run (the variants, or the spec itself) on one backend: "sim" (one
+/// SimGrid engine), "host" (hw/'s host device) or "hw" (GPUs through CUDA and NCCL, where built).
+/// `progress(done, total)` is called after each iteration.
+ExperimentResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress = {},
+                                const std::string& backend = "sim");
 
 }  // namespace moesim

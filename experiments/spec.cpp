@@ -116,6 +116,16 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     throw in_spec("cluster.platform", e.what());
   }
   if (s.cluster().nodes() > 0) ex.cluster_spec.set_nodes(s.cluster().nodes());
+  if (!s.cluster().gpu_profile().empty()) {  // a measured GPU in place of the catalog's
+    relative_to_spec(s.mutable_cluster()->mutable_gpu_profile(), "cluster.gpu_profile");
+    try {
+      spec::GpuSpec gpu;
+      parse_file(s.cluster().gpu_profile(), gpu);
+      *ex.cluster_spec.mutable_gpu() = gpu;
+    } catch (const InputError& e) {
+      throw in_spec("cluster.gpu_profile", e.what());
+    }
+  }
   std::optional<Cluster> cluster;
   try {
     cluster.emplace(ex.cluster_spec);

@@ -1,11 +1,23 @@
 #include "hw_info.hpp"
 
+#include <cstdlib>
+
+#include "errors.hpp"
+#include "host_backend.hpp"
 #if MOESIM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "cuda_backend.hpp"
 #endif
 
 namespace moesim {
+
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
 
 bool hw_backend_built() { return MOESIM_HAVE_CUDA; }
 
@@ -14,9 +26,26 @@ std::string hw_backend_description() {
   int runtime = 0;
   cudaRuntimeGetVersion(&runtime);
   return "CUDA runtime " + std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) + ", NCCL " +
-         std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + " (GPU backend not implemented yet)";
+         std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "; host device";
 #else
-  return "built without CUDA (no toolkit found)";
+  return "built without CUDA (no toolkit found); host device";
+#endif
+}
+
+std::unique_ptr<Backend> make_hw_backend(const std::string& name, const Cluster& cluster, const MoeModel& model,
+                                         int ranks) {
+  if (name == "host") return std::make_unique<hw::HostBackend>(cluster);
+  if (name != "hw") throw InputError("--backend " + name + ": use sim, host or hw");
+#if MOESIM_HAVE_CUDA
+  hw::CudaOptions options;
+  options.ranks = ranks;
+  return hw::make_cuda_backend(cluster, model, options);
+#else
+  (void)cluster;
+  (void)model;
+  (void)ranks;
+  throw InputError("--backend hw: this build of moesim has no CUDA (the toolkit and NCCL were not found when it was "
+                   "configured); rebuild on a machine with /usr/local/cuda, or use --backend host");
 #endif
 }
 

@@ -16,6 +16,9 @@ class Backend {
   virtual Timing execute(const TaskGraph& graph) = 0;
   /// The backend's clock after the last execute() (simulated or wall seconds since it was made).
   virtual double now() const = 0;
+  /// Called before an iteration with the memory model's need of the fullest GPU (bytes): a backend
+  /// with real devices refuses (InputError, with both numbers) what cannot fit, before allocating.
+  virtual void check_memory(double /*bytes_per_rank*/) {}
 };
 
 }  // namespace moesim

@@ -1,0 +1,114 @@
+#include "calibrate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "cluster.hpp"
+#include "hw_info.hpp"
+#include "model.hpp"
+#include "textproto.hpp"
+
+namespace moesim {
+
+namespace {
+
+/// Seconds of one execution of a one-op graph, after a warm-up execution.
+double time_op(Backend& backend, const TaskGraph& graph) {
+  backend.execute(graph);
+  const Timing t = backend.execute(graph);
+  return t.makespan();
+}
+
+}  // namespace
+
+Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  auto say = [&](const std::string& line) {
+    if (o.progress) o.progress(line);
+  };
+  Calibration cal;
+  auto backend = make_hw_backend(o.backend, cluster, model, 1);
+  // The expert FFN's two GEMMs (tokens × d_ffn × d_model and tokens × d_model × d_ffn) from 16
+  // tokens up to all of a GPU's token-slots, each size repeated to last about 50 ms.
+  const std::uint64_t d = model.spec().d_model(), h = model.spec().d_ffn();
+  const std::uint64_t max_m = std::uint64_t(model.tokens_per_gpu()) * std::uint64_t(model.top_k());
+  double per_flop = 0;  // seconds per FLOP of the last point, to size the next one's repeats
+  for (std::uint64_t m = 16;; m = std::min(max_m, m * 4)) {
+    const double flops = 2.0 * 2.0 * double(m) * double(h) * double(d);  // the two GEMMs
+    const auto repeat = std::uint64_t(per_flop > 0 ? std::clamp(0.05 / (per_flop * flops), 1.0, 1000.0) : 1.0);
+    TaskGraph g(1);
+    Compute c;
+    c.kind = ComputeKind::grouped_gemm;
+    c.gemms = {{m, h, d, 1, repeat}, {m, d, h, 1, repeat}};
+    g.add_compute(0, "calibrate.expert_gemms", c);
+    const double seconds = time_op(*backend, g) / double(repeat);
+    per_flop = seconds / flops;
+    cal.gemms.push_back({m, h, d, seconds, flops / seconds});
+    say(fmt::format("GEMM {} x {} x {} (and back), {}: {:.3f} ms, {:.2f} TFLOP/s", m, h, d, dtype_name(model.dtype()),
+                    seconds * 1e3, flops / seconds / 1e12));
+    if (m >= max_m || seconds > o.max_point_seconds) break;
+  }
+  // Memory bandwidth: an elementwise pass (read + write) over 256 MiB.
+  {
+    TaskGraph g(1);
+    const double bytes = double(1ull << 28);
+    g.add_compute(0, "calibrate.elementwise", {ComputeKind::elementwise, {}, bytes});
+    cal.memory_bytes_per_s = bytes / time_op(*backend, g);
+    say(fmt::format("elementwise over 256 MiB: {:.1f} GB/s", cal.memory_bytes_per_s / 1e9));
+  }
+  double peak = 0;
+  for (const auto& p : cal.gemms) peak = std::max(peak, p.flops_per_s);
+  cal.gpu = ex.cluster_spec.gpu();
+  cal.gpu.set_model(fmt::format("{} as measured by `moesim calibrate --backend {}`", cal.gpu.model(), o.backend));
+  cal.gpu.clear_peak();
+  auto* pk = cal.gpu.add_peak();
+  pk->set_dtype(model.dtype());
+  pk->set_tflops(peak / 1e12);
+  cal.gpu.clear_gemm_efficiency();
+  for (const auto& p : cal.gemms) {
+    auto* e = cal.gpu.add_gemm_efficiency();
+    e->set_gflops(2.0 * double(p.m) * double(p.n) * double(p.k) / 1e9);
+    e->set_efficiency(p.flops_per_s / peak);
+  }
+  cal.gpu.set_memory_gbytes_per_s(cal.memory_bytes_per_s / 1e9);
+  cal.gpu.set_memory_efficiency(1);
+
+  const int ranks = std::min(o.collective_ranks, cluster.num_gpus());
+  if (ranks > 1) {
+    auto multi = make_hw_backend(o.backend, cluster, model, ranks);
+    std::vector<int> group(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) group[std::size_t(r)] = r;
+    for (double bytes = 1 << 10; bytes <= double(1 << 26); bytes *= 8) {
+      for (const auto type : {CollectiveType::all_to_all, CollectiveType::all_reduce}) {
+        TaskGraph g(ranks);
+        Collective c{type, group, {bytes}, type == CollectiveType::all_to_all ? "linear" : "ring"};
+        if (type == CollectiveType::all_to_all)  // `bytes` per rank, split evenly over the others
+          c.bytes.assign(std::size_t(ranks) * std::size_t(ranks), bytes / ranks);
+        g.add_collective(Stream::comm, "calibrate.collective", c);
+        const double seconds = time_op(*multi, g);
+        cal.collectives.push_back({collective_type_name(type), bytes, seconds});
+        say(fmt::format("{} of {:.0f} KiB per rank over {} ranks: {:.3f} ms", collective_type_name(type), bytes / 1024,
+                        ranks, seconds * 1e3));
+      }
+    }
+  }
+  return cal;
+}
+
+std::string Calibration::text() const {
+  std::string out = "# proto-file: proto/moesim.proto\n# proto-message: moesim.spec.GpuSpec\n#\n"
+                    "# Written by `moesim calibrate`. Use it in a spec: cluster { gpu_profile: \"THIS FILE\" }\n"
+                    "# Measured (expert GEMM pairs: tokens x d_ffn x d_model, then back):\n";
+  for (const auto& p : gemms)
+    out += fmt::format("#   m={:<6} n={:<6} k={:<6} {:10.4f} ms per GEMM pair  {:8.3f} TFLOP/s\n", p.m, p.n, p.k,
+                       p.seconds * 1e3, p.flops_per_s / 1e12);
+  out += fmt::format("#   elementwise: {:.1f} GB/s\n", memory_bytes_per_s / 1e9);
+  for (const auto& c : collectives)
+    out += fmt::format("#   {} {:.0f} B per rank: {:.4f} ms\n", c.collective, c.bytes, c.seconds * 1e3);
+  return out + to_text(gpu);
+}
+
+}  // namespace moesim

@@ -1,0 +1,42 @@
+// `moesim calibrate`: measures, on a hardware backend, what the simulator's GPU model assumes — the
+// GEMM-efficiency curve for the model's expert shapes and dtype, and memory bandwidth — and writes
+// them as a GpuSpec profile that a spec uses in place of the catalog's GPU
+// (`cluster { gpu_profile: "profile.textproto" }`, or --set cluster.gpu_profile=...). With more than
+// one rank it also times all-to-all and all-reduce against message size (printed: the network side
+// of the simulator is the platform's links, compared with `moesim collective`).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moesim.pb.h"
+#include "spec.hpp"
+
+namespace moesim {
+
+struct CalibrateOptions {
+  std::string backend = "host";     // host or hw
+  double max_point_seconds = 2;     // a GEMM size slower than this ends the sweep (the host is slow)
+  int collective_ranks = 0;         // ranks for the collective sweep (0: none)
+  std::function<void(const std::string&)> progress;  // one line per measurement
+};
+
+struct GemmPoint {
+  std::uint64_t m = 0, n = 0, k = 0;
+  double seconds = 0, flops_per_s = 0;
+};
+struct CollectiveTiming {
+  std::string collective;
+  double bytes = 0, seconds = 0;
+};
+struct Calibration {
+  spec::GpuSpec gpu;                 // the profile: peak = the best rate measured, the curve under it
+  std::vector<GemmPoint> gemms;
+  double memory_bytes_per_s = 0;
+  std::vector<CollectiveTiming> collectives;
+  std::string text() const;          // the profile in text format with the measurements as comments
+};
+
+Calibration calibrate(const Experiment& ex, const CalibrateOptions& options);
+
+}  // namespace moesim

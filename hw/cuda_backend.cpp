@@ -1,0 +1,469 @@
+#include "cuda_backend.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+#if MOESIM_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include "cuda_kernels.hpp"
+#include "errors.hpp"
+#include "hw_info.hpp"
+#include "op_work.hpp"
+
+namespace moesim::hw {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(fmt::format("CUDA: {}: {}", what, cudaGetErrorString(e)));
+}
+void check(ncclResult_t e, const char* what) {
+  if (e != ncclSuccess) throw std::runtime_error(fmt::format("NCCL: {}: {}", what, ncclGetErrorString(e)));
+}
+void check(cublasStatus_t e, const char* what) {
+  if (e != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("cuBLAS: {}: status {}", what, int(e)));
+}
+#define MOESIM_CHECK(call) check((call), #call)
+
+enum Buffer { kA, kB, kC, kSend, kRecv, kState, kBuffers };
+
+/// One rank on its GPU: streams, handles, communicators, buffers, the iteration's events.
+struct Rank {
+  int rank = 0, device = 0;
+  cudaStream_t stream[kNumStreams] = {};
+  cublasHandle_t blas = nullptr;
+  ncclComm_t comm[2] = {};  // Stream::comm (and compute) / Stream::comm2: one communicator per stream
+  void* buf[kBuffers] = {};
+  std::size_t cap[kBuffers] = {};
+  cudaEvent_t t0 = nullptr;
+  std::vector<cudaEvent_t> start, end;  // per op of the graph (null where the rank takes no part)
+};
+
+cudaDataType_t cuda_type(spec::DType d) {
+  switch (d) {
+    case spec::FP16: return CUDA_R_16F;
+    case spec::BF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+cublasComputeType_t compute_type(spec::DType d) {
+  return d == spec::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Cluster& cluster, const MoeModel& model, CudaOptions options)
+      : cluster_(cluster), model_(model), options_(options), G_(options.ranks > 0 ? options.ranks : cluster.num_gpus()) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+      throw InputError("--backend hw: no CUDA GPU is visible (cudaGetDeviceCount found none); "
+                       "use --backend host to run the same graphs on the CPU");
+    const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+    mpi_ = world != nullptr;
+    ncclUniqueId id;
+    if (mpi_) {
+#if MOESIM_HAVE_MPI
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS)
+        throw std::runtime_error("MPI_Init failed");
+      int size = 0, me = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      MPI_Comm_rank(MPI_COMM_WORLD, &me);
+      if (size != G_)
+        throw InputError(fmt::format("--backend hw: mpirun started {} processes but the cluster has {} GPUs "
+                                     "(one process per GPU: mpirun -np {})", size, G_, G_));
+      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+      Rank r;
+      r.rank = me;
+      r.device = (local ? std::atoi(local) : me) % devices;
+      ranks_.push_back(r);
+      if (me == 0) MOESIM_CHECK(ncclGetUniqueId(&id));
+      MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+#else
+      throw InputError("--backend hw under mpirun: this build has no MPI (install libopenmpi-dev and rebuild), or "
+                       "run one process for all GPUs of this machine");
+#endif
+    } else {
+      if (G_ > devices)
+        throw InputError(fmt::format("--backend hw: the cluster has {} GPUs but this machine has {}; shrink it "
+                                     "(--set cluster.nodes=1 and a platform with {} GPUs per node) or run under "
+                                     "mpirun -np {} on enough machines", G_, devices, devices, G_));
+      MOESIM_CHECK(ncclGetUniqueId(&id));
+      for (int r = 0; r < G_; ++r) {
+        Rank rank;
+        rank.rank = rank.device = r;
+        ranks_.push_back(rank);
+      }
+    }
+    for (Rank& r : ranks_) {
+      MOESIM_CHECK(cudaSetDevice(r.device));
+      for (auto& s : r.stream) MOESIM_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      MOESIM_CHECK(cublasCreate(&r.blas));
+      MOESIM_CHECK(cublasSetStream(r.blas, r.stream[int(Stream::compute)]));
+      MOESIM_CHECK(cudaEventCreate(&r.t0));
+    }
+    // Two communicators per rank (a second one for the comm2 stream), from two unique ids.
+    for (int c = 0; c < 2; ++c) {
+      ncclUniqueId cid = id;
+      if (c == 1) {
+        if (!mpi_ || ranks_.front().rank == 0) MOESIM_CHECK(ncclGetUniqueId(&cid));
+#if MOESIM_HAVE_MPI
+        if (mpi_) MPI_Bcast(&cid, sizeof cid, MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+      }
+      MOESIM_CHECK(ncclGroupStart());
+      for (Rank& r : ranks_) {
+        MOESIM_CHECK(cudaSetDevice(r.device));
+        MOESIM_CHECK(ncclCommInitRank(&r.comm[c], G_, cid, r.rank));
+      }
+      MOESIM_CHECK(ncclGroupEnd());
+    }
+  }
+
+  ~CudaBackend() override {
+    for (Rank& r : ranks_) {
+      cudaSetDevice(r.device);
+      for (auto* c : r.comm)
+        if (c) broken_ ? ncclCommAbort(c) : ncclCommDestroy(c);
+      release_events(r);
+      for (void* b : r.buf) cudaFree(b);
+      cublasDestroy(r.blas);
+      for (auto s : r.stream) cudaStreamDestroy(s);
+      cudaEventDestroy(r.t0);
+    }
+#if MOESIM_HAVE_MPI
+    if (mpi_) MPI_Finalize();
+#endif
+  }
+
+  std::string name() const override { return "hw"; }
+  double now() const override { return clock_; }
+
+  void check_memory(double bytes) override {
+    for (Rank& r : ranks_) {
+      std::size_t free = 0, total = 0;
+      MOESIM_CHECK(cudaSetDevice(r.device));
+      MOESIM_CHECK(cudaMemGetInfo(&free, &total));
+      if (bytes > double(total))
+        throw InputError(fmt::format("--backend hw: the model needs {:.2f} GiB on the fullest GPU (parameters, "
+                                     "gradients, optimizer states, activations: the memory model) but GPU {} has {:.2f} GiB; "
+                                     "nothing was allocated. Use fewer layers or tokens, or more GPUs",
+                                     bytes / double(1ull << 30), r.device, double(total) / double(1ull << 30)));
+    }
+  }
+
+  Timing execute(const TaskGraph& graph) override {
+    if (broken_) throw std::runtime_error("hw backend: the communicators were aborted by an earlier failure");
+    if (graph.num_ranks() != G_) throw std::logic_error("hw backend: graph for another cluster size");
+    const std::size_t n = graph.size();
+    std::vector<std::vector<int>> who(n);
+    std::vector<Lowering> steps(n);
+    for (const Op& op : graph.ops()) {
+      who[op.id] = participants(op);
+      steps[op.id] = communication_steps(op, cluster_);
+    }
+    reserve(graph, who, steps);
+    for (Rank& r : ranks_) {
+      release_events(r);
+      r.start.assign(n, nullptr);
+      r.end.assign(n, nullptr);
+      MOESIM_CHECK(cudaSetDevice(r.device));
+      MOESIM_CHECK(cudaDeviceSynchronize());
+    }
+#if MOESIM_HAVE_MPI
+    if (mpi_) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+    for (Rank& r : ranks_) {  // t0 on every stream of every rank, as close together as the host can
+      MOESIM_CHECK(cudaSetDevice(r.device));
+      MOESIM_CHECK(cudaEventRecord(r.t0, r.stream[0]));
+      for (int s = 1; s < kNumStreams; ++s) MOESIM_CHECK(cudaStreamWaitEvent(r.stream[s], r.t0, 0));
+    }
+    for (const Op& op : graph.ops()) enqueue(graph, op, who[op.id], steps[op.id]);
+    wait_all(graph, who);
+    return collect(graph, who);
+  }
+
+ private:
+  Rank* local(int rank) {
+    for (Rank& r : ranks_)
+      if (r.rank == rank) return &r;
+    return nullptr;
+  }
+  static void release_events(Rank& r) {
+    for (auto* v : {&r.start, &r.end})
+      for (cudaEvent_t e : *v)
+        if (e) cudaEventDestroy(e);
+    r.start.clear();
+    r.end.clear();
+  }
+
+  /// Sizes every rank's buffers for the graph (largest GEMM operands, largest message and step),
+  /// refusing what does not fit before allocating anything.
+  void reserve(const TaskGraph& graph, const std::vector<std::vector<int>>& who, const std::vector<Lowering>& steps) {
+    const std::size_t es = std::size_t(model_.dtype_bytes());
+    for (Rank& r : ranks_) {
+      std::size_t need[kBuffers] = {};
+      for (const Op& op : graph.ops()) {
+        if (std::find(who[op.id].begin(), who[op.id].end(), r.rank) == who[op.id].end()) continue;
+        if (const auto* c = std::get_if<Compute>(&op.body)) {
+          for (const Gemm& g : c->gemms) {
+            const std::size_t b = std::max<std::uint64_t>(1, g.batch);
+            need[kA] = std::max(need[kA], b * g.m * g.k * es);
+            need[kB] = std::max(need[kB], b * g.k * g.n * es);
+            need[kC] = std::max(need[kC], b * g.m * g.n * es);
+          }
+          need[kState] = std::max(need[kState], std::size_t(c->memory_bytes) + 64);
+        }
+        for (const Lane& lane : steps[op.id])
+          for (const Step& step : lane) {
+            std::size_t in = 0;
+            for (const Transfer& t : step.transfers) {
+              if (t.src == r.rank) need[kSend] = std::max(need[kSend], wire_bytes(t, step));
+              if (t.dst == r.rank) in += wire_bytes(t, step);
+            }
+            need[kRecv] = std::max(need[kRecv], in);
+            for (const Copy& c : step.copies)
+              if (c.rank == r.rank) need[kC] = need[kA] = std::max({need[kA], need[kC], std::size_t(c.bytes / 2)});
+          }
+      }
+      std::size_t more = 0;
+      for (int b = 0; b < kBuffers; ++b) more += need[b] > r.cap[b] ? need[b] : 0;
+      MOESIM_CHECK(cudaSetDevice(r.device));
+      std::size_t free = 0, total = 0;
+      MOESIM_CHECK(cudaMemGetInfo(&free, &total));
+      if (more > free)
+        throw InputError(fmt::format("--backend hw: rank {} needs {:.2f} GiB more device memory for this graph's "
+                                     "GEMM operands and message buffers but GPU {} has {:.2f} GiB free; nothing was "
+                                     "allocated", r.rank, double(more) / double(1ull << 30), r.device,
+                                     double(free) / double(1ull << 30)));
+      for (int b = 0; b < kBuffers; ++b)
+        if (need[b] > r.cap[b]) {
+          cudaFree(r.buf[b]);
+          MOESIM_CHECK(cudaMalloc(&r.buf[b], need[b]));
+          MOESIM_CHECK(cudaMemset(r.buf[b], 0, need[b]));
+          r.cap[b] = need[b];
+        }
+      std::size_t used = 0;
+      for (std::size_t c : r.cap) used += c;
+      peak_[r.rank] = std::max(peak_[r.rank], double(used));
+    }
+  }
+
+  cudaStream_t stream_of(Rank& r, const Op& op) { return r.stream[int(op.stream)]; }
+  ncclComm_t comm_of(Rank& r, const Op& op) { return r.comm[op.stream == Stream::comm2 ? 1 : 0]; }
+
+  void enqueue(const TaskGraph& graph, const Op& op, const std::vector<int>& who, const Lowering& steps) {
+    // Dependencies and the start event on every local participant.
+    for (int q : who) {
+      Rank* r = local(q);
+      if (!r) continue;
+      MOESIM_CHECK(cudaSetDevice(r->device));
+      cudaStream_t s = stream_of(*r, op);
+      for (OpId d : op.deps) {
+        cudaEvent_t e = r->end[d];
+        if (!e && !mpi_)  // another GPU's op: wait on its first participant's event (one process)
+          for (int p : participants(graph.op(d)))
+            if (Rank* o = local(p); o && o->end[d]) {
+              e = o->end[d];
+              break;
+            }
+        if (e) MOESIM_CHECK(cudaStreamWaitEvent(s, e, 0));
+      }
+      MOESIM_CHECK(cudaEventCreate(&r->start[op.id]));
+      MOESIM_CHECK(cudaEventCreate(&r->end[op.id]));
+      MOESIM_CHECK(cudaEventRecord(r->start[op.id], s));
+    }
+    if (const auto* c = std::get_if<Compute>(&op.body)) {
+      if (Rank* r = local(op.rank)) compute(*r, *c, stream_of(*r, op));
+    } else {
+      for (const Lane& lane : steps)
+        for (const Step& step : lane) {
+          MOESIM_CHECK(ncclGroupStart());
+          for (const Transfer& t : step.transfers) {
+            const std::size_t bytes = wire_bytes(t, step);
+            if (bytes == 0) continue;
+            if (t.src == t.dst) {
+              if (Rank* r = local(t.src)) {
+                MOESIM_CHECK(cudaSetDevice(r->device));
+                MOESIM_CHECK(cudaMemcpyAsync(r->buf[kRecv], r->buf[kSend], bytes, cudaMemcpyDeviceToDevice, stream_of(*r, op)));
+              }
+              continue;
+            }
+            if (Rank* r = local(t.src)) {
+              MOESIM_CHECK(cudaSetDevice(r->device));
+              MOESIM_CHECK(ncclSend(r->buf[kSend], bytes, ncclInt8, t.dst, comm_of(*r, op), stream_of(*r, op)));
+            }
+            if (Rank* r = local(t.dst)) {
+              MOESIM_CHECK(cudaSetDevice(r->device));
+              MOESIM_CHECK(ncclRecv(static_cast<char*>(r->buf[kRecv]) + offset(step, t, r->rank), bytes, ncclInt8, t.src,
+                                    comm_of(*r, op), stream_of(*r, op)));
+            }
+          }
+          MOESIM_CHECK(ncclGroupEnd());
+          for (const Copy& c : step.copies)
+            if (Rank* r = local(c.rank); r && c.bytes >= 2) {
+              MOESIM_CHECK(cudaSetDevice(r->device));
+              MOESIM_CHECK(cudaMemcpyAsync(r->buf[kC], r->buf[kA], std::size_t(c.bytes / 2), cudaMemcpyDeviceToDevice,
+                                           stream_of(*r, op)));
+            }
+        }
+    }
+    for (int q : who)
+      if (Rank* r = local(q)) {
+        MOESIM_CHECK(cudaSetDevice(r->device));
+        MOESIM_CHECK(cudaEventRecord(r->end[op.id], stream_of(*r, op)));
+      }
+  }
+
+  /// Where transfer t lands in its receiver's buffer: after the step's earlier messages to it.
+  static std::size_t offset(const Step& step, const Transfer& t, int rank) {
+    std::size_t off = 0;
+    for (const Transfer& u : step.transfers) {
+      if (&u == &t) break;
+      if (u.dst == rank && u.src != rank) off += wire_bytes(u, step);
+    }
+    return off;
+  }
+
+  void compute(Rank& r, const Compute& c, cudaStream_t s) {
+    MOESIM_CHECK(cudaSetDevice(r.device));
+    const cudaDataType_t type = cuda_type(model_.dtype());
+    const cublasComputeType_t ctype = compute_type(model_.dtype());
+    const float alpha = 1, beta = 0;
+    for (const Gemm& g : c.gemms) {
+      // Row-major C[m×n] = A[m×k]·B[k×n] is column-major Cᵀ = Bᵀ·Aᵀ.
+      const int m = int(g.m), n = int(g.n), k = int(g.k);
+      for (std::uint64_t i = 0; i < std::max<std::uint64_t>(1, g.repeat); ++i) {
+        if (g.batch > 1)
+          MOESIM_CHECK(cublasGemmStridedBatchedEx(r.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, r.buf[kB], type, n,
+                                                  (long long)(k) * n, r.buf[kA], type, k, (long long)(m) * k, &beta,
+                                                  r.buf[kC], type, n, (long long)(m) * n, int(g.batch), ctype,
+                                                  CUBLAS_GEMM_DEFAULT));
+        else
+          MOESIM_CHECK(cublasGemmEx(r.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, r.buf[kB], type, n, r.buf[kA],
+                                    type, k, &beta, r.buf[kC], type, n, ctype, CUBLAS_GEMM_DEFAULT));
+      }
+    }
+    const auto floats = std::size_t(c.memory_bytes / (2 * sizeof(float)));
+    if (floats == 0) return;
+    auto* state = static_cast<float*>(r.buf[kState]);
+    switch (c.kind) {  // the op's bytes (read + write) as the kernel its kind names, in fp32
+      case ComputeKind::encode:
+      case ComputeKind::decode: {  // rows of d_model floats permuted
+        const std::size_t width = std::max<std::size_t>(1, model_.spec().d_model());
+        cuda::permute_rows(state, state + floats, std::max<std::size_t>(1, floats / width), width * sizeof(float), s);
+        break;
+      }
+      case ComputeKind::optimizer: cuda::adam(state, std::max<std::size_t>(1, 2 * floats / 7), s); break;  // 7 floats each
+      case ComputeKind::gate: {  // softmax + top-k over tokens × E scores
+        const int E = model_.experts();
+        const std::size_t rows = std::max<std::size_t>(1, floats / (2 * std::size_t(E)));
+        auto* index = reinterpret_cast<std::int32_t*>(state + floats);
+        cuda::gate_top_k(state, rows, E, model_.top_k(), index, state + floats + rows * std::size_t(model_.top_k()), s);
+        break;
+      }
+      default: cuda::axpy(state, state + floats / 2, floats / 2, s);
+    }
+  }
+
+  /// Waits for every rank's streams, polling NCCL's asynchronous errors; past the timeout, aborts.
+  void wait_all(const TaskGraph& graph, const std::vector<std::vector<int>>& who) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      bool done = true;
+      for (Rank& r : ranks_) {
+        MOESIM_CHECK(cudaSetDevice(r.device));
+        for (auto s : r.stream) {
+          const cudaError_t q = cudaStreamQuery(s);
+          if (q == cudaErrorNotReady) done = false;
+          else MOESIM_CHECK(q);
+        }
+        for (auto* c : r.comm) {
+          ncclResult_t async = ncclSuccess;
+          MOESIM_CHECK(ncclCommGetAsyncError(c, &async));
+          if (async != ncclSuccess) fail(graph, who, fmt::format("NCCL reported {}", ncclGetErrorString(async)));
+        }
+      }
+      if (done) return;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > options_.timeout_s)
+        fail(graph, who, fmt::format("it did not finish within {} s", options_.timeout_s));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  [[noreturn]] void fail(const TaskGraph& graph, const std::vector<std::vector<int>>& who, const std::string& why) {
+    std::string stuck = "no op";
+    for (const Op& op : graph.ops()) {
+      bool pending = false;
+      for (int q : who[op.id])
+        if (Rank* r = local(q); r && r->end[op.id] && cudaEventQuery(r->end[op.id]) == cudaErrorNotReady) pending = true;
+      if (pending) {
+        stuck = fmt::format("op '{}' (#{})", op.label, op.id);
+        break;
+      }
+    }
+    broken_ = true;
+    for (Rank& r : ranks_)
+      for (auto*& c : r.comm) {
+        ncclCommAbort(c);
+        c = nullptr;
+      }
+    throw std::runtime_error(fmt::format("hw backend: {} was still running when {}", stuck, why));
+  }
+
+  Timing collect(const TaskGraph& graph, const std::vector<std::vector<int>>& who) {
+    const std::size_t n = graph.size();
+    Timing t;
+    t.start.assign(n, std::numeric_limits<double>::infinity());
+    t.end.assign(n, -std::numeric_limits<double>::infinity());
+    for (std::size_t id = 0; id < n; ++id)
+      for (int q : who[id])
+        if (Rank* r = local(q)) {
+          float a = 0, b = 0;
+          MOESIM_CHECK(cudaSetDevice(r->device));
+          MOESIM_CHECK(cudaEventElapsedTime(&a, r->t0, r->start[id]));
+          MOESIM_CHECK(cudaEventElapsedTime(&b, r->t0, r->end[id]));
+          t.start[id] = std::min(t.start[id], a * 1e-3);
+          t.end[id] = std::max(t.end[id], b * 1e-3);
+        }
+    t.memory_peak.assign(std::size_t(G_), 0.0);
+    for (const auto& [rank, bytes] : peak_) t.memory_peak[std::size_t(rank)] = bytes;
+#if MOESIM_HAVE_MPI
+    if (mpi_) {  // every rank timed its own part: the op's span over all of them
+      MPI_Allreduce(MPI_IN_PLACE, t.start.data(), int(n), MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, t.end.data(), int(n), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, t.memory_peak.data(), G_, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+#endif
+    clock_ += t.makespan();
+    return t;
+  }
+
+  const Cluster& cluster_;
+  MoeModel model_;
+  CudaOptions options_;
+  int G_;
+  bool mpi_ = false, broken_ = false;
+  std::vector<Rank> ranks_;
+  std::map<int, double> peak_;
+  double clock_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Cluster& cluster, const MoeModel& model, CudaOptions options) {
+  return std::make_unique<CudaBackend>(cluster, model, options);
+}
+
+}  // namespace moesim::hw
