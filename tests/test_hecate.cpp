@@ -3,6 +3,8 @@
 // issued with the attention and never after the gate, every token-slot computed once, and under
 // uniform routing no more than EP plus its sparse collectives.
 #include <catch2/catch.hpp>
+#include <array>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -111,4 +113,111 @@ TEST_CASE("hecate: under uniform routing it costs no more than EP plus its spars
       if (op.label.find("replica_") != std::string::npos) sparse += (h.timings[i].end[op.id] - h.timings[i].start[op.id]) / 2;
   CHECK(sparse > 0);
   CHECK(h.mean_time() <= r.run("ep").mean_time() + sparse);
+}
+
+// ---- Algorithm 2: heterogeneous sharding -------------------------------------------------------
+
+TEST_CASE("hecate: Algorithm 2 on a hand case (2 nodes of 8 GPUs, 2 layers of 16 experts, t = 1)") {
+  const Cluster cluster{test::platform("dgx-a100", 2)};
+  // Layer 0: expert 0 the hottest (𝒥), experts 1..15 with loads 15..1. Layer 1: expert 3 hot (𝒥),
+  // every other expert load 1. S = 2·16/16 = 2 slots per GPU.
+  std::vector<std::vector<double>> F(2, std::vector<double>(16, 1.0));
+  F[0][0] = 100;
+  for (int e = 1; e < 16; ++e) F[0][std::size_t(e)] = 16 - e;
+  F[1][3] = 50;
+  const auto P = heterogeneous_shard(F, 1, cluster);
+  // Layer 0 goes first (its hottest underloaded expert, 15, beats layer 1's, 1). Each expert goes to
+  // the less loaded node (ties: fewer free slots, then node 0), then its least loaded GPU: the two
+  // nodes alternate and end with 60 tokens each (worked out by hand in the test's comment below).
+  //   e1→0 e2→8 e3→9 e4→1 e5→2 e6→10 e7→11 e8→3 e9→4 e10→12 e11→13 e12→5 e13→6 e14→14 e15→15
+  CHECK(P[0] == std::vector<int>{7, 0, 8, 9, 1, 2, 10, 11, 3, 4, 12, 13, 5, 6, 14, 15});
+  // Layer 1: equal loads, so the node with fewer free slots (node 1: 8 vs 9, GPU 7 still has 2)
+  // wins every tie, then node 0; inside node 0, GPUs with one slot before GPU 7's two.
+  //   e0→8 e1→0 e2→9 e4→1 e5→10 e6→2 e7→11 e8→3 e9→12 e10→4 e11→13 e12→5 e13→14 e14→6 e15→15
+  // 𝒥 (layer 0's expert 0, layer 1's expert 3) takes the slots left: both on GPU 7.
+  CHECK(P[1] == std::vector<int>{8, 0, 9, 7, 1, 10, 2, 11, 3, 12, 4, 13, 5, 14, 6, 15});
+  double node0 = 0;
+  for (int e = 1; e < 16; ++e)
+    if (P[0][std::size_t(e)] < 8) node0 += F[0][std::size_t(e)];
+  CHECK(node0 == 60);  // half of layer 0's underloaded tokens on each node
+}
+
+TEST_CASE("hecate: Algorithm 2 gives every expert one owner and every GPU the same number of shards") {
+  const Cluster cluster{test::platform("p3dn-v100", 4)};  // 32 GPUs
+  Rng rng(3);
+  for (int t : {0, 1, 4, 64}) {
+    std::vector<std::vector<double>> F(6, std::vector<double>(64));
+    for (auto& layer : F)
+      for (auto& x : layer) x = std::pow(rng.uniform(), 4) * 1000;  // skewed
+    const auto P = heterogeneous_shard(F, t, cluster);
+    std::vector<int> per_gpu(32, 0);
+    for (const auto& layer : P)
+      for (int g : layer) {
+        REQUIRE(g >= 0);
+        REQUIRE(g < 32);
+        ++per_gpu[std::size_t(g)];
+      }
+    INFO("t = " << t);
+    CHECK(per_gpu == std::vector<int>(32, 6 * 64 / 32));  // S = |ℰ^g| / |𝒟| each
+  }
+}
+
+namespace {
+
+// The owner of each (layer, expert) as the graph's spRS names it (a reduce's chain starts at the
+// owner), and the migrations the graph carries: (layer, expert, from, to).
+struct GraphOwners {
+  std::map<std::pair<int, int>, int> reduce_root;
+  std::vector<std::array<int, 4>> migrations;
+};
+
+GraphOwners graph_owners(const TaskGraph& g) {
+  GraphOwners out;
+  for (const auto& op : g.ops()) {
+    if (op.label.find("migrate") == std::string::npos && op.label.find("replica_reduce") == std::string::npos) continue;
+    const int layer = std::stoi(op.label.substr(1, op.label.find('.') - 1));
+    const int expert = op.label.find(".e") != std::string::npos ? std::stoi(op.label.substr(op.label.rfind(".e") + 2)) : -1;
+    if (const auto* t = std::get_if<Transfer>(&op.body); t && op.label.find("migrate") != std::string::npos)
+      out.migrations.push_back({layer, expert, t->src, t->dst});
+    if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::reduce)
+      out.reduce_root[{layer, expert}] = c->group.front();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hecate: re-sharding every N iterations keeps one owner per expert and moves only what changed") {
+  const test::SmallSetup t({"policy.name=hecate", "policy.hecate.overlap_degree=2", "policy.hecate.memory_slots=2",
+                            "policy.hecate.reshard_interval=3"});
+  const int L = t.model.layers(), E = t.model.experts(), G = t.cluster.num_gpus();
+  auto policy = make_policy(t.ex.spec.policy());
+  std::vector<std::vector<int>> owner(static_cast<std::size_t>(L), std::vector<int>(static_cast<std::size_t>(E)));
+  for (auto& layer : owner)
+    for (int e = 0; e < E; ++e) layer[std::size_t(e)] = expert_owner(e, E, G);  // homogeneous at first
+  int moved = 0;
+  for (int it = 0; it < 8; ++it) {
+    // The same routing every iteration: the re-shard at 3 moves experts, the one at 6 sees the
+    // same predicted loads, plans the same shards and so moves nothing.
+    const auto routing = t.routing(5, 0);
+    PolicyReport report;
+    const TaskGraph g = policy->build_iteration({t.cluster, t.model, t.gpu, t.ex.spec.policy(), routing, report});
+    const auto seen = graph_owners(g);
+    INFO("iteration " << it);
+    CHECK((!seen.migrations.empty()) == (it == 3));  // every 3 iterations, and only if the shards change
+    for (const auto& [l, e, from, to] : seen.migrations) {
+      CHECK(owner[std::size_t(l)][std::size_t(e)] == from);  // it moves from its one owner
+      CHECK(from != to);
+      owner[std::size_t(l)][std::size_t(e)] = to;
+      ++moved;
+    }
+    std::vector<int> per_gpu(std::size_t(G), 0);
+    for (const auto& layer : owner)
+      for (int o : layer) ++per_gpu[std::size_t(o)];
+    CHECK(per_gpu == std::vector<int>(std::size_t(G), L * E / G));  // memory stays balanced
+    CHECK(seen.reduce_root.empty() == (it == 0));  // copies from iteration 1 on, reduced to their owners
+    for (const auto& [key, root] : seen.reduce_root) CHECK(root == owner[std::size_t(key.first)][std::size_t(key.second)]);
+    CHECK(report.memory.params > 0);
+  }
+  CHECK(moved > 0);
 }
