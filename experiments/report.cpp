@@ -57,7 +57,7 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
   for (const auto& e : entries) all.insert(all.end(), e.claims.begin(), e.claims.end());
   const auto n = count_claims(all);
   std::string md = "# moesim validation report\n\n";
-  md += fmt::format("Each claim is a number a paper reports (a speedup, a balance ratio) next to the same quantity "
+  md += fmt::format("Each claim is a number a paper reports (a speedup, a balance ratio, a time or memory ratio) next to the same quantity "
                     "simulated by moesim; it passes when simulated / paper is within the claim's tolerance "
                     "(±15% unless the spec says otherwise). Regenerate with `{}`.\n\n",
                     command);
@@ -90,7 +90,7 @@ ReportEntry experiment_entry(const std::string& path, const fs::path& results) {
     double simulated = std::numeric_limits<double>::quiet_NaN();
     for (const auto& row : summary.value("paper", json::array()))  // the same claim of the same variant
       if (row.value("claim", "") == p.claim() && row.value("variant", "") == p.variant())
-        simulated = row.value("simulated_value", simulated);
+        if (const auto v = row.find("simulated_value"); v != row.end() && v->is_number()) simulated = v->get<double>();
     e.claims.push_back({p, simulated});
   }
   return e;

@@ -53,7 +53,8 @@ nlohmann::json run_json(const RunResult& r) {
   if (const auto load = r.mean_gpu_load(); !load.empty()) j["gpu_load"] = load;  // token-slots computed per GPU
   if (const auto m = r.peak_memory(); m.total() > 0)  // the GPU that needs the most, in the iteration that needs the most
     j["peak_memory_bytes"] = {{"total", m.total()},         {"params", m.params},           {"grads", m.grads},
-                              {"optimizer", m.optimizer},   {"activations", m.activations}, {"materialized", m.materialized}};
+                              {"optimizer", m.optimizer},   {"activations", m.activations}, {"materialized", m.materialized},
+                              {"materialized_params", m.materialized_params}};
   auto& roof = j["roofline"] = nlohmann::json::array();  // FasterMoE §1.6, first iteration, EP placement
   for (const auto& [layer, x] : r.roofline)
     roof.push_back({{"layer", layer}, {"lat_comp_s", x.lat_comp}, {"lat_comm_s", x.lat_comm}, {"r_cc", x.r_cc},

@@ -190,7 +190,8 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
     auto best = [&](const std::function<double(const RunResult&)>& quantity) {
       double b = std::numeric_limits<double>::infinity();
       for (const auto& name : p.baseline()) b = std::min(b, quantity(run(name)));
-      return b / quantity(variant);
+      const double v = quantity(variant);
+      return b == v ? 1.0 : b / v;  // two runs with none of it (0 / 0) are alike
     };
     if (p.quantity() == PV::SPEEDUP) {
       values.push_back(best([](const RunResult& r) { return r.mean_time(); }));
@@ -199,6 +200,13 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
         const Breakdown b = r.mean_breakdown();
         return b.seconds[int(Category::moe)] + b.seconds[int(Category::all_to_all)];
       }));
+    } else if (p.quantity() == PV::ALL_TO_ALL || p.quantity() == PV::OTHER_COMM) {
+      const Category c = p.quantity() == PV::ALL_TO_ALL ? Category::all_to_all : Category::other;
+      values.push_back(best([c](const RunResult& r) { return r.mean_breakdown().seconds[int(c)]; }));
+    } else if (p.quantity() == PV::MEMORY) {
+      values.push_back(best([](const RunResult& r) { return r.peak_memory().total() - r.peak_memory().activations; }));
+    } else if (p.quantity() == PV::PARAM_MEMORY) {
+      values.push_back(best([](const RunResult& r) { return r.peak_memory().params + r.peak_memory().materialized_params; }));
     } else {
       const int layers = variant.iterations.empty() ? 0 : int(variant.iterations.front().load_stddev_per_layer.size());
       for (int l = 0; l < layers; ++l) values.push_back(best([l](const RunResult& r) { return r.mean_load_stddev(l); }));
@@ -208,6 +216,11 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
   switch (p.aggregate()) {
     case PV::MIN: return *std::min_element(values.begin(), values.end());
     case PV::MEAN: return std::accumulate(values.begin(), values.end(), 0.0) / double(values.size());
+    case PV::GEOMEAN: {
+      double log_sum = 0;
+      for (double v : values) log_sum += std::log(v);
+      return std::exp(log_sum / double(values.size()));
+    }
     default: return *std::max_element(values.begin(), values.end());
   }
 }

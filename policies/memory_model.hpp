@@ -23,6 +23,7 @@ struct MemoryUse {
   double materialized = 0; // what a policy gathers or copies for the iteration: replicas' and
                            // gathered experts' parameters and gradients (FlexMoE's persistent
                            // copies: and their optimizer states)
+  double materialized_params = 0;  // of `materialized`, the parameters (Hecate Fig. 13's "Param")
   double total() const { return params + grads + optimizer + activations + materialized; }
 };
 

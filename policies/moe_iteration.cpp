@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "memory_model.hpp"
 
@@ -83,6 +84,7 @@ class Builder {
     zero_ = s.sharding != ExpertSharding::owner;
     const bool sharded = s.shard_r > 0;
     std::vector<double> activations(std::size_t(G_), 0.0), copies(std::size_t(G_), 0.0);
+    owned_.assign(std::size_t(G_), 0.0);
     for (std::size_t l = 0; l < plans.size(); ++l) {
       target_[l].resize(std::size_t(G_) * E_);
       for (int s = 0; s < G_; ++s)
@@ -111,10 +113,15 @@ class Builder {
       for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
       for (int t = 0; t < G_; ++t) {  // what GPU t materializes and keeps for this layer
         activations[std::size_t(t)] += layer_activation_bytes(in.model, in.model.tokens_per_gpu(), H[std::size_t(t)]);
-        if (!zero_ && !sharded)
-          for (int e : computes_[l][t])
-            if (owner(int(l), e) != t) copies[std::size_t(t)] += 1;  // a replica, held until its reduce
+        if (zero_ || sharded) continue;
+        double layer_copies = 0;
+        for (int e : computes_[l][t])
+          if (owner(int(l), e) != t) layer_copies += 1;  // a replica, held until its reduce
+        // Every layer's copies at once, or with re-materialization one layer's at a time.
+        copies[std::size_t(t)] = s.rematerialize ? std::max(copies[std::size_t(t)], layer_copies) : copies[std::size_t(t)] + layer_copies;
       }
+      if (!zero_ && !sharded)
+        for (int e = 0; e < E_; ++e) owned_[std::size_t(owner(int(l), e))] += 1;
       in.report.load_stddev.push_back(stddev(H));
       in.report.gpu_load.resize(H.size(), 0.0);
       for (std::size_t g = 0; g < H.size(); ++g) in.report.gpu_load[g] += H[g];
@@ -131,24 +138,34 @@ class Builder {
   MemoryUse peak_memory(const std::vector<double>& activations, const std::vector<double>& copies) const {
     const auto b = state_bytes(in_.model.dtype());
     const double P = in_.model.expert_params(), L = double(plans_.size()), E = E_, G = G_;
-    MemoryUse experts;  // the same on every GPU
+    MemoryUse experts;  // ZeRO's and Tutel's sharding: the same on every GPU
     if (schedule_.sharding == ExpertSharding::zero3) {  // everything sharded; one layer gathered at a time
       experts = expert_state(in_.model, L * E / G);
       experts.materialized = E * P * (b.param + b.grad);
+      experts.materialized_params = E * P * b.param;
     } else if (schedule_.sharding == ExpertSharding::zero2) {  // parameters kept; gradients and states sharded
-      experts = {L * E * P * b.param, L * E * P * b.grad / G, L * E * P * b.optimizer / G, 0, E * P * b.grad};
+      experts = expert_state(in_.model, L * E);
+      experts.grads /= G;
+      experts.optimizer /= G;
+      experts.materialized = E * P * b.grad;
     } else if (schedule_.shard_r > 0) {  // 1/s of an expert per GPU; a 1/r slice gathered at a time
       experts = expert_state(in_.model, L / (G / E));
       experts.materialized = P / schedule_.shard_r * (b.param + b.grad);
-    } else {  // E/G experts of every layer
-      experts = expert_state(in_.model, L * std::max(1.0, E / G));
+      experts.materialized_params = P / schedule_.shard_r * b.param;
     }
     const MemoryUse dense = dense_memory(in_.model);
     MemoryUse peak;
     for (int t = 0; t < G_; ++t) {
-      MemoryUse m{dense.params + experts.params, dense.grads + experts.grads, dense.optimizer + experts.optimizer,
-                  activations[std::size_t(t)],
-                  experts.materialized + copies[std::size_t(t)] * P * (b.param + b.grad + (schedule_.persistent_replicas ? b.optimizer : 0))};
+      // Owners: the experts GPU t owns over all layers (E/G per layer, or as the plans shard them).
+      const MemoryUse own = zero_ || schedule_.shard_r > 0 ? experts : expert_state(in_.model, owned_[std::size_t(t)]);
+      const double copy = copies[std::size_t(t)] * P;
+      MemoryUse m;
+      m.params = dense.params + own.params;
+      m.grads = dense.grads + own.grads;
+      m.optimizer = dense.optimizer + own.optimizer;
+      m.activations = activations[std::size_t(t)];
+      m.materialized = experts.materialized + copy * (b.param + b.grad + (schedule_.persistent_replicas ? b.optimizer : 0));
+      m.materialized_params = experts.materialized_params + copy * b.param;
       if (m.total() > peak.total()) peak = m;
     }
     return peak;
@@ -178,7 +195,7 @@ class Builder {
     if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
     for (int l = 0; l < L; ++l) {
       if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
-      if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm);  // spAG under attention_l
+      if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm, l == 0 ? start : std::vector<OpId>{});  // spAG under attention_l
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0}, l == 0 ? start : std::vector<OpId>{});
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
@@ -186,6 +203,7 @@ class Builder {
       }
       if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
       if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
+      broadcast_late(l);  // Hecate's calibrated copies, after the gate
       const OpId done = moe_layer(l, false);
       if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
       for (int r = 0; r < G_; ++r)
@@ -207,6 +225,7 @@ class Builder {
         reduce_replicas(l, mode == RS::second_stream ? Stream::comm2 : Stream::comm);
         if (mode == RS::exposed) after.insert(after.end(), reduces_.end() - std::ptrdiff_t(plans_[l].replicas.size()), reduces_.end());
       }
+      if (schedule_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_}, after);
         g_.add_compute(r, fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward({gate}), scores_bytes_});
@@ -233,12 +252,15 @@ class Builder {
   }
 
  private:
-  // The chain of a replica's broadcast / reduce: its owner first, then the holders.
-  std::vector<int> ring(int l, const Replica& rep) const {
+  // The chain of a replica's broadcast / reduce: its owner first, then holders [from, to) (all).
+  std::vector<int> ring(int l, const Replica& rep, std::size_t from = 0, std::size_t to = SIZE_MAX) const {
     std::vector<int> chain{owner(l, rep.expert)};
-    chain.insert(chain.end(), rep.holders.begin(), rep.holders.end());
+    to = std::min(to, rep.holders.size());
+    chain.insert(chain.end(), rep.holders.begin() + std::ptrdiff_t(std::min(from, to)), rep.holders.begin() + std::ptrdiff_t(to));
     return chain;
   }
+  // Holders that get their copy with the replica's first broadcast (the others after the gate).
+  static std::size_t early(const Replica& rep) { return rep.holders.size() - std::size_t(rep.late); }
 
   // The broadcasts of layer l's replicas not yet sent, up to the first `limit` of them.
   void broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps = {}, int limit = -1) {
@@ -246,9 +268,44 @@ class Builder {
     const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
     if (schedule_.persistent_replicas) return;  // the copies are already there
     for (int& i = trans_sent_[l]; i < end; ++i)
-      bcast_[l][reps[i].expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, reps[i].expert),
-                                                    {CollectiveType::broadcast, ring(l, reps[i]), {expert_bytes_}, "ring"},
-                                                    deps);
+      if (early(reps[i]) > 0)
+        bcast_[l][reps[i].expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, reps[i].expert),
+                                                      {CollectiveType::broadcast, ring(l, reps[i], 0, early(reps[i])), {expert_bytes_}, "ring"},
+                                                      deps);
+  }
+
+  // Hecate's calibration (hecate.md §4.4): the copies decided from the gate's real counts, sent
+  // after the gate on the comm stream, before the dispatch: on the critical path.
+  void broadcast_late(int l) {
+    for (const auto& rep : plans_[l].replicas)
+      if (rep.late > 0)
+        late_bcast_[{l, rep.expert}] = g_.add_collective(
+            Stream::comm, fmt::format("L{}.fwd.replica_calibrate.e{}", l, rep.expert),
+            {CollectiveType::broadcast, ring(l, rep, early(rep)), {expert_bytes_}, "ring"}, ready_);
+  }
+
+  // Re-materialization (hecate.md §6): layer l's copies gathered again for its backward (a second
+  // spAG to every holder), on the comm stream after the spRS of layer l + 1.
+  void regather_replicas(int l) {
+    for (const auto& rep : plans_[l].replicas)
+      regather_[{l, rep.expert}] = g_.add_collective(Stream::comm, fmt::format("L{}.bwd.replica_regather.e{}", l, rep.expert),
+                                                     {CollectiveType::broadcast, ring(l, rep), {expert_bytes_}, "ring"}, {});
+  }
+
+  // The op that brings GPU `rank` its copy of expert e of layer l for the forward or the backward
+  // (none: the copy is still there from the forward).
+  std::optional<OpId> copy_arrival(int l, int rank, int e, bool bwd) const {
+    if (bwd) {
+      const auto it = regather_.find({l, e});
+      return it == regather_.end() ? std::nullopt : std::optional<OpId>(it->second);
+    }
+    if (const auto late = late_bcast_.find({l, e}); late != late_bcast_.end()) {
+      const auto& reps = plans_[l].replicas;
+      const auto rep = std::find_if(reps.begin(), reps.end(), [e](const Replica& r) { return r.expert == e; });
+      if (std::find(rep->holders.begin() + std::ptrdiff_t(early(*rep)), rep->holders.end(), rank) != rep->holders.end())
+        return late->second;
+    }
+    return bcast_[l].at(e);
   }
 
   // The reduces of layer l's replicas not yet sent, up to the first `limit` of them.
@@ -341,7 +398,8 @@ class Builder {
       c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
       c.tokens += tokens;
       if (!zero_ && rank != owner(l, e)) {
-        if (!bwd && !schedule_.persistent_replicas) deps.push_back(bcast_[l].at(e));
+        if (!schedule_.persistent_replicas)
+          if (const auto arrival = copy_arrival(l, rank, e, bwd)) deps.push_back(*arrival);
         computing_.push_back(e);
       }
     }
@@ -548,6 +606,9 @@ class Builder {
   std::vector<OpId> ready_;
   std::vector<std::vector<int>> target_;           // per layer: [source · E + expert] -> GPU
   std::vector<std::map<int, OpId>> bcast_;         // per layer: expert -> its broadcast
+  std::map<std::pair<int, int>, OpId> late_bcast_;  // (layer, expert) -> its calibration broadcast
+  std::map<std::pair<int, int>, OpId> regather_;    // (layer, expert) -> its re-materialization
+  std::vector<double> owned_;                       // per GPU: experts it owns, all layers
   std::map<std::pair<int, int>, std::vector<OpId>> users_;  // (layer, expert) -> bwd ops on its copies
   std::vector<int> computing_;
   bool zero_ = false;

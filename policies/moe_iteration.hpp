@@ -26,10 +26,13 @@
 
 namespace moesim {
 
-/// Copies of one expert for one iteration, on `holders` (GPUs other than its owner).
+/// Copies of one expert for one iteration, on `holders` (GPUs other than its owner). The last
+/// `late` holders get theirs after the layer's gate, on the critical path (Hecate's calibration,
+/// hecate.md §4.4); the others as the ReplicaSchedule says.
 struct Replica {
   int expert = 0;
   std::vector<int> holders;
+  int late = 0;
 };
 
 /// An expert that changes owner before the iteration, with its parameters and optimizer states
@@ -108,6 +111,12 @@ struct ScheduleOptions {
   /// nothing is broadcast before a layer, and each replicated expert's gradients are all-reduced
   /// among its copies after the layer's backward (instead of reduced to the owner).
   bool persistent_replicas = false;
+  /// Hecate's re-materialization (hecate.md §6), with under_attention: a layer's copies are
+  /// dropped after its forward and gathered again (a second spAG) before its backward, on the comm
+  /// stream after the spRS of the layer after it, under that layer's attention backward. The last
+  /// layer keeps its copies (its backward follows its forward at once). Memory: one layer's copies
+  /// at a time instead of every layer's.
+  bool rematerialize = false;
   bool dense_encode = false;      // Fairseq's one-hot einsum encode/decode GEMMs (TutelSpec)
   bool per_source_gemms = false;  // expert GEMMs per source chunk, the all-to-all's layout (TutelSpec)
 };

@@ -1,5 +1,5 @@
 // Experiments that carry a paper's numbers: the simulated counterpart of each claim (best of several
-// baselines, groups and their aggregate, the RB balance ratio) on hand cases, the balance degree the
+// baselines, groups and their aggregate, the RB balance ratio, critical-path categories, memory) on hand cases, the balance degree the
 // iteration builder reports, and a claim naming a variant that does not exist.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -49,6 +49,7 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   CHECK(simulated_value(claim(best), r) == Approx(2.0));  // MAX is the default
   CHECK(simulated_value(claim(best + "aggregate: MIN"), r) == Approx(1.2));
   CHECK(simulated_value(claim(best + "aggregate: MEAN"), r) == Approx(1.6));
+  CHECK(simulated_value(claim(best + "aggregate: GEOMEAN"), r) == Approx(std::sqrt(1.2 * 2.0)));
   // A single baseline: against ep only, A 10/5 = 2, B 8/4 = 2; against fastermoe A 1.2, B 2.25.
   CHECK(simulated_value(claim(R"(variant: "pro-prophet" baseline: "fastermoe" groups: "A" groups: "B" value: 1)"), r) ==
         Approx(2.25));
@@ -71,6 +72,17 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   m.runs[1].iterations[0].breakdown.seconds[int(Category::compute)] = 6;
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MOE_SPEEDUP value: 1)"), m) == Approx(2.0));
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" value: 1)"), m) == Approx(10.0 / 9));
+
+  // ALL_TO_ALL and OTHER_COMM: those categories of the critical path; MEMORY and PARAM_MEMORY: the
+  // peak GPU's total without activations and its parameters (owned + materialized), baseline over variant.
+  m.runs[0].iterations[0].breakdown.seconds[int(Category::other)] = 0.5;
+  m.runs[1].iterations[0].breakdown.seconds[int(Category::other)] = 2;
+  m.runs[0].iterations[0].memory = {4, 1, 6, 2, 3, 1};  // total 16, parameters 4 + 1
+  m.runs[1].iterations[0].memory = {4, 1, 6, 1, 0, 0};  // total 12, parameters 4
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: ALL_TO_ALL value: 1)"), m) == Approx(1.5));
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: OTHER_COMM value: 1)"), m) == Approx(0.25));
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MEMORY value: 1)"), m) == Approx(14.0 / 11));
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: PARAM_MEMORY value: 1)"), m) == Approx(5.0 / 4));
 
   // BALANCE: per layer, std(best baseline) / std(variant), mean over iterations.
   ExperimentResult b;
