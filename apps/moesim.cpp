@@ -278,6 +278,8 @@ int main(int argc, char** argv) {
   calibrate_cmd->add_option("--collective-ranks", calibrate_options.collective_ranks,
                             "Also time all-to-all and all-reduce over this many ranks (GPUs with hw)")
       ->capture_default_str();
+  bool calibrate_quiet = false;
+  calibrate_cmd->add_flag("--quiet,-q", calibrate_quiet, "No progress on stderr");
   calibrate_cmd->add_option("--max-point-seconds", calibrate_options.max_point_seconds,
                             "End the GEMM sweep after a size that takes longer than this")
       ->capture_default_str();
@@ -451,7 +453,7 @@ int main(int argc, char** argv) {
     }
     if (*calibrate_cmd) {
       const auto ex = load_experiment(calibrate_spec.empty() ? std::nullopt : std::optional(calibrate_spec), calibrate_sets);
-      calibrate_options.progress = [](const std::string& line) { fmt::print(stderr, "  {}\n", line); };
+      if (!calibrate_quiet) calibrate_options.progress = [](const std::string& line) { fmt::print(stderr, "  {}\n", line); };
       const Calibration cal = calibrate(ex, calibrate_options);
       write_atomically(calibrate_out, cal.text());
       fmt::print("wrote {}: peak {:.4g} TFLOP/s, {} GEMM points, {:.1f} GB/s; use it with --set cluster.gpu_profile={}\n",

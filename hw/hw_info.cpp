@@ -21,12 +21,22 @@ int launcher_rank() {
 
 bool hw_backend_built() { return MOESIM_HAVE_CUDA; }
 
+int visible_gpus() {
+#if MOESIM_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+#else
+  return 0;
+#endif
+}
+
 std::string hw_backend_description() {
 #if MOESIM_HAVE_CUDA
   int runtime = 0;
   cudaRuntimeGetVersion(&runtime);
   return "CUDA runtime " + std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) + ", NCCL " +
-         std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "; host device";
+         std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + ", " + std::to_string(visible_gpus()) +
+         " GPU(s) visible; host device";
 #else
   return "built without CUDA (no toolkit found); host device";
 #endif

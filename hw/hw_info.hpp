@@ -11,6 +11,8 @@
 namespace moesim {
 /// True when this build found the CUDA toolkit and NCCL.
 bool hw_backend_built();
+/// CUDA GPUs this process can see (0 without CUDA, or without a driver).
+int visible_gpus();
 /// One line for `moesim --version`.
 std::string hw_backend_description();
 /// "host": the host device (always built). "hw": the GPUs through CUDA, cuBLAS and NCCL, one rank

@@ -10,6 +10,7 @@
 #include "host_backend.hpp"
 #include "op_work.hpp"
 #include "policy.hpp"
+#include "textproto.hpp"
 
 using namespace moesim;
 
@@ -36,8 +37,20 @@ TEST_CASE("every placement policy computes plain EP's outputs and gradients on t
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
   REQUIRE(ex.variants.size() == policy_names().size());  // the demo lists every policy
+  // And Hecate's options: heterogeneous re-sharding every 2 iterations (experts change owner),
+  // re-materialization, the calibration stage.
+  auto variants = ex.variants;
+  for (const auto& [name, set] : std::vector<std::pair<std::string, std::string>>{
+           {"hecate-reshard", "policy.hecate.reshard_interval=2"},
+           {"hecate-rm", "policy.hecate.rematerialize=true"},
+           {"hecate-calibrate", "policy.hecate.calibrate=true"}}) {
+    spec::ExperimentSpec s = ex.variants.back().second;
+    REQUIRE(s.policy().name() == "hecate");
+    apply_override(s, set);
+    variants.emplace_back(name, s);
+  }
   std::set<std::string> copied, migrated;
-  for (const auto& [name, s] : ex.variants) {
+  for (const auto& [name, s] : variants) {
     INFO("policy " << name);
     const hw::DataPathRun run = hw::run_data_path(cluster, model, gpu, s.policy(), 4, 7, 3.0);
     const hw::DataPathRun ep = hw::run_data_path(cluster, model, gpu, ex.spec.policy(), 4, 7, 3.0);
@@ -59,6 +72,7 @@ TEST_CASE("every placement policy computes plain EP's outputs and gradients on t
   for (const char* p : {"zero2", "zero3", "fastermoe-shadow", "replicate-top2", "pro-prophet", "flexmoe", "hecate"})
     CHECK(copied.count(p) == 1);
   CHECK(migrated.count("smartmoe") == 1);
+  CHECK(migrated.count("hecate-reshard") == 1);
   CHECK(copied.count("ep") == 0);
 }
 
