@@ -579,6 +579,9 @@ int main(int argc, char** argv) {
   } catch (const InputError& e) {
     fmt::print(stderr, "moesim: error: {}\n", e.what());
     return 2;
+  } catch (const MachineError& e) {
+    fmt::print(stderr, "moesim: machine error: {}\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "moesim: internal error: {}\n", e.what());
     return 1;

@@ -26,13 +26,13 @@ namespace moesim::hw {
 namespace {
 
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(fmt::format("CUDA: {}: {}", what, cudaGetErrorString(e)));
+  if (e != cudaSuccess) throw MachineError(fmt::format("CUDA: {}: {}", what, cudaGetErrorString(e)));
 }
 void check(ncclResult_t e, const char* what) {
-  if (e != ncclSuccess) throw std::runtime_error(fmt::format("NCCL: {}: {}", what, ncclGetErrorString(e)));
+  if (e != ncclSuccess) throw MachineError(fmt::format("NCCL: {}: {}", what, ncclGetErrorString(e)));
 }
 void check(cublasStatus_t e, const char* what) {
-  if (e != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("cuBLAS: {}: status {}", what, int(e)));
+  if (e != CUBLAS_STATUS_SUCCESS) throw MachineError(fmt::format("cuBLAS: {}: status {}", what, int(e)));
 }
 #define MOESIM_CHECK(call) check((call), #call)
 
@@ -76,7 +76,7 @@ class CudaBackend final : public Backend {
 #if MOESIM_HAVE_MPI
       int provided = 0;
       if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS)
-        throw std::runtime_error("MPI_Init failed");
+        throw MachineError("MPI_Init failed: is this process started by mpirun?");
       int size = 0, me = 0;
       MPI_Comm_size(MPI_COMM_WORLD, &size);
       MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -164,7 +164,7 @@ class CudaBackend final : public Backend {
   }
 
   Timing execute(const TaskGraph& graph) override {
-    if (broken_) throw std::runtime_error("hw backend: the communicators were aborted by an earlier failure");
+    if (broken_) throw MachineError("hw backend: the communicators were aborted by an earlier failure");
     if (graph.num_ranks() != G_) throw std::logic_error("hw backend: graph for another cluster size");
     const std::size_t n = graph.size();
     std::vector<std::vector<int>> who(n);
@@ -419,7 +419,7 @@ class CudaBackend final : public Backend {
         ncclCommAbort(c);
         c = nullptr;
       }
-    throw std::runtime_error(fmt::format("hw backend: {} was still running when {}", stuck, why));
+    throw MachineError(fmt::format("hw backend: {} was still running when {}", stuck, why));
   }
 
   Timing collect(const TaskGraph& graph, const std::vector<std::vector<int>>& who) {

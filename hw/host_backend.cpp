@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "errors.hpp"
+
 #include "host_kernels.hpp"
 #include "op_work.hpp"
 
@@ -20,6 +22,9 @@ namespace moesim::hw {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+/// Thrown in the ranks that stop because another rank failed (that rank's error is reported).
+struct Aborted {};
 
 /// A rank's device memory: named buffers that only grow, with the high-water mark of their sum.
 class Scratch {
@@ -59,11 +64,11 @@ class Rendezvous {
     }
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
     while (generation_ == gen) {
-      if (abort) throw std::runtime_error("aborted");
+      if (abort) throw Aborted{};
       if (cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(50))) ==
               std::cv_status::timeout &&
           Clock::now() >= deadline)
-        throw std::runtime_error(fmt::format("host backend: rank {} waited {} s for the other ranks of op '{}' (#{})",
+        throw MachineError(fmt::format("host backend: rank {} waited {} s for the other ranks of op '{}' (#{})",
                                              rank, timeout_s, op.label, op.id));
     }
     return false;
@@ -145,7 +150,7 @@ Timing HostBackend::execute(const TaskGraph& graph) {
   for (std::size_t i = 0; i < n; ++i) done[i] = false;
   std::atomic<bool> abort{false};
   std::mutex error_mutex;
-  std::string error;
+  std::exception_ptr error;
   const auto t0 = Clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
 
@@ -156,9 +161,9 @@ Timing HostBackend::execute(const TaskGraph& graph) {
       const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_s));
       for (OpId d : op.deps)  // a dependency on another rank's op (ours are done: id order)
         while (!done[d].load(std::memory_order_acquire)) {
-          if (abort) throw std::runtime_error("aborted");
+          if (abort) throw Aborted{};
           if (Clock::now() > deadline)
-            throw std::runtime_error(fmt::format("host backend: op '{}' (#{}) waited {} s for op '{}'", op.label, id,
+            throw MachineError(fmt::format("host backend: op '{}' (#{}) waited {} s for op '{}'", op.label, id,
                                                  options_.timeout_s, graph.op(d).label));
           std::this_thread::yield();
         }
@@ -210,13 +215,15 @@ Timing HostBackend::execute(const TaskGraph& graph) {
       threads.emplace_back([&, r] {
         try {
           run_rank(r);
-        } catch (const std::exception& e) {
+        } catch (const Aborted&) {
+        } catch (...) {
           std::lock_guard lock(error_mutex);
-          if (!abort.exchange(true) || error.empty() || error == "aborted") error = e.what();
+          if (!error) error = std::current_exception();
+          abort = true;
         }
       });
   }
-  if (abort) throw std::runtime_error(error);
+  if (error) std::rethrow_exception(error);
   for (int r = 0; r < G; ++r) timing.memory_peak[std::size_t(r)] = scratch[std::size_t(r)].peak();
   clock_ += timing.makespan();
   return timing;

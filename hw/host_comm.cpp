@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "errors.hpp"
+
 namespace moesim::hw {
 
 void HostComm::send(int from, int to, long tag, std::vector<float> data) {
@@ -20,7 +22,7 @@ std::vector<float> HostComm::recv(int to, int from, long tag, const std::string&
   std::unique_lock lock(m_);
   auto& q = queues_[{from, to, tag}];
   if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return !q.empty(); }))
-    throw std::runtime_error(fmt::format("host device: rank {} waited {} s for {} from rank {}", to, timeout_s_, what, from));
+    throw MachineError(fmt::format("host device: rank {} waited {} s for {} from rank {}", to, timeout_s_, what, from));
   std::vector<float> data = std::move(q.front());
   q.pop_front();
   return data;

@@ -1,5 +1,5 @@
-// Errors for bad user input. The command line prints what() and exits with status 2; anything
-// else that escapes is an internal failure (status 1).
+// Errors for bad user input. The command line prints what() and exits with status 2; a fault of
+// the machine (MachineError) and anything else that escapes exit with status 1.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -24,6 +24,13 @@ class FieldError : public InputError {
  private:
   std::string field_;
   std::string message_;
+};
+
+/// A fault of the machine, not of the input: a GPU, driver, NCCL or MPI failure, a peer that never
+/// answered. The message names what failed and, where it is an op of the graph, which op.
+class MachineError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 }  // namespace moesim

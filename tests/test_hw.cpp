@@ -10,6 +10,7 @@
 #include "host_backend.hpp"
 #include "op_work.hpp"
 #include "policy.hpp"
+#include "runner.hpp"
 #include "textproto.hpp"
 
 using namespace moesim;
@@ -74,6 +75,25 @@ TEST_CASE("every placement policy computes plain EP's outputs and gradients on t
   CHECK(migrated.count("smartmoe") == 1);
   CHECK(migrated.count("hecate-reshard") == 1);
   CHECK(copied.count("ep") == 0);
+}
+
+TEST_CASE("every policy's iteration graph runs on the host device") {
+  const Experiment ex = small_demo({"iterations=2"});
+  const ExperimentResult result = run_experiment(ex, {}, "host");
+  CHECK(result.backend == "host");
+  REQUIRE(result.runs.size() == policy_names().size());
+  for (const RunResult& run : result.runs) {
+    INFO("policy " << run.policy);
+    REQUIRE(run.iterations.size() == 2);
+    for (const auto& it : run.iterations) {
+      CHECK(it.time > 0);
+      CHECK(it.device_memory_peak > 0);
+      CHECK(it.breakdown.total() == Approx(it.time).epsilon(1e-9));
+    }
+    REQUIRE(!run.timings.empty());
+    const Timing& t = run.timings.front();
+    for (std::size_t id = 0; id < t.start.size(); ++id) CHECK(t.end[id] >= t.start[id]);
+  }
 }
 
 TEST_CASE("Tutel's sharded experts (fewer experts than GPUs) add up their slices to EP's numbers") {
