@@ -1,14 +1,16 @@
 // Hecate's FSSDP as a policy ("hecate"; hecate.md §2-7). Read with hecate.hpp.
 //
 // Per iteration and layer: F, the load of each expert predicted as the mean of the last w = 5
-// iterations' (nothing is materialized before there is one); t = ⌊T_attn · bw / expert_size⌋, the
-// experts whose parameters the interconnect moves during the layer's attention forward (bw: a
-// GPU's NIC bandwidth across nodes, its fastest route inside a single node); m, the experts that
+// iterations' (nothing is materialized before there is one); t = ⌊T_non-MoE · bw / expert_size⌋,
+// the experts whose parameters the interconnect moves during the layer's attention forward
+// (T_non-MoE: the attention's GEMMs and its memory-bound softmax, dropout and norms, as the graph
+// runs them; bw: the node's inter-node bandwidth, all its NICs, as hecate.md §10.2 derives t for
+// clusters A and B (12.5 and 50 GB/s); a single node: a GPU's fastest route); m, the experts that
 // fit in a GPU's memory beyond its shards' state and the activations of a mean load, per layer
 // (without re-materialization every layer's copies stay until its backward, so the free memory is
 // shared by L layers; with it by one); then Algorithm 1. `policy.hecate.overlap_degree` and
-// `.memory_slots` give t and m directly (the paper profiles them; with this model's attention a
-// GPT-MoE-S layer on A100s hides less than one expert, t = 0, and then Hecate is EP). The
+// `.memory_slots` give t and m directly (the paper profiles them; t = 0 makes Hecate EP with
+// heterogeneous shards). The
 // builder's under_attention schedule sends the copies (spAG) with the attention forward and
 // reduces their gradients to the owners (spRS) under the attention backward; each source's tokens
 // go to a copy on its own GPU, else on its node, else to one spread by source (replica_targets(),
@@ -236,9 +238,9 @@ class Hecate final : public Policy {
     const double expert_size = in.model.expert_params() * b.param;
     const auto& spec = in.spec.hecate();
     // t: the experts the interconnect moves under one attention forward.
-    double t_attn = 0;
-    for (const auto& g : in.model.dense_forward_gemms()) t_attn += in.gpu.gemm_time(g);
-    const double bw = in.cluster.nodes() > 1 ? in.cluster.rank_nic(0).bandwidth
+    const double t_attn =
+        Compute{ComputeKind::gemm, in.model.dense_forward_gemms(), in.model.dense_forward_memory_bytes()}.seconds(in.gpu);
+    const double bw = in.cluster.nodes() > 1 ? in.cluster.node_uplink_bandwidth()
                                              : in.cluster.route_bandwidth(in.cluster.intra_route(0, 1 % in.cluster.gpus_per_node()));
     const int t = spec.overlap_degree() ? int(spec.overlap_degree()) : int(std::floor(t_attn * bw / expert_size));
     // m: the copies per GPU and layer the memory left beside the shards' state and mean activations

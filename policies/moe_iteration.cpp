@@ -180,6 +180,7 @@ class Builder {
   TaskGraph build() {
     const int L = in_.model.layers();
     const auto dense = in_.model.dense_forward_gemms();
+    const double dense_bytes = in_.model.dense_forward_memory_bytes();  // softmax, dropout, norms
     const Gemm gate = in_.model.gate_gemm();
     using RS = ReplicaSchedule;
     const RS mode = schedule_.replicas;
@@ -197,7 +198,7 @@ class Builder {
       if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
       if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm, l == 0 ? start : std::vector<OpId>{});  // spAG under attention_l
       for (int r = 0; r < G_; ++r) {
-        g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, 0}, l == 0 ? start : std::vector<OpId>{});
+        g_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, l == 0 ? start : std::vector<OpId>{});
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_});
       }
@@ -229,7 +230,7 @@ class Builder {
       for (int r = 0; r < G_; ++r) {
         g_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_}, after);
         g_.add_compute(r, fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward({gate}), scores_bytes_});
-        ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward(dense), 0});
+        ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward(dense), 2 * dense_bytes});
       }
     }
     // Data parallelism over all GPUs for the dense parameters; each expert has one owner.

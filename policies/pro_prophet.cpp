@@ -65,7 +65,7 @@ ProphetModel prophet_model(const CostModel& cost, const MoeModel& model, const G
   const int per_gpu = model.experts() / G;
   const double slots = double(model.tokens_per_gpu()) * model.top_k();  // a device's mean load
   m.throughput = slots / (per_gpu * cost.expert_time(model, slots / per_gpu));
-  for (const auto& g : model.dense_forward_gemms()) m.fnec += gpu.gemm_time(g);
+  m.fnec += Compute{ComputeKind::gemm, model.dense_forward_gemms(), model.dense_forward_memory_bytes()}.seconds(gpu);
   m.fnec += gpu.gemm_time(model.gate_gemm());
   m.bnec = 2 * m.fnec;
   return m;

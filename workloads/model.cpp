@@ -1,5 +1,7 @@
 #include "model.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "errors.hpp"
@@ -42,6 +44,12 @@ std::vector<Gemm> MoeModel::dense_forward_gemms() const {
   };
   for (const auto& g : spec_.extra_dense_gemms()) gemms.push_back({g.m(), g.n(), g.k(), g.batch() ? g.batch() : 1});
   return gemms;
+}
+
+double MoeModel::dense_forward_memory_bytes() const {
+  const double t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len(), h = spec_.heads();
+  const double b = dtype_bytes(), sequences = std::floor(t / s);
+  return h * sequences * s * s * (4 * b + 1) + t * d * (10 * b + 2);
 }
 
 Gemm MoeModel::gate_gemm() const { return {spec_.tokens_per_gpu(), spec_.experts(), spec_.d_model(), 1}; }

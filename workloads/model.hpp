@@ -26,6 +26,12 @@ class MoeModel {
   /// Forward GEMMs of one layer's non-MoE part on one GPU: attention (QKV projection, scores,
   /// context, output projection) and the spec's extra dense GEMMs.
   std::vector<Gemm> dense_forward_gemms() const;
+  /// Bytes the same forward moves through device memory besides its GEMMs (Megatron-style
+  /// attention without a fused flash kernel; backward: twice as much): the fused scale-mask-softmax
+  /// and the dropout over the h·(t/s)·s² attention scores (read and write each, plus the dropout's
+  /// one-byte mask), the two layer norms (read and write t·d) and the two dropout + residual adds
+  /// (read two, write one, a mask): h·(t/s)·s²·(4b + 1) + t·d·(10b + 2), b the dtype's bytes.
+  double dense_forward_memory_bytes() const;
   /// Forward gate scoring on one GPU: tokens × experts × d_model.
   Gemm gate_gemm() const;
   /// One expert's two forward GEMMs for `tokens` routed tokens: d_model -> d_ffn -> d_model.
