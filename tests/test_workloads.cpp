@@ -38,6 +38,16 @@ TEST_CASE("model shapes and parameter counts follow the transformer formulas") {
   CHECK(m.token_bytes() == d * 2);
 }
 
+TEST_CASE("the attention's memory-bound bytes: scores softmax and dropout, norms, residuals") {
+  // Hecate's GPT-MoE-S (hecate.md §10.2): d 768, 2 sequences of 2048 tokens, 12 heads, fp16.
+  const MoeModel m(test::model_spec(12, 768, 1536, 64, 2, 2048, 4096, 12));
+  // h·(t/s)·s²·(4b+1) = 12·2·2048²·9 and t·d·(10b+2) = 4096·768·22.
+  CHECK(m.dense_forward_memory_bytes() == 905969664.0 + 69206016.0);
+  // The scores dominate: quadratic in the sequence length.
+  const MoeModel shorter(test::model_spec(12, 768, 1536, 64, 2, 512, 4096, 12));
+  CHECK(shorter.dense_forward_memory_bytes() == 12.0 * 8 * 512 * 512 * 9 + 69206016.0);
+}
+
 TEST_CASE("model validation names the field") {
   auto m = small_model();
   m.set_top_k(17);
