@@ -18,13 +18,13 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:4.526]
+set yrange [0:4.441]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "zero3" 1.0000
-"zero2" 1.3615
-"fastmoe" 1.9970
-"fastermoe" 3.8358
+"zero2" 1.3437
+"fastmoe" 1.9586
+"fastermoe" 3.7633
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

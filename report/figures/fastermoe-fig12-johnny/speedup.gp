@@ -22,7 +22,7 @@ set yrange [0:1.339]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fastmoe" 1.0000
-"smart" 1.1351
+"smart" 1.1345
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -22,8 +22,8 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" "top2" "top3"
-"k1" 1.0000 0.9058 0.7983
-"k2" 1.0000 0.9888 0.9723
+"k1" 1.0000 0.9116 0.8094
+"k2" 1.0000 0.9893 0.9736
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -22,14 +22,14 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "adaptive" 1.0000
-"linear-1" 0.7939
-"linear-2" 0.9472
-"linear-4" 0.9926
+"linear-1" 0.8482
+"linear-2" 0.9630
+"linear-4" 0.9949
 "linear-8" 1.0000
-"2dh-1" 0.7218
-"2dh-2" 0.8487
-"2dh-4" 0.8695
-"2dh-8" 0.8670
+"2dh-1" 0.7901
+"2dh-2" 0.8906
+"2dh-4" 0.9063
+"2dh-8" 0.9044
 EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7

@@ -1,0 +1,34 @@
+# moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
+set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
+set output (exists('outfile') ? outfile : "speedup.png")
+set border 3 lw 1
+set tics nomirror out scale 0.5
+set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
+set key noautotitle samplen 1.5 spacing 1.1 font ',8'
+set style fill solid 0.85 border rgb '#333333'
+set datafile separator whitespace
+set datafile missing '?'
+set linetype 1 lc rgb '#0072B2' lw 1 pt 5 ps 0.6
+set linetype 2 lc rgb '#E69F00' lw 1 pt 7 ps 0.6
+set linetype 3 lc rgb '#009E73' lw 1 pt 9 ps 0.6
+set linetype 4 lc rgb '#D55E00' lw 1 pt 11 ps 0.6
+set linetype 5 lc rgb '#56B4E9' lw 1 pt 5 ps 0.6
+set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
+set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
+set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
+set linetype cycle 8
+set ylabel 'Speedup over ep (x)'
+set yrange [0:3.687]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
+$bars << EOD
+"ep" 1.0000
+"fastermoe" 3.1243
+"smartmoe" 0.9579
+"flexmoe" 2.7319
+"hecate" 2.8220
+"hecate-rm" 2.5225
+EOD
+set xtics rotate by 30 right
+set boxwidth 0.7
+set xrange [-0.6:*]
+plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

@@ -1,0 +1,37 @@
+# moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
+set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
+set output (exists('outfile') ? outfile : "speedup.png")
+set border 3 lw 1
+set tics nomirror out scale 0.5
+set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
+set key noautotitle samplen 1.5 spacing 1.1 font ',8'
+set style fill solid 0.85 border rgb '#333333'
+set datafile separator whitespace
+set datafile missing '?'
+set linetype 1 lc rgb '#0072B2' lw 1 pt 5 ps 0.6
+set linetype 2 lc rgb '#E69F00' lw 1 pt 7 ps 0.6
+set linetype 3 lc rgb '#009E73' lw 1 pt 9 ps 0.6
+set linetype 4 lc rgb '#D55E00' lw 1 pt 11 ps 0.6
+set linetype 5 lc rgb '#56B4E9' lw 1 pt 5 ps 0.6
+set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
+set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
+set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
+set linetype cycle 8
+set ylabel 'Speedup over ep (x)'
+set yrange [0:6.882]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
+$data << EOD
+group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate" "hecate-rm"
+"b1" 1.0000 2.2849 0.9428 1.7923 2.5162 2.4330
+"b2" 1.0000 3.0631 0.9444 1.9045 3.4905 3.2533
+"b3" 1.0000 3.6806 0.8822 1.9691 4.3691 3.8040
+"b4" 1.0000 4.2132 0.8998 1.9795 4.9683 4.2828
+"b5" 1.0000 4.6853 0.9807 1.9869 5.5687 4.8346
+"b6" 1.0000 5.0196 0.9489 1.9993 5.8321 4.7312
+EOD
+set style data histograms
+set style histogram clustered gap 1
+set boxwidth 0.9
+set key top left horizontal
+set xtics rotate by 20 right
+plot for [i=2:7] $data using i:xtic(1) title columnheader(i)
