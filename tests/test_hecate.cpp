@@ -431,3 +431,25 @@ TEST_CASE("hecate: with calibration a GPU still holds at most m copies per layer
     for (const auto& [key, n] : held) CHECK(n <= m);
   }
 }
+
+TEST_CASE("dispatch: a source's own copy, else a copy on its node (spread evenly), else any copy") {
+  const Cluster cluster(test::platform("dgx-a100", 2));  // GPUs 0-7 and 8-15
+  LayerPlan plan(RoutingMatrix(16, 16), {Replica{0, {3, 9}}});  // expert 0: owner 0, copies on 3 and 9
+  std::map<int, int> served;
+  for (int s = 0; s < 16; ++s) {
+    const int t = expert_target(plan, cluster, s, 0);
+    if (s == 0 || s == 3 || s == 9) CHECK(t == s);  // local first
+    CHECK(cluster.node_of(t) == cluster.node_of(s));  // then its own node: each node has a copy
+    ++served[t];
+  }
+  CHECK(served[0] == 4);  // GPU 0 and three of node 0's six others
+  CHECK(served[3] == 4);  // GPU 3 and the other three: even
+  CHECK(served[9] == 8);  // the whole of node 1
+  // No copy on node 1: its sources go to the copies there are, spread over them.
+  LayerPlan one_node(RoutingMatrix(16, 16), {Replica{0, {3}}});
+  std::set<int> used;
+  for (int s = 8; s < 16; ++s) used.insert(expert_target(one_node, cluster, s, 0));
+  CHECK(used == std::set<int>{0, 3});
+  // An expert without copies: everyone sends to its owner.
+  for (int s = 0; s < 16; ++s) CHECK(expert_target(plan, cluster, s, 5) == 5);
+}
