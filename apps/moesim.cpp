@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
   calibrate_cmd->add_option("--out,-o", calibrate_out, "Profile to write (GpuSpec text format)")->capture_default_str();
   calibrate_cmd->add_option("--set,-s", calibrate_sets, "Override a spec field (repeatable)");
   calibrate_cmd->add_option("--collective-ranks", calibrate_options.collective_ranks,
-                            "Also time all-to-all and all-reduce over this many ranks (GPUs with hw)")
+                            "Also time all-to-all and all-reduce over this many ranks (default: every GPU with hw, none on the host)")
       ->capture_default_str();
   bool calibrate_quiet = false;
   calibrate_cmd->add_flag("--quiet,-q", calibrate_quiet, "No progress on stderr");

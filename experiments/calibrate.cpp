@@ -76,7 +76,9 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
   cal.gpu.set_memory_gbytes_per_s(cal.memory_bytes_per_s / 1e9);
   cal.gpu.set_memory_efficiency(1);
 
-  const int ranks = std::min(o.collective_ranks, cluster.num_gpus());
+  // Collectives over the ranks asked for; on GPUs by default over every GPU of this machine.
+  const int asked = o.collective_ranks > 0 ? o.collective_ranks : o.backend == "hw" ? visible_gpus() : 0;
+  const int ranks = std::min(asked, cluster.num_gpus());
   if (ranks > 1) {
     auto multi = make_hw_backend(o.backend, cluster, model, ranks);
     std::vector<int> group(static_cast<std::size_t>(ranks));

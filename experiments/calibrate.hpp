@@ -17,7 +17,7 @@ namespace moesim {
 struct CalibrateOptions {
   std::string backend = "host";     // host or hw
   double max_point_seconds = 2;     // a GEMM size slower than this ends the sweep (the host is slow)
-  int collective_ranks = 0;         // ranks for the collective sweep (0: none)
+  int collective_ranks = 0;         // ranks for the collective sweep (0: every GPU with hw, none on the host)
   std::function<void(const std::string&)> progress;  // one line per measurement
 };
 
