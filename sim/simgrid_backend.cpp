@@ -63,6 +63,7 @@ struct SimBackend::Impl {
     int per_node() const { return int(of_node.size()); }
   } groups;
   std::vector<double> intra_latency;  // by (local source, local destination): the route's latency
+  std::vector<double> group_load;     // by group, for aggregated_task()
 
   Impl(const Cluster& c, const GpuModel& g, SimOptions o) : cluster(c), gpu(g), options(o) {
     if (g_engine_created) throw std::logic_error("SimBackend: SimGrid allows one engine per process");
@@ -74,8 +75,7 @@ struct SimBackend::Impl {
     node_links.resize(cluster.nodes());
     nic_links.resize(cluster.nodes());
     if (cluster.nodes() > 1) ports.resize(cluster.nodes());
-    for (int i = 0; i < cluster.gpus_per_node(); ++i)
-      for (int j = 0; j < cluster.gpus_per_node(); ++j) intra_latency.push_back(cluster.route_latency(cluster.intra_route(i, j)));
+    tabulate();
     auto* world = sg4::create_full_zone("world");
     build_platform(world);
     if (options.aggregate) build_groups(world);
@@ -304,6 +304,87 @@ struct SimBackend::Impl {
     return {u, v >= u ? v + 1 : v};
   }
 
+  // A step's bytes, gathered in one pass over its transfers (a step of an all-to-all has G² of
+  // them) for aggregated_task() and latency_bound(), in buffers kept from step to step.
+  struct StepBytes {
+    std::vector<double> intra;            // inside a node, by (source rank, local destination)
+    std::vector<double> out, in;          // between nodes, by source rank and by destination rank
+    std::vector<double> pairs;            // between nodes, by node pair
+    bool any_intra = false, any_inter = false;  // with bytes
+    bool crosses = false;                 // a transfer between nodes, even of no bytes
+    double nic_latency = 0;               // the longest route to its NIC (and the NIC) of a GPU that sends out
+    int intra_src = -1, intra_dst = -1;   // the pair inside a node with the longest route
+    int from = -1, to = -1;               // a pair of nodes with the longest route between them
+  } step_bytes;
+  // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
+  // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
+  // of Cluster's accessors, done once: they were a fifth of a large step's cost).
+  std::vector<int> node_of_rank, local_of_rank;
+  std::vector<double> overhead_of_local, nic_latency_of_local, nic_bandwidth_of_local;
+
+  void tabulate() {
+    for (int r = 0; r < cluster.num_gpus(); ++r) node_of_rank.push_back(cluster.node_of(r)), local_of_rank.push_back(cluster.local_of(r));
+    const int g = cluster.gpus_per_node();
+    for (int l = 0; l < g; ++l) {
+      if (cluster.nodes() > 1) {
+        const Nic& nic = cluster.rank_nic(l);
+        overhead_of_local.push_back(cluster.message_overhead_bytes(l, l + g));
+        nic_latency_of_local.push_back(cluster.route_latency(cluster.nic_route(l)) + nic.latency);
+        nic_bandwidth_of_local.push_back(nic.bandwidth);
+      }
+      for (int j = 0; j < g; ++j) intra_latency.push_back(cluster.route_latency(cluster.intra_route(l, j)));
+    }
+  }
+
+  const StepBytes& measure(const Step& step) {
+    auto& s = step_bytes;
+    const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
+                      N = std::size_t(cluster.nodes());
+    if (s.any_intra) std::fill(s.intra.begin(), s.intra.end(), 0.0);
+    if (s.any_inter || s.crosses) {
+      std::fill(s.out.begin(), s.out.end(), 0.0);
+      std::fill(s.in.begin(), s.in.end(), 0.0);
+      std::fill(s.pairs.begin(), s.pairs.end(), 0.0);
+    }
+    s.intra.resize(G * g, 0.0);
+    s.out.resize(G, 0.0);
+    s.in.resize(G, 0.0);
+    s.pairs.resize(N > 1 ? N * N : 0, 0.0);
+    s.any_intra = s.any_inter = s.crosses = false;
+    s.nic_latency = 0;
+    s.intra_src = s.intra_dst = s.from = s.to = -1;
+    auto fabric_hops = [&](int a, int b) {
+      return groups.between.empty() || groups.between[std::size_t(a / groups.nodes_per_leaf) * N + std::size_t(b)][0] < 0 ? 2 : 4;
+    };
+    const double scale = step.rounds;
+    for (const auto& t : step.transfers) {
+      const int a = node_of_rank[std::size_t(t.src)], b = node_of_rank[std::size_t(t.dst)];
+      const std::size_t local_src = std::size_t(local_of_rank[std::size_t(t.src)]);
+      if (a == b) {
+        const double bytes = t.bytes * scale;
+        if (t.src == t.dst || !(bytes > 0)) continue;  // nothing crosses a link
+        const std::size_t local_dst = std::size_t(local_of_rank[std::size_t(t.dst)]);
+        s.intra[std::size_t(t.src) * g + local_dst] += bytes;
+        s.any_intra = true;
+        if (s.intra_src < 0 ||
+            intra_latency[local_src * g + local_dst] >
+                intra_latency[std::size_t(local_of_rank[std::size_t(s.intra_src)]) * g + std::size_t(local_of_rank[std::size_t(s.intra_dst)])])
+          s.intra_src = t.src, s.intra_dst = t.dst;
+      } else {
+        const double bytes = (t.bytes + overhead_of_local[local_src]) * scale;
+        s.crosses = true;
+        s.nic_latency = std::max(s.nic_latency, nic_latency_of_local[local_src]);
+        s.out[std::size_t(t.src)] += bytes;
+        s.in[std::size_t(t.dst)] += bytes;
+        if (!(bytes > 0)) continue;
+        s.pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
+        s.any_inter = true;
+        if (s.from < 0 || fabric_hops(a, b) > fabric_hops(s.from, s.to)) s.from = a, s.to = b;
+      }
+    }
+    return s;
+  }
+
   // A collective step as one parallel task: all its transfers progress at one rate, so it ends
   // when its most loaded link has carried its load: max over links of load/bandwidth, plus the
   // largest route latency. SimGrid's cost is in entering the task: per entry (host pair) and per
@@ -315,71 +396,48 @@ struct SimBackend::Impl {
   // (GPU -> port -> port -> GPU per transfer: ports' rows first, then GPUs' rows, in rank order),
   // to the last bit. The latency is that of the longest route: one more entry, of a negligible
   // 1e-30 bytes, along it (between two ports across the fabric, or two GPUs in a node).
-  sg4::ExecPtr aggregated_task(const Step& step) {
+  sg4::ExecPtr aggregated_task(const StepBytes& s) {
     const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
                       N = std::size_t(cluster.nodes()), per_node = std::size_t(groups.per_node());
-    const double scale = step.rounds;
-    std::vector<double> intra;            // by (source rank, local destination)
-    std::vector<double> out, in, pairs;   // between nodes: by source rank, destination rank, node pair
-    int intra_src = -1, intra_dst = -1;   // the pair inside a node with the longest route
-    int from = -1, to = -1;               // a pair of nodes with the longest route between them
-    auto fabric_hops = [&](int a, int b) {
-      const auto& mid = groups.between[std::size_t(a / groups.nodes_per_leaf) * N + std::size_t(b)];
-      return mid[0] >= 0 ? 4 : 2;
-    };
-    for (const auto& t : step.transfers) {
-      const int a = cluster.node_of(t.src), b = cluster.node_of(t.dst);
-      const double bytes = (t.bytes + cluster.message_overhead_bytes(t.src, t.dst)) * scale;
-      if (t.src == t.dst || !(bytes > 0)) continue;  // nothing crosses a link
-      if (a == b) {
-        if (intra.empty()) intra.assign(G * g, 0.0);
-        intra[std::size_t(t.src) * g + std::size_t(cluster.local_of(t.dst))] += bytes;
-        const auto latency = [&](int s, int d) { return intra_latency[std::size_t(cluster.local_of(s)) * g + std::size_t(cluster.local_of(d))]; };
-        if (intra_src < 0 || latency(t.src, t.dst) > latency(intra_src, intra_dst)) intra_src = t.src, intra_dst = t.dst;
-      } else {
-        if (out.empty()) out.assign(G, 0.0), in.assign(G, 0.0), pairs.assign(N * N, 0.0);
-        out[std::size_t(t.src)] += bytes;
-        in[std::size_t(t.dst)] += bytes;
-        pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
-        if (from < 0 || fabric_hops(a, b) > fabric_hops(from, to)) from = a, to = b;
-      }
-    }
-    std::vector<double> load(groups.count(), 0.0);
-    auto add_route = [&](int rank, const Route& r, bool reverse, double bytes) {
-      const std::size_t base = std::size_t(cluster.node_of(rank)) * per_node;
+    auto& load = group_load;
+    load.assign(groups.count(), 0.0);
+    auto add_route = [&](std::size_t rank, const Route& r, bool reverse, double bytes) {
+      const std::size_t base = std::size_t(node_of_rank[rank]) * per_node;
       for (const auto& h : r)
         if (const int q = groups.link[std::size_t(h.link)][h.forward != reverse ? 1 : 0]; q >= 0) load[base + std::size_t(q)] += bytes;
     };
-    if (!out.empty()) {
+    auto nic_group = [&](std::size_t rank, int up) {
+      return std::size_t(node_of_rank[rank]) * per_node +
+             std::size_t(groups.nic[std::size_t(cluster.nic_of(local_of_rank[rank]))][std::size_t(up)]);
+    };
+    if (s.any_inter) {
       for (std::size_t a = 0; a < N; ++a)  // port -> port
         for (std::size_t b = 0; b < N; ++b)
-          if (const double bytes = pairs[a * N + b]; bytes > 0) {
+          if (const double bytes = s.pairs[a * N + b]; bytes > 0) {
             load[std::size_t(groups.up[a])] += bytes;
             for (int q : groups.between[a / std::size_t(groups.nodes_per_leaf) * N + b])
               if (q >= 0) load[std::size_t(q)] += bytes;
             load[std::size_t(groups.down[b])] += bytes;
           }
       for (std::size_t r = 0; r < G; ++r)  // port -> GPU
-        if (const double bytes = in[r]; bytes > 0) {
-          const int local = cluster.local_of(int(r));
-          load[std::size_t(cluster.node_of(int(r))) * per_node + std::size_t(groups.nic[std::size_t(cluster.nic_of(local))][0])] += bytes;
-          add_route(int(r), cluster.nic_route(local), true, bytes);
+        if (const double bytes = s.in[r]; bytes > 0) {
+          load[nic_group(r, 0)] += bytes;
+          add_route(r, cluster.nic_route(local_of_rank[r]), true, bytes);
         }
     }
     for (std::size_t r = 0; r < G; ++r) {
-      const int local = cluster.local_of(int(r));
-      if (!out.empty() && out[r] > 0) {  // GPU -> port
-        add_route(int(r), cluster.nic_route(local), false, out[r]);
-        load[std::size_t(cluster.node_of(int(r))) * per_node + std::size_t(groups.nic[std::size_t(cluster.nic_of(local))][1])] += out[r];
+      if (s.any_inter && s.out[r] > 0) {  // GPU -> port
+        add_route(r, cluster.nic_route(local_of_rank[r]), false, s.out[r]);
+        load[nic_group(r, 1)] += s.out[r];
       }
-      if (!intra.empty())  // GPU -> GPU
+      if (s.any_intra)  // GPU -> GPU
         for (std::size_t j = 0; j < g; ++j)
-          if (const double bytes = intra[r * g + j]; bytes > 0) add_route(int(r), cluster.intra_route(local, int(j)), false, bytes);
+          if (const double bytes = s.intra[r * g + j]; bytes > 0) add_route(r, cluster.intra_route(local_of_rank[r], int(j)), false, bytes);
     }
     std::vector<sg4::Host*> hs = groups.hosts;
     const std::size_t K = hs.size();
-    if (from >= 0) hs.push_back(ports[std::size_t(from)]), hs.push_back(ports[std::size_t(to)]);
-    if (intra_src >= 0) hs.push_back(hosts[std::size_t(intra_src)]), hs.push_back(hosts[std::size_t(intra_dst)]);
+    if (s.any_inter) hs.push_back(ports[std::size_t(s.from)]), hs.push_back(ports[std::size_t(s.to)]);
+    if (s.any_intra) hs.push_back(hosts[std::size_t(s.intra_src)]), hs.push_back(hosts[std::size_t(s.intra_dst)]);
     const std::size_t n = hs.size();
     std::vector<double> bytes(n * n, 0.0);
     for (std::size_t q = 0; q < load.size(); ++q)
@@ -415,29 +473,14 @@ struct SimBackend::Impl {
   // against a lower bound of the bandwidth term (the busiest GPU's inter-node bytes, message
   // overheads included, over its NIC). The chain is simulated only then: a bandwidth-bound step
   // would pay for every round's event with a re-solve of the big parallel task for nothing.
-  bool latency_bound(const Step& step) const {
-    if (cluster.nics().empty()) return true;
-    std::vector<double> out(std::size_t(cluster.num_gpus()), 0.0), in(out.size(), 0.0);
-    std::vector<char> seen(std::size_t(cluster.gpus_per_node()), 0);  // local GPUs whose NIC latency is counted
-    double latency = 0;
-    bool any = false;
-    for (const auto& t : step.transfers) {
-      if (cluster.node_of(t.src) == cluster.node_of(t.dst)) continue;
-      const double b = (t.bytes + cluster.message_overhead_bytes(t.src, t.dst)) * step.rounds;
-      out[std::size_t(t.src)] += b;
-      in[std::size_t(t.dst)] += b;
-      any = true;
-      if (const int local = cluster.local_of(t.src); !seen[std::size_t(local)]) {
-        seen[std::size_t(local)] = 1;
-        latency = std::max(latency, cluster.route_latency(cluster.nic_route(local)) + cluster.rank_nic(t.src).latency);
-      }
-    }
-    if (!any) return true;
+  bool latency_bound(const Step& step, const StepBytes& s) const {
+    if (cluster.nics().empty() || !s.crosses) return true;
     double busiest = 0;
-    for (const auto* side : {&out, &in})
+    for (const auto* side : {&s.out, &s.in})
       for (std::size_t rank = 0; rank < side->size(); ++rank)
-        if ((*side)[rank] > 0) busiest = std::max(busiest, (*side)[rank] / cluster.rank_nic(int(rank)).bandwidth);
-    return step.serial_rounds * 2 * latency > busiest;
+        if ((*side)[rank] > 0)
+          busiest = std::max(busiest, (*side)[rank] / nic_bandwidth_of_local[std::size_t(local_of_rank[rank])]);
+    return step.serial_rounds * 2 * s.nic_latency > busiest;
   }
 
   sg4::ExecPtr marker(int rank) {
@@ -480,6 +523,8 @@ struct SimBackend::Impl {
       for (const auto& lane : lowering) {
         sg4::ExecPtr last = start;
         for (const auto& step : lane) {
+          const StepBytes* measured = nullptr;  // measure(step), once
+          auto bytes = [&]() -> const StepBytes& { return measured ? *measured : *(measured = &measure(step)); };
           std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
           for (const auto& copy : step.copies)
             if (copy.bytes > 0) {
@@ -491,7 +536,7 @@ struct SimBackend::Impl {
           // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
           // on the step's longest route (an inter-node pair if there is one), each paying the
           // route latency; the step ends when both the chain and the bytes are done.
-          if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step)) {
+          if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step, bytes())) {
             Transfer probe = step.transfers.front();
             for (const auto& tr : step.transfers)
               if (cluster.node_of(tr.src) != cluster.node_of(tr.dst)) {
@@ -509,7 +554,7 @@ struct SimBackend::Impl {
           }
           std::vector<sg4::ExecPtr> flows;
           if (options.aggregate && !step.transfers.empty())
-            flows.push_back(aggregated_task(step));
+            flows.push_back(aggregated_task(bytes()));
           else
             for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds));
           for (auto& f : flows) {
