@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 #include <simgrid/s4u.hpp>
 
-#include <map>
-#include <unordered_map>
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <iterator>
 #include <stdexcept>
+#include <tuple>
+#include <unordered_map>
 
 #include "collectives/collectives.hpp"
 
@@ -37,7 +41,29 @@ struct SimBackend::Impl {
   SimOptions options;
   std::unique_ptr<sg4::Engine> engine;
   std::vector<sg4::Host*> hosts;  // by rank
-  std::vector<sg4::Host*> ports;  // by node: a host at the node's uplink (aggregation end-point)
+  std::vector<sg4::Host*> ports;  // by node: a host at the node's uplink (see build_node)
+  std::vector<std::vector<sg4::Link*>> node_links, nic_links;  // by node, then cluster link / NIC index
+
+  // Aggregated collective steps (aggregated_task()): each (link, direction) an aggregated task may
+  // load is a group, the route between a pair of hosts of a zone of their own ("agg") that crosses
+  // that one link. Node groups are numbered node by node, the fabric's after them.
+  struct Groups {
+    std::vector<std::array<int, 2>> link;  // by node link: the node's group per direction (backward,
+                                           // forward), -1 when left out (link_needed())
+    std::vector<std::array<int, 2>> nic;   // by NIC: (down, up)
+    std::vector<std::pair<int, int>> of_node;  // a node's groups: (link index, or links + NIC index; direction)
+    int fabric = 0;                            // the first fabric group
+    std::vector<sg4::Link*> fabric_links;      // by fabric group
+    int nodes_per_leaf = 1;
+    std::vector<int> up, down;                 // by node: its fabric uplink's group, each way
+    std::vector<std::array<int, 2>> between;   // by (source leaf, destination node): the groups between the
+                                               // leaves' switches (-1: none)
+    std::vector<sg4::Host*> hosts;             // the agg zone's
+    std::size_t count() const { return std::size_t(fabric) + fabric_links.size(); }
+    int per_node() const { return int(of_node.size()); }
+  } groups;
+  std::vector<double> intra_latency;  // by (local source, local destination): the route's latency
+  std::vector<double> group_load;     // by group, for aggregated_task()
 
   Impl(const Cluster& c, const GpuModel& g, SimOptions o) : cluster(c), gpu(g), options(o) {
     if (g_engine_created) throw std::logic_error("SimBackend: SimGrid allows one engine per process");
@@ -46,21 +72,27 @@ struct SimBackend::Impl {
     const char* argv[] = {"moesim", "--cfg=host/model:ptask_L07", "--log=root.thres:critical", nullptr};
     engine = std::make_unique<sg4::Engine>(&argc, const_cast<char**>(argv));
     hosts.resize(cluster.num_gpus());
+    node_links.resize(cluster.nodes());
+    nic_links.resize(cluster.nodes());
     if (cluster.nodes() > 1) ports.resize(cluster.nodes());
-    build_platform();
+    tabulate();
+    auto* world = sg4::create_full_zone("world");
+    build_platform(world);
+    if (options.aggregate) build_groups(world);
+    world->seal();
     sg4::Activity::on_completion_cb([this](const sg4::Activity& a) { completed(a); });
   }
 
   // One node: a Full zone with the GPUs as hosts, the node's links, explicit routes between GPUs
   // and, when there is a fabric, from each GPU through its NIC to the node's gateway.
-  std::pair<NetPoint*, NetPoint*> build_node(const sg4::NetZone* parent, int n) {
+  std::pair<NetPoint*, NetPoint*> build_node(const sg4::NetZone* parent, bool fabric, int n) {
     const std::string prefix = fmt::format("n{}", n);
     auto* zone = sg4::create_full_zone(prefix);
-    if (parent) zone->set_parent(parent);
+    zone->set_parent(parent);
     const int g = cluster.gpus_per_node();
     for (int i = 0; i < g; ++i)
       hosts[n * g + i] = zone->create_host(fmt::format("{}-gpu{}", prefix, i), gpu.peak_flops())->seal();
-    std::vector<sg4::Link*> links;
+    auto& links = node_links[std::size_t(n)];
     for (const auto& l : cluster.node_links())
       links.push_back(zone->create_split_duplex_link(prefix + "-" + l.name, l.bandwidth)->set_latency(l.latency)->seal());
     for (int i = 0; i < g; ++i)
@@ -69,16 +101,15 @@ struct SimBackend::Impl {
           zone->add_route(hosts[n * g + i]->get_netpoint(), hosts[n * g + j]->get_netpoint(), nullptr, nullptr,
                           to_links(cluster.intra_route(i, j), links, false), false);
     NetPoint* gateway = nullptr;
-    if (parent) {
+    if (fabric) {
       gateway = zone->create_router(prefix + "-gw");
-      std::vector<sg4::Link*> nic_links;
+      auto& nics = nic_links[std::size_t(n)];
       for (const auto& nic : cluster.nics())
-        nic_links.push_back(
+        nics.push_back(
             zone->create_split_duplex_link(prefix + "-" + nic.name, nic.bandwidth)->set_latency(nic.latency)->seal());
-      // The node's port: the end-point aggregated inter-node traffic is routed through (see
-      // ptask()). GPU -> port crosses the GPU's NIC route; port -> gateway is a link that never
-      // binds, whose latency is that of the longest GPU -> NIC route, so that port -> port costs
-      // the latency of a full GPU -> GPU route.
+      // The node's port: port -> gateway is a link that never binds, whose latency is that of the
+      // longest GPU -> NIC route, so that port -> port costs the latency of a full GPU -> GPU route
+      // (an aggregated task's latency, aggregated_task()); it also gives the fabric's routes.
       ports[n] = zone->create_host(prefix + "-port", 1.0)->seal();
       double nic_latency = 0;
       for (int i = 0; i < g; ++i)
@@ -86,26 +117,23 @@ struct SimBackend::Impl {
       auto* port_link = zone->create_split_duplex_link(prefix + "-port", 1e18)->set_latency(nic_latency)->seal();
       zone->add_route(ports[n]->get_netpoint(), gateway, nullptr, nullptr, {{port_link, Dir::UP}}, false);
       zone->add_route(gateway, ports[n]->get_netpoint(), nullptr, nullptr, {{port_link, Dir::DOWN}}, false);
-      // Each GPU reaches the gateway (per-flow traffic) and the port (aggregated traffic) the same
-      // way: its route to its NIC, then the NIC.
+      // Each GPU reaches the gateway through its route to its NIC, then the NIC.
       for (int i = 0; i < g; ++i) {
         auto up = to_links(cluster.nic_route(i), links, false);
-        up.emplace_back(nic_links[cluster.nic_of(i)], Dir::UP);
+        up.emplace_back(nics[cluster.nic_of(i)], Dir::UP);
         auto down = to_links(cluster.nic_route(i), links, true);
-        down.insert(down.begin(), sg4::LinkInRoute(nic_links[cluster.nic_of(i)], Dir::DOWN));
-        for (NetPoint* end : {gateway, ports[n]->get_netpoint()}) {
-          zone->add_route(hosts[n * g + i]->get_netpoint(), end, nullptr, nullptr, up, false);
-          zone->add_route(end, hosts[n * g + i]->get_netpoint(), nullptr, nullptr, down, false);
-        }
+        down.insert(down.begin(), sg4::LinkInRoute(nics[cluster.nic_of(i)], Dir::DOWN));
+        zone->add_route(hosts[n * g + i]->get_netpoint(), gateway, nullptr, nullptr, up, false);
+        zone->add_route(gateway, hosts[n * g + i]->get_netpoint(), nullptr, nullptr, down, false);
       }
     }
     zone->seal();
     return {zone->get_netpoint(), gateway};
   }
 
-  void build_platform() {
+  void build_platform(sg4::NetZone* world) {
     if (cluster.nodes() == 1) {
-      build_node(nullptr, 0);
+      build_node(world, false, 0);
       return;
     }
     // Fat-tree of nodes; each node's uplink carries its aggregate NIC bandwidth (probe pitfall P3).
@@ -116,70 +144,308 @@ struct SimBackend::Impl {
             ? sg4::FatTreeParams(1, {nodes}, {1}, {1})
             : sg4::FatTreeParams(2, {f.nodes_per_leaf(), nodes / f.nodes_per_leaf()}, {1, f.spines()}, {1, 1});
     auto node_cb = [this](sg4::NetZone* parent, const std::vector<unsigned long>&, unsigned long id) {
-      return build_node(parent, int(id));
+      return build_node(parent, true, int(id));
     };
-    sg4::create_fatTree_zone("fabric", nullptr, params, sg4::ClusterCallbacks(node_cb),
+    sg4::create_fatTree_zone("fabric", world, params, sg4::ClusterCallbacks(node_cb),
                              cluster.node_uplink_bandwidth(), f.latency_us() * 1e-6,
                              sg4::Link::SharingPolicy::SPLITDUPLEX)
         ->seal();
   }
 
-  // A parallel task moving the transfers' bytes (× scale), each with its NIC's per-message overhead
-  // unless it is a latency `probe`. All its entries progress at one rate, so
-  // it ends when its most loaded link has carried its load: the time is max over links of
-  // load/bandwidth plus the largest route latency. With `via_ports`, a transfer between nodes is
-  // entered as three segments, GPU -> its node's port -> the other node's port -> GPU: they cross
-  // exactly the links of the direct route, so every link's load (and so the time) is unchanged,
-  // but the entries shrink from one per GPU pair to about one per GPU and per node pair.
-  sg4::ExecPtr ptask(const std::vector<Transfer>& transfers, double scale, bool via_ports, bool probe = false) {
-    // End-points: GPU r is r, node a's port is G + a. Bytes accumulate in a dense matrix over them
-    // (a collective step has up to G² transfers), or in a map for a handful of transfers.
-    const int G = cluster.num_gpus(), m = G + (via_ports ? cluster.nodes() : 0);
-    const bool dense = transfers.size() > std::size_t(m);
-    std::vector<double> matrix(dense ? std::size_t(m) * std::size_t(m) : 0, 0.0);
-    std::map<std::pair<int, int>, double> sparse;
-    auto add = [&](int i, int j, double b) {
-      if (dense) matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)] += b;
-      else sparse[{i, j}] += b;
+  // Which (node link, direction) an aggregated task must enter, by link: (backward, forward).
+  // Every route inside a node is known (GPU to GPU, GPU to its NIC and back). A link whose every
+  // route also crosses another link or NIC that is no faster, in its direction, never limits what
+  // crosses it: under ptask_L07's fair-bottleneck sharing that other link always has as few
+  // bytes/s left per activity, or fewer (each activity loads both with the same bytes, and it
+  // carries all the first one's activities). Such a link (DGX-A100's PCIe hop from a GPU to its
+  // NIC) is left out of aggregated tasks, which then meet fewer links, and nothing changes. Other
+  // activities (transfers, per-flow collectives) still cross it. A link no route crosses is out too.
+  std::vector<std::array<bool, 2>> links_needed() const {
+    const int L = int(cluster.node_links().size()), g = cluster.gpus_per_node();
+    // A resource-direction: 2 × (link index, or L + NIC index) + (1 forward / up, 0 backward / down).
+    auto bandwidth = [&](int rd) {
+      return rd / 2 < L ? cluster.node_links()[std::size_t(rd / 2)].bandwidth : cluster.nics()[std::size_t(rd / 2 - L)].bandwidth;
     };
-    for (const auto& t : transfers) {
-      const int a = cluster.node_of(t.src), b = cluster.node_of(t.dst);
-      const double bytes = (t.bytes + (probe ? 0 : cluster.message_overhead_bytes(t.src, t.dst))) * scale;
-      if (!via_ports || a == b) {
-        add(t.src, t.dst, bytes);
+    std::vector<std::vector<int>> routes;
+    auto hops = [](const Route& r, bool reverse, std::vector<int>& out) {
+      for (const auto& h : r) out.push_back(2 * h.link + (h.forward != reverse ? 1 : 0));
+    };
+    for (int i = 0; i < g; ++i)
+      for (int j = 0; j < g; ++j)
+        if (i != j) hops(cluster.intra_route(i, j), false, routes.emplace_back());
+    if (cluster.nodes() > 1)
+      for (int i = 0; i < g; ++i)
+        if (const int nic = cluster.nic_of(i); nic >= 0) {
+          auto& up = routes.emplace_back();
+          hops(cluster.nic_route(i), false, up);
+          up.push_back(2 * (L + nic) + 1);
+          auto& down = routes.emplace_back(1, 2 * (L + nic));
+          hops(cluster.nic_route(i), true, down);
+        }
+    for (auto& r : routes) std::sort(r.begin(), r.end());
+    std::vector<std::array<bool, 2>> needed(std::size_t(L), {false, false});
+    for (int rd = 0; rd < 2 * L; ++rd) {
+      std::vector<int> common;  // the resource-directions every route through rd crosses
+      bool crossed = false;
+      for (const auto& r : routes) {
+        if (!std::binary_search(r.begin(), r.end(), rd)) continue;
+        if (!crossed) common = r;
+        else {
+          std::vector<int> both;
+          std::set_intersection(common.begin(), common.end(), r.begin(), r.end(), std::back_inserter(both));
+          common = std::move(both);
+        }
+        crossed = true;
+      }
+      // Ties go to the lower index, so of two links always crossed together one stays.
+      const bool dominated = std::any_of(common.begin(), common.end(), [&](int c) {
+        return c != rd && (bandwidth(c) < bandwidth(rd) || (bandwidth(c) == bandwidth(rd) && c < rd));
+      });
+      needed[std::size_t(rd / 2)][std::size_t(rd % 2)] = crossed && !dominated;
+    }
+    return needed;
+  }
+
+  // The groups and the agg zone. The fabric's links are read off SimGrid's own routes between the
+  // nodes' ports: node a's route to node b is a's uplink, then links that depend on a's leaf
+  // switch and on b, then b's downlink (d-mod-k routing on one cable per switch pair), which is
+  // checked on a sample of pairs.
+  void build_groups(const sg4::NetZone* world) {
+    const int L = int(cluster.node_links().size()), N = cluster.nodes();
+    const auto needed = links_needed();
+    groups.link.assign(std::size_t(L), {-1, -1});
+    for (int l = 0; l < L; ++l)
+      for (int d = 0; d < 2; ++d)
+        if (needed[std::size_t(l)][std::size_t(d)]) {
+          groups.link[std::size_t(l)][std::size_t(d)] = groups.per_node();
+          groups.of_node.emplace_back(l, d);
+        }
+    if (N > 1)
+      for (int k = 0; k < int(cluster.nics().size()); ++k) {
+        groups.nic.push_back({groups.per_node(), groups.per_node() + 1});
+        groups.of_node.emplace_back(L + k, 0);
+        groups.of_node.emplace_back(L + k, 1);
+      }
+    groups.fabric = N * groups.per_node();
+    if (N > 1) {
+      std::unordered_map<sg4::Link*, int> index;
+      auto group_of = [&](sg4::Link* l) {
+        auto [it, added] = index.try_emplace(l, groups.fabric + int(groups.fabric_links.size()));
+        if (added) groups.fabric_links.push_back(l);
+        return it->second;
+      };
+      auto fabric_route = [&](int a, int b) {  // the links between the two ports' links
+        std::vector<sg4::Link*> links;
+        ports[std::size_t(a)]->route_to(ports[std::size_t(b)], links, nullptr);
+        if (links.size() < 4) throw std::logic_error("SimBackend: unexpected route between two nodes' ports");
+        std::vector<int> out;
+        for (std::size_t k = 1; k + 1 < links.size(); ++k) out.push_back(group_of(links[k]));
+        return out;
+      };
+      const int per_leaf = N <= int(cluster.spec().fabric().nodes_per_leaf()) ? N : int(cluster.spec().fabric().nodes_per_leaf());
+      groups.nodes_per_leaf = per_leaf;
+      groups.up.assign(std::size_t(N), -1);
+      groups.down.assign(std::size_t(N), -1);
+      groups.between.assign(std::size_t(N / per_leaf) * std::size_t(N), {-1, -1});
+      auto split = [](const std::vector<int>& r) {
+        if (r.size() != 2 && r.size() != 4) throw std::logic_error("SimBackend: unexpected fabric route length");
+        std::array<int, 2> mid = {-1, -1};
+        if (r.size() == 4) mid = {r[1], r[2]};
+        return std::tuple(r.front(), mid, r.back());
+      };
+      for (int a = 0; a < N; ++a) {
+        const bool first = a % per_leaf == 0;  // the leaf's first node gives the leaf's routes
+        for (int b = 0; b < N; ++b) {
+          if (b == a || (!first && b != (a + 1) % N)) continue;
+          const auto [up, mid, down] = split(fabric_route(a, b));
+          groups.up[std::size_t(a)] = up;
+          groups.down[std::size_t(b)] = down;
+          if (first) groups.between[std::size_t(a / per_leaf) * std::size_t(N) + std::size_t(b)] = mid;
+        }
+      }
+      std::uint64_t x = 88172645463325252ull;  // a fixed sample of pairs (xorshift)
+      for (int k = 0; k < std::min(N * N, 4096); ++k) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const int a = int(x % std::uint64_t(N)), b = int((x >> 32) % std::uint64_t(N));
+        if (a == b) continue;
+        std::vector<int> expected = {groups.up[std::size_t(a)]};
+        for (int q : groups.between[std::size_t(a / per_leaf) * std::size_t(N) + std::size_t(b)])
+          if (q >= 0) expected.push_back(q);
+        expected.push_back(groups.down[std::size_t(b)]);
+        if (fabric_route(a, b) != expected)
+          throw std::logic_error("SimBackend: the fabric's routes are not per source leaf and destination node");
+      }
+    }
+    // The agg zone: group q is the route between its K hosts' q-th ordered pair.
+    const std::size_t count = groups.count();
+    std::size_t K = 2;
+    while (K * (K - 1) < count) ++K;
+    auto* zone = sg4::create_full_zone("agg");
+    zone->set_parent(world);
+    for (std::size_t k = 0; k < K; ++k) groups.hosts.push_back(zone->create_host(fmt::format("agg{}", k), 1.0)->seal());
+    for (std::size_t q = 0; q < count; ++q) {
+      const auto [u, v] = group_hosts(q);
+      std::vector<sg4::LinkInRoute> link;
+      if (q >= std::size_t(groups.fabric)) {
+        link.emplace_back(groups.fabric_links[q - std::size_t(groups.fabric)]);
       } else {
-        add(t.src, G + a, bytes);
-        add(G + a, G + b, bytes);
-        add(G + b, t.dst, bytes);
+        const auto [resource, d] = groups.of_node[q % std::size_t(groups.per_node())];
+        const std::size_t n = q / std::size_t(groups.per_node());
+        link.emplace_back(resource < L ? node_links[n][std::size_t(resource)] : nic_links[n][std::size_t(resource - L)],
+                          d ? Dir::UP : Dir::DOWN);
       }
+      zone->add_route(groups.hosts[u]->get_netpoint(), groups.hosts[v]->get_netpoint(), nullptr, nullptr, link, false);
     }
-    struct Entry {
-      int from, to;
-      double bytes;
+    zone->seal();
+  }
+
+  std::pair<std::size_t, std::size_t> group_hosts(std::size_t q) const {
+    const std::size_t K = groups.hosts.size(), u = q / (K - 1), v = q % (K - 1);
+    return {u, v >= u ? v + 1 : v};
+  }
+
+  // A step's bytes, gathered in one pass over its transfers (a step of an all-to-all has G² of
+  // them) for aggregated_task() and latency_bound(), in buffers kept from step to step.
+  struct StepBytes {
+    std::vector<double> intra;            // inside a node, by (source rank, local destination)
+    std::vector<double> out, in;          // between nodes, by source rank and by destination rank
+    std::vector<double> pairs;            // between nodes, by node pair
+    bool any_intra = false, any_inter = false;  // with bytes
+    bool crosses = false;                 // a transfer between nodes, even of no bytes
+    double nic_latency = 0;               // the longest route to its NIC (and the NIC) of a GPU that sends out
+    int intra_src = -1, intra_dst = -1;   // the pair inside a node with the longest route
+    int from = -1, to = -1;               // a pair of nodes with the longest route between them
+  } step_bytes;
+  // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
+  // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
+  // of Cluster's accessors, done once: they were a fifth of a large step's cost).
+  std::vector<int> node_of_rank, local_of_rank;
+  std::vector<double> overhead_of_local, nic_latency_of_local, nic_bandwidth_of_local;
+
+  void tabulate() {
+    for (int r = 0; r < cluster.num_gpus(); ++r) node_of_rank.push_back(cluster.node_of(r)), local_of_rank.push_back(cluster.local_of(r));
+    const int g = cluster.gpus_per_node();
+    for (int l = 0; l < g; ++l) {
+      if (cluster.nodes() > 1) {
+        const Nic& nic = cluster.rank_nic(l);
+        overhead_of_local.push_back(cluster.message_overhead_bytes(l, l + g));
+        nic_latency_of_local.push_back(cluster.route_latency(cluster.nic_route(l)) + nic.latency);
+        nic_bandwidth_of_local.push_back(nic.bandwidth);
+      }
+      for (int j = 0; j < g; ++j) intra_latency.push_back(cluster.route_latency(cluster.intra_route(l, j)));
+    }
+  }
+
+  const StepBytes& measure(const Step& step) {
+    auto& s = step_bytes;
+    const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
+                      N = std::size_t(cluster.nodes());
+    if (s.any_intra) std::fill(s.intra.begin(), s.intra.end(), 0.0);
+    if (s.any_inter || s.crosses) {
+      std::fill(s.out.begin(), s.out.end(), 0.0);
+      std::fill(s.in.begin(), s.in.end(), 0.0);
+      std::fill(s.pairs.begin(), s.pairs.end(), 0.0);
+    }
+    s.intra.resize(G * g, 0.0);
+    s.out.resize(G, 0.0);
+    s.in.resize(G, 0.0);
+    s.pairs.resize(N > 1 ? N * N : 0, 0.0);
+    s.any_intra = s.any_inter = s.crosses = false;
+    s.nic_latency = 0;
+    s.intra_src = s.intra_dst = s.from = s.to = -1;
+    auto fabric_hops = [&](int a, int b) {
+      return groups.between.empty() || groups.between[std::size_t(a / groups.nodes_per_leaf) * N + std::size_t(b)][0] < 0 ? 2 : 4;
     };
-    std::vector<Entry> entries;  // the non-zero ones
-    if (dense) {
-      for (int i = 0; i < m; ++i)
-        for (int j = 0; j < m; ++j)
-          if (const double b = matrix[std::size_t(i) * std::size_t(m) + std::size_t(j)]; b > 0) entries.push_back({i, j, b});
-    } else {
-      for (const auto& [key, b] : sparse) entries.push_back({key.first, key.second, b});
-    }
-    // The task's hosts: the end-points that send or receive, the ports first. SimGrid enters the
-    // task's entries row by row, and each link it meets is looked up among the links already met
-    // (a linear search): the port-to-port rows, which cross the few shared fabric links, go first,
-    // so those lookups stay short; each GPU's own links are met once, at the end.
-    std::vector<int> local(std::size_t(m), -1);
-    for (const auto& e : entries) local[std::size_t(e.from)] = local[std::size_t(e.to)] = 0;
-    std::vector<sg4::Host*> hs;
-    for (int k = 0; k < m; ++k)
-      if (const int id = (k + G) % m; local[std::size_t(id)] >= 0) {  // ports (G..m-1), then GPUs
-        local[std::size_t(id)] = int(hs.size());
-        hs.push_back(id < G ? hosts[std::size_t(id)] : ports[std::size_t(id - G)]);
+    const double scale = step.rounds;
+    for (const auto& t : step.transfers) {
+      const int a = node_of_rank[std::size_t(t.src)], b = node_of_rank[std::size_t(t.dst)];
+      const std::size_t local_src = std::size_t(local_of_rank[std::size_t(t.src)]);
+      if (a == b) {
+        const double bytes = t.bytes * scale;
+        if (t.src == t.dst || !(bytes > 0)) continue;  // nothing crosses a link
+        const std::size_t local_dst = std::size_t(local_of_rank[std::size_t(t.dst)]);
+        s.intra[std::size_t(t.src) * g + local_dst] += bytes;
+        s.any_intra = true;
+        if (s.intra_src < 0 ||
+            intra_latency[local_src * g + local_dst] >
+                intra_latency[std::size_t(local_of_rank[std::size_t(s.intra_src)]) * g + std::size_t(local_of_rank[std::size_t(s.intra_dst)])])
+          s.intra_src = t.src, s.intra_dst = t.dst;
+      } else {
+        const double bytes = (t.bytes + overhead_of_local[local_src]) * scale;
+        s.crosses = true;
+        s.nic_latency = std::max(s.nic_latency, nic_latency_of_local[local_src]);
+        s.out[std::size_t(t.src)] += bytes;
+        s.in[std::size_t(t.dst)] += bytes;
+        if (!(bytes > 0)) continue;
+        s.pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
+        s.any_inter = true;
+        if (s.from < 0 || fabric_hops(a, b) > fabric_hops(s.from, s.to)) s.from = a, s.to = b;
       }
+    }
+    return s;
+  }
+
+  // A collective step as one parallel task: all its transfers progress at one rate, so it ends
+  // when its most loaded link has carried its load: max over links of load/bandwidth, plus the
+  // largest route latency. SimGrid's cost is in entering the task: per entry (host pair) and per
+  // link of its route, a linear search among the links already entered. So the task has one entry
+  // per loaded (link, direction): the bytes every transfer of the step (with its NIC's
+  // per-message overhead, × rounds) puts on that link, between the two agg hosts whose route is
+  // that link. Each link's load, and so the time, is what one entry per transfer would give: the
+  // loads are even summed in the order SimGrid summed the entries of the earlier form of this task
+  // (GPU -> port -> port -> GPU per transfer: ports' rows first, then GPUs' rows, in rank order),
+  // to the last bit. The latency is that of the longest route: one more entry, of a negligible
+  // 1e-30 bytes, along it (between two ports across the fabric, or two GPUs in a node).
+  sg4::ExecPtr aggregated_task(const StepBytes& s) {
+    const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
+                      N = std::size_t(cluster.nodes()), per_node = std::size_t(groups.per_node());
+    auto& load = group_load;
+    load.assign(groups.count(), 0.0);
+    auto add_route = [&](std::size_t rank, const Route& r, bool reverse, double bytes) {
+      const std::size_t base = std::size_t(node_of_rank[rank]) * per_node;
+      for (const auto& h : r)
+        if (const int q = groups.link[std::size_t(h.link)][h.forward != reverse ? 1 : 0]; q >= 0) load[base + std::size_t(q)] += bytes;
+    };
+    auto nic_group = [&](std::size_t rank, int up) {
+      return std::size_t(node_of_rank[rank]) * per_node +
+             std::size_t(groups.nic[std::size_t(cluster.nic_of(local_of_rank[rank]))][std::size_t(up)]);
+    };
+    if (s.any_inter) {
+      for (std::size_t a = 0; a < N; ++a)  // port -> port
+        for (std::size_t b = 0; b < N; ++b)
+          if (const double bytes = s.pairs[a * N + b]; bytes > 0) {
+            load[std::size_t(groups.up[a])] += bytes;
+            for (int q : groups.between[a / std::size_t(groups.nodes_per_leaf) * N + b])
+              if (q >= 0) load[std::size_t(q)] += bytes;
+            load[std::size_t(groups.down[b])] += bytes;
+          }
+      for (std::size_t r = 0; r < G; ++r)  // port -> GPU
+        if (const double bytes = s.in[r]; bytes > 0) {
+          load[nic_group(r, 0)] += bytes;
+          add_route(r, cluster.nic_route(local_of_rank[r]), true, bytes);
+        }
+    }
+    for (std::size_t r = 0; r < G; ++r) {
+      if (s.any_inter && s.out[r] > 0) {  // GPU -> port
+        add_route(r, cluster.nic_route(local_of_rank[r]), false, s.out[r]);
+        load[nic_group(r, 1)] += s.out[r];
+      }
+      if (s.any_intra)  // GPU -> GPU
+        for (std::size_t j = 0; j < g; ++j)
+          if (const double bytes = s.intra[r * g + j]; bytes > 0) add_route(r, cluster.intra_route(local_of_rank[r], int(j)), false, bytes);
+    }
+    std::vector<sg4::Host*> hs = groups.hosts;
+    const std::size_t K = hs.size();
+    if (s.any_inter) hs.push_back(ports[std::size_t(s.from)]), hs.push_back(ports[std::size_t(s.to)]);
+    if (s.any_intra) hs.push_back(hosts[std::size_t(s.intra_src)]), hs.push_back(hosts[std::size_t(s.intra_dst)]);
     const std::size_t n = hs.size();
     std::vector<double> bytes(n * n, 0.0);
-    for (const auto& e : entries) bytes[std::size_t(local[std::size_t(e.from)]) * n + std::size_t(local[std::size_t(e.to)])] = e.bytes;
+    for (std::size_t q = 0; q < load.size(); ++q)
+      if (load[q] > 0) {
+        const auto [u, v] = group_hosts(q);
+        bytes[u * n + v] = load[q];
+      }
+    for (std::size_t k = K; k < n; k += 2) bytes[k * n + k + 1] = 1e-30;
     auto exec = sg4::Exec::init();
     exec->set_hosts(hs);
     // No flops amounts at all (not zeros): the task computes nothing, and with zeros L07 would enter
@@ -188,33 +454,33 @@ struct SimBackend::Impl {
     return exec;
   }
 
+  // A transfer (× scale) as a two-host parallel task, with its NIC's per-message overhead unless it
+  // is a latency `probe`: bytes over the route's narrowest link plus the route's latency, alone.
+  sg4::ExecPtr transfer_task(const Transfer& t, double scale, bool probe = false) {
+    const double bytes = (t.bytes + (probe ? 0 : cluster.message_overhead_bytes(t.src, t.dst))) * scale;
+    auto exec = sg4::Exec::init();
+    if (t.src == t.dst) {
+      exec->set_hosts({hosts[std::size_t(t.src)]});
+      exec->set_bytes_amounts({bytes});
+    } else {
+      exec->set_hosts({hosts[std::size_t(t.src)], hosts[std::size_t(t.dst)]});
+      exec->set_bytes_amounts({0.0, bytes, 0.0, 0.0});
+    }
+    return exec;
+  }
+
   // Whether a step's chain of send/recv rounds can outlast its bytes: serial_rounds route latencies
   // against a lower bound of the bandwidth term (the busiest GPU's inter-node bytes, message
   // overheads included, over its NIC). The chain is simulated only then: a bandwidth-bound step
   // would pay for every round's event with a re-solve of the big parallel task for nothing.
-  bool latency_bound(const Step& step) const {
-    if (cluster.nics().empty()) return true;
-    std::vector<double> out(std::size_t(cluster.num_gpus()), 0.0), in(out.size(), 0.0);
-    std::vector<char> seen(std::size_t(cluster.gpus_per_node()), 0);  // local GPUs whose NIC latency is counted
-    double latency = 0;
-    bool any = false;
-    for (const auto& t : step.transfers) {
-      if (cluster.node_of(t.src) == cluster.node_of(t.dst)) continue;
-      const double b = (t.bytes + cluster.message_overhead_bytes(t.src, t.dst)) * step.rounds;
-      out[std::size_t(t.src)] += b;
-      in[std::size_t(t.dst)] += b;
-      any = true;
-      if (const int local = cluster.local_of(t.src); !seen[std::size_t(local)]) {
-        seen[std::size_t(local)] = 1;
-        latency = std::max(latency, cluster.route_latency(cluster.nic_route(local)) + cluster.rank_nic(t.src).latency);
-      }
-    }
-    if (!any) return true;
+  bool latency_bound(const Step& step, const StepBytes& s) const {
+    if (cluster.nics().empty() || !s.crosses) return true;
     double busiest = 0;
-    for (const auto* side : {&out, &in})
+    for (const auto* side : {&s.out, &s.in})
       for (std::size_t rank = 0; rank < side->size(); ++rank)
-        if ((*side)[rank] > 0) busiest = std::max(busiest, (*side)[rank] / cluster.rank_nic(int(rank)).bandwidth);
-    return step.serial_rounds * 2 * latency > busiest;
+        if ((*side)[rank] > 0)
+          busiest = std::max(busiest, (*side)[rank] / nic_bandwidth_of_local[std::size_t(local_of_rank[rank])]);
+    return step.serial_rounds * 2 * s.nic_latency > busiest;
   }
 
   sg4::ExecPtr marker(int rank) {
@@ -241,7 +507,7 @@ struct SimBackend::Impl {
       exec->set_flops_amount(seconds * gpu.peak_flops())->set_host(hosts[op.rank]);
       entry = exit = keep(exec);
     } else if (const auto* t = std::get_if<Transfer>(&op.body)) {
-      entry = exit = keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : ptask({*t}, 1.0, false));
+      entry = exit = keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : transfer_task(*t, 1.0));
     } else {
       // A collective: its lanes run side by side from a start marker (to a finish marker when
       // there are several); in a lane each step waits for the previous one. A step's copies are
@@ -257,6 +523,8 @@ struct SimBackend::Impl {
       for (const auto& lane : lowering) {
         sg4::ExecPtr last = start;
         for (const auto& step : lane) {
+          const StepBytes* measured = nullptr;  // measure(step), once
+          auto bytes = [&]() -> const StepBytes& { return measured ? *measured : *(measured = &measure(step)); };
           std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
           for (const auto& copy : step.copies)
             if (copy.bytes > 0) {
@@ -268,7 +536,7 @@ struct SimBackend::Impl {
           // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
           // on the step's longest route (an inter-node pair if there is one), each paying the
           // route latency; the step ends when both the chain and the bytes are done.
-          if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step)) {
+          if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step, bytes())) {
             Transfer probe = step.transfers.front();
             for (const auto& tr : step.transfers)
               if (cluster.node_of(tr.src) != cluster.node_of(tr.dst)) {
@@ -278,7 +546,7 @@ struct SimBackend::Impl {
             probe.bytes = 1;
             sg4::ExecPtr prev = last;
             for (int k = 0; k < step.serial_rounds; ++k) {
-              auto round = keep(ptask({probe}, 1.0, false, true));
+              auto round = keep(transfer_task(probe, 1.0, true));
               prev->add_successor(round);
               prev = round;
             }
@@ -286,9 +554,9 @@ struct SimBackend::Impl {
           }
           std::vector<sg4::ExecPtr> flows;
           if (options.aggregate && !step.transfers.empty())
-            flows.push_back(ptask(step.transfers, step.rounds, !ports.empty()));
+            flows.push_back(aggregated_task(bytes()));
           else
-            for (const auto& tr : step.transfers) flows.push_back(ptask({tr}, step.rounds, false));
+            for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds));
           for (auto& f : flows) {
             last->add_successor(f);
             ends.push_back(keep(f));

@@ -56,20 +56,10 @@ bool whole_nodes(const std::vector<int>& group, const Cluster& cluster) {
   return true;
 }
 
-Step rotating_pairs(const std::vector<int>& group, int peers, const std::function<double(std::size_t, std::size_t)>& bytes) {
-  const std::size_t n = group.size();
-  Step step;
-  int busy = 0;
-  for (std::size_t d = 1; d < n; ++d) {
-    const std::size_t before = step.transfers.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t j = (i + d) % n;
-      if (const double b = bytes(i, j); i != j && b > 0) step.transfers.push_back({group[i], group[j], b});
-    }
-    busy += step.transfers.size() > before ? 1 : 0;
-  }
-  step.serial_rounds = std::max(1, (busy + std::max(peers, 1) - 1) / std::max(peers, 1));
-  return step;
+Lowering one_step(Step step) {
+  Lowering lowering(1);
+  lowering.front().push_back(std::move(step));
+  return lowering;
 }
 
 }  // namespace moesim

@@ -6,7 +6,7 @@
 // most algorithms have one). A lane is a sequence of steps; a step's transfers start together and
 // the next step starts when all of them (and the step's copies) are done.
 #pragma once
-#include <functional>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -70,6 +70,25 @@ bool whole_nodes(const std::vector<int>& group, const Cluster& cluster);
 /// another. Returns one step with the transfers bytes(i, j) > 0 of rounds d = 1..group.size() − 1
 /// and serial_rounds = ⌈busy rounds / peers⌉ (rounds with nothing to send take no channel: NCCL
 /// posts no work for them); an empty step when nothing moves.
-Step rotating_pairs(const std::vector<int>& group, int peers, const std::function<double(std::size_t, std::size_t)>& bytes);
+template <class Bytes>
+Step rotating_pairs(const std::vector<int>& group, int peers, const Bytes& bytes) {
+  // A template, not a std::function: at a thousand GPUs an all-to-all's step has a million
+  // transfers, and each call through a std::function cost as much as the rest of the loop.
+  const std::size_t n = group.size();
+  Step step;
+  step.transfers.reserve(n * (n ? n - 1 : 0));  // untouched capacity costs address space, not memory
+  int busy = 0;
+  for (std::size_t d = 1; d < n; ++d) {
+    const std::size_t before = step.transfers.size();
+    for (std::size_t i = 0, j = d; i < n; ++i, j = j + 1 == n ? 0 : j + 1)  // j = (i + d) mod n
+      if (const double b = bytes(i, j); b > 0) step.transfers.push_back({group[i], group[j], b});
+    busy += step.transfers.size() > before ? 1 : 0;
+  }
+  step.serial_rounds = std::max(1, (busy + std::max(peers, 1) - 1) / std::max(peers, 1));
+  return step;
+}
+
+/// A lowering of one lane of one step (moved, not copied: a step may hold a million transfers).
+Lowering one_step(Step step);
 
 }  // namespace moesim

@@ -12,7 +12,7 @@ Lowering lower_linear_alltoall(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
   Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) { return c.bytes[i * n + j]; });
   if (step.transfers.empty()) return {};
-  return {{step}};
+  return one_step(std::move(step));
 }
 
 }  // namespace

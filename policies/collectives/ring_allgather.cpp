@@ -12,7 +12,7 @@ Lowering lower_ring_gather(const Collective& c, const Cluster&) {
   Step step;
   step.rounds = int(n - 1);
   for (std::size_t i = 0; i < n; ++i) step.transfers.push_back({c.group[i], c.group[(i + 1) % n], c.bytes[0] / double(n)});
-  return {{step}};
+  return one_step(std::move(step));
 }
 
 double bytes_sent_per_rank(const Collective& c) {

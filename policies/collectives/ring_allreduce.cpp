@@ -14,7 +14,7 @@ Lowering lower_ring_allreduce(const Collective& c, const Cluster&) {
   step.rounds = int(2 * (n - 1));
   const double chunk = c.bytes[0] / double(n);
   for (std::size_t i = 0; i < n; ++i) step.transfers.push_back({c.group[i], c.group[(i + 1) % n], chunk});
-  return {{step}};
+  return one_step(std::move(step));
 }
 
 double bytes_sent_per_rank(const Collective& c) {

@@ -12,7 +12,7 @@ Lowering lower_ring_broadcast(const Collective& c, const Cluster&) {
   if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
   Step step;
   for (std::size_t i = 0; i + 1 < n; ++i) step.transfers.push_back({c.group[i], c.group[i + 1], c.bytes[0]});
-  return {{step}};
+  return one_step(std::move(step));
 }
 
 Lowering lower_ring_reduce(const Collective& c, const Cluster&) {
@@ -20,7 +20,7 @@ Lowering lower_ring_reduce(const Collective& c, const Cluster&) {
   if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
   Step step;
   for (std::size_t i = n - 1; i >= 1; --i) step.transfers.push_back({c.group[i], c.group[i - 1], c.bytes[0]});
-  return {{step}};
+  return one_step(std::move(step));
 }
 
 double bytes_sent_per_rank(const Collective& c) {
