@@ -355,25 +355,20 @@ class CudaBackend final : public Backend {
                                     type, k, &beta, r.buf[kC], type, n, ctype, CUBLAS_GEMM_DEFAULT));
       }
     }
-    const auto floats = std::size_t(c.memory_bytes / (2 * sizeof(float)));
-    if (floats == 0) return;
+    const MemoryKernel k = memory_kernel(c.kind, c.memory_bytes, model_);  // op_work.hpp's sizing
+    if (k.rows == 0) return;
+    const std::size_t n = k.rows * k.width;
     auto* state = static_cast<float*>(r.buf[kState]);
-    switch (c.kind) {  // the op's bytes (read + write) as the kernel its kind names, in fp32
-      case ComputeKind::encode:
-      case ComputeKind::decode: {  // rows of d_model floats permuted
-        const std::size_t width = std::max<std::size_t>(1, model_.spec().d_model());
-        cuda::permute_rows(state, state + floats, std::max<std::size_t>(1, floats / width), width * sizeof(float), s);
+    switch (k.kind) {
+      case MemoryKernel::permute: cuda::permute_rows(state, state + n, k.rows, k.width * sizeof(float), s); break;
+      case MemoryKernel::gate: {
+        const auto top = std::size_t(model_.top_k());
+        auto* index = reinterpret_cast<std::int32_t*>(state + n);
+        cuda::gate_top_k(state, k.rows, int(k.width), int(top), index, state + n + k.rows * top, s);
         break;
       }
-      case ComputeKind::optimizer: cuda::adam(state, std::max<std::size_t>(1, 2 * floats / 7), s); break;  // 7 floats each
-      case ComputeKind::gate: {  // softmax + top-k over tokens × E scores
-        const int E = model_.experts();
-        const std::size_t rows = std::max<std::size_t>(1, floats / (2 * std::size_t(E)));
-        auto* index = reinterpret_cast<std::int32_t*>(state + floats);
-        cuda::gate_top_k(state, rows, E, model_.top_k(), index, state + floats + rows * std::size_t(model_.top_k()), s);
-        break;
-      }
-      default: cuda::axpy(state, state + floats / 2, floats / 2, s);
+      case MemoryKernel::adam: cuda::adam(state, n, s); break;
+      case MemoryKernel::axpy: cuda::axpy(state, state + n, n, s); break;
     }
   }
 

@@ -224,7 +224,8 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
     send_rows(kDispatch, x, false);
     // Experts: each unit on this rank, forward.
     struct Work {
-      int e, slice, w;
+      const Unit* unit;
+      int e, w;
       std::vector<float> W, xs, pre, act;
     };
     std::vector<Work> work;
@@ -232,7 +233,7 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
       for (const Unit& u : units[std::size_t(e)]) {
         if (u.gpu != rank) continue;
         const auto [c0, c1] = slice_cols(u.slice);
-        Work wk{e, u.slice, c1 - c0, {}, {}, {}, {}};
+        Work wk{&u, e, c1 - c0, {}, {}, {}, {}};
         wk.W = home[std::size_t(e)] == rank ? weights_of(e, u.slice)
                                             : comm.recv(rank, home[std::size_t(e)], tag(kWeights, e, u.slice),
                                                         fmt::format("expert {}'s parameters", e));
@@ -270,13 +271,12 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
     receive_rows(kCombine, n.out[std::size_t(rank)], true, "outputs");
     // Backward: dy = g_t · dout[t] to the same parts; dW and dx there; dx back.
     send_rows(kGradDispatch, p.dout[std::size_t(rank)], true);
-    std::vector<std::pair<std::vector<float>, std::vector<float>>> grads;
+    std::vector<std::vector<float>> grads;  // of the experts this rank owns and computes, in order
     for (Work& wk : work) {
-      const Unit& u = *std::find_if(units[std::size_t(wk.e)].begin(), units[std::size_t(wk.e)].end(),
-                                    [&](const Unit& v) { return v.gpu == rank && v.slice == wk.slice; });
+      const Unit& u = *wk.unit;
       std::vector<float> dy;
       for (const auto& [src, part] : u.parts) {
-        auto rows = comm.recv(rank, src, tag(kGradDispatch, wk.e, wk.slice), fmt::format("gradients for expert {}", wk.e));
+        auto rows = comm.recv(rank, src, tag(kGradDispatch, wk.e, u.slice), fmt::format("gradients for expert {}", wk.e));
         dy.insert(dy.end(), rows.begin(), rows.end());
       }
       const std::size_t m = dy.size() / std::size_t(d), w = std::size_t(wk.w);
@@ -292,14 +292,14 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
       std::size_t row = 0;
       for (const auto& [src, part] : u.parts) {
         const std::size_t rows = part.to - part.from;
-        comm.send(rank, src, tag(kGradCombine, wk.e, wk.slice),
+        comm.send(rank, src, tag(kGradCombine, wk.e, u.slice),
                   std::vector<float>(dxs.begin() + std::ptrdiff_t(row * d), dxs.begin() + std::ptrdiff_t((row + rows) * d)));
         row += rows;
       }
       std::vector<float> g(dW1);
       g.insert(g.end(), dW2.begin(), dW2.end());
-      if (owner[std::size_t(wk.e)] != rank) comm.send(rank, owner[std::size_t(wk.e)], tag(kReduce, wk.e, wk.slice), std::move(g));
-      else grads.emplace_back(std::move(g), std::vector<float>{});
+      if (owner[std::size_t(wk.e)] != rank) comm.send(rank, owner[std::size_t(wk.e)], tag(kReduce, wk.e, u.slice), std::move(g));
+      else grads.push_back(std::move(g));
     }
     receive_rows(kGradCombine, n.dx[std::size_t(rank)], false, "input gradients");
     // Reduce: the owner sums every copy's gradients, unit by unit (a slice into its columns/rows).
@@ -311,7 +311,7 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
       dw1.assign(std::size_t(d) * p.h, 0.0f);
       dw2.assign(std::size_t(p.h) * d, 0.0f);
       for (const Unit& u : units[std::size_t(e)]) {
-        const std::vector<float> g = u.gpu == rank ? std::move(grads[own++].first)
+        const std::vector<float> g = u.gpu == rank ? std::move(grads[own++])
                                                    : comm.recv(rank, u.gpu, tag(kReduce, e, u.slice), fmt::format("expert {}'s gradients", e));
         const auto [c0, c1] = slice_cols(u.slice);
         const int w = c1 - c0;

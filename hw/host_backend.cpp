@@ -81,28 +81,28 @@ class Rendezvous {
   long generation_ = 0;
 };
 
-/// Memory-bound work of `bytes` (read + write) in the manner of the op's kind.
-void memory_kernel(ComputeKind kind, double bytes, Scratch& s) {
-  const auto floats = std::size_t(bytes / (2 * sizeof(float)));
-  if (floats == 0) return;
-  switch (kind) {
-    case ComputeKind::encode:
-    case ComputeKind::decode: {  // permute 64-float rows (token encode/decode)
-      constexpr std::size_t width = 64;
-      const std::size_t rows = std::max<std::size_t>(1, floats / width);
-      std::vector<std::uint32_t> index(rows);
-      for (std::size_t i = 0; i < rows; ++i) index[i] = std::uint32_t((i * 7919) % rows);
-      host::gather_rows(s.get(kA, rows * width), index, width, s.get(kC, rows * width));
+/// A memory-bound op's kernel (op_work.hpp's sizing, as on GPUs).
+void run_memory_kernel(const MemoryKernel& k, const MoeModel& model, Scratch& s) {
+  const std::size_t n = k.rows * k.width;
+  switch (k.kind) {
+    case MemoryKernel::permute: {
+      std::vector<std::uint32_t> index(k.rows);
+      for (std::size_t i = 0; i < k.rows; ++i) index[i] = std::uint32_t((i * 7919) % k.rows);
+      host::gather_rows(s.get(kA, n), index, k.width, s.get(kC, n));
       break;
     }
-    case ComputeKind::optimizer: {  // Adam reads param, grad, m, v and writes three: 7 floats each
-      const std::size_t n = std::max<std::size_t>(1, 2 * floats / 7);
+    case MemoryKernel::gate: {
+      const auto top = std::size_t(model.top_k());
+      std::vector<std::uint32_t> index(k.rows * top);
+      host::top_k_softmax(s.get(kA, n), k.rows, k.width, top, index.data(), s.get(kC, k.rows * top));
+      break;
+    }
+    case MemoryKernel::adam: {
       float* base = s.get(kState, 4 * n);
       host::adam(base, base + n, base + 2 * n, base + 3 * n, n);
       break;
     }
-    default: {  // y = a·x + y: three floats of traffic each
-      const std::size_t n = std::max<std::size_t>(1, 2 * floats / 3);
+    case MemoryKernel::axpy: {
       float* x = s.get(kA, n);
       float* y = s.get(kC, n);
       for (std::size_t i = 0; i < n; ++i) y[i] += 0.5f * x[i];
@@ -110,7 +110,7 @@ void memory_kernel(ComputeKind kind, double bytes, Scratch& s) {
   }
 }
 
-void run_compute(const Compute& c, Scratch& s) {
+void run_compute(const Compute& c, const MoeModel& model, Scratch& s) {
   for (const Gemm& g : c.gemms) {
     const std::size_t m = g.m, n = g.n, k = g.k;
     float* A = s.get(kA, m * k);
@@ -119,13 +119,13 @@ void run_compute(const Compute& c, Scratch& s) {
     for (std::uint64_t i = 0; i < std::max<std::uint64_t>(1, g.batch) * std::max<std::uint64_t>(1, g.repeat); ++i)
       host::gemm(false, false, m, n, k, A, B, C);
   }
-  if (c.memory_bytes > 0) memory_kernel(c.kind, c.memory_bytes, s);
-  if (c.fixed_seconds > 0 && c.memory_bytes == 0) memory_kernel(ComputeKind::elementwise, 1 << 20, s);
+  if (const MemoryKernel k = memory_kernel(c.kind, c.memory_bytes, model); k.rows > 0) run_memory_kernel(k, model, s);
 }
 
 }  // namespace
 
-HostBackend::HostBackend(const Cluster& cluster, HostOptions options) : cluster_(cluster), options_(options) {}
+HostBackend::HostBackend(const Cluster& cluster, const MoeModel& model, HostOptions options)
+    : cluster_(cluster), model_(model), options_(options) {}
 HostBackend::~HostBackend() = default;
 
 Timing HostBackend::execute(const TaskGraph& graph) {
@@ -169,7 +169,7 @@ Timing HostBackend::execute(const TaskGraph& graph) {
         }
       if (const auto* c = std::get_if<Compute>(&op.body)) {
         timing.start[id] = seconds();
-        run_compute(*c, s);
+        run_compute(*c, model_, s);
         timing.end[id] = seconds();
         done[id].store(true, std::memory_order_release);
         continue;

@@ -11,6 +11,7 @@
 
 #include "backend.hpp"
 #include "cluster.hpp"
+#include "model.hpp"
 
 namespace moesim::hw {
 
@@ -20,7 +21,7 @@ struct HostOptions {
 
 class HostBackend final : public Backend {
  public:
-  explicit HostBackend(const Cluster& cluster, HostOptions options = {});
+  HostBackend(const Cluster& cluster, const MoeModel& model, HostOptions options = {});
   ~HostBackend() override;
   std::string name() const override { return "host"; }
   Timing execute(const TaskGraph& graph) override;
@@ -28,6 +29,7 @@ class HostBackend final : public Backend {
 
  private:
   const Cluster& cluster_;
+  MoeModel model_;  // the shapes of its memory-bound kernels (op_work.hpp)
   HostOptions options_;
   double clock_ = 0;
 };

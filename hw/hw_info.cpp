@@ -44,7 +44,7 @@ std::string hw_backend_description() {
 
 std::unique_ptr<Backend> make_hw_backend(const std::string& name, const Cluster& cluster, const MoeModel& model,
                                          int ranks) {
-  if (name == "host") return std::make_unique<hw::HostBackend>(cluster);
+  if (name == "host") return std::make_unique<hw::HostBackend>(cluster, model);
   if (name != "hw") throw InputError("--backend " + name + ": use sim, host or hw");
 #if MOESIM_HAVE_CUDA
   hw::CudaOptions options;

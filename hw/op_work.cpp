@@ -21,4 +21,23 @@ Lowering communication_steps(const Op& op, const Cluster& cluster) {
   return {};
 }
 
+MemoryKernel memory_kernel(ComputeKind kind, double bytes, const MoeModel& model) {
+  const auto floats = std::size_t(bytes / (2 * sizeof(float)));  // read as much as written
+  if (floats == 0) return {MemoryKernel::axpy, 0, 1};
+  auto at_least_one = [](std::size_t n) { return std::max<std::size_t>(1, n); };
+  switch (kind) {
+    case ComputeKind::encode:
+    case ComputeKind::decode: {
+      const std::size_t width = at_least_one(model.spec().d_model());
+      return {MemoryKernel::permute, at_least_one(floats / width), width};
+    }
+    case ComputeKind::gate: {
+      const std::size_t width = at_least_one(std::size_t(model.experts()));
+      return {MemoryKernel::gate, at_least_one(floats / (2 * width)), width};
+    }
+    case ComputeKind::optimizer: return {MemoryKernel::adam, at_least_one(2 * floats / 7), 1};
+    default: return {MemoryKernel::axpy, at_least_one(2 * floats / 3), 1};
+  }
+}
+
 }  // namespace moesim::hw

@@ -9,6 +9,7 @@
 
 #include "cluster.hpp"
 #include "collectives/collectives.hpp"
+#include "model.hpp"
 #include "taskgraph.hpp"
 
 namespace moesim::hw {
@@ -25,5 +26,16 @@ Lowering communication_steps(const Op& op, const Cluster& cluster);
 inline std::size_t wire_bytes(const Transfer& t, const Step& step) {
   return std::size_t(t.bytes * double(step.rounds < 1 ? 1 : step.rounds) + 0.5);
 }
+
+/// The kernel a memory-bound op runs, on either device, sized so that it moves the op's bytes (read
+/// and write, fp32): token encode/decode permutes `rows` rows of d_model floats; the gate takes the
+/// softmax and top-k of `rows` rows of E scores; Adam updates `rows` parameters (param, grad, m, v
+/// read, three written: 7 floats each); anything else is y += a·x over `rows` floats (3 each).
+struct MemoryKernel {
+  enum Kind { permute, gate, adam, axpy } kind = axpy;
+  std::size_t rows = 0, width = 1;
+};
+/// rows = 0: nothing to run (fewer bytes than one element).
+MemoryKernel memory_kernel(ComputeKind kind, double bytes, const MoeModel& model);
 
 }  // namespace moesim::hw

@@ -135,7 +135,7 @@ TEST_CASE("the host device executes a TaskGraph: transfers, lowered collectives 
   for (int r = 0; r < cluster.num_gpus(); ++r) everyone[std::size_t(r)] = r;
   const OpId ar = g.add_collective(Stream::comm, "allreduce", {CollectiveType::all_reduce, everyone, {1 << 20}, "ring"}, {t});
   const OpId b = g.add_compute(9, "gemm9", c, {ar});
-  hw::HostBackend backend(cluster);
+  hw::HostBackend backend(cluster, MoeModel(ex.spec.model()));
   const Timing timing = backend.execute(g);
   REQUIRE(timing.start.size() == g.size());
   CHECK(timing.end[a] <= timing.start[t]);
@@ -164,6 +164,6 @@ TEST_CASE("the host device names the op a rank waited for too long") {
   slow.gemms = {{768, 768, 768, 1}};  // 0.9 GFLOP: far longer than the 10 ms the peer will wait
   const OpId a = g.add_compute(1, "L0.fwd.experts", slow);
   g.add_transfer(Stream::comm, "L0.fwd.send", {0, 1, 1024}, {a});
-  hw::HostBackend backend(cluster, {0.01});
+  hw::HostBackend backend(cluster, MoeModel(ex.spec.model()), {0.01});
   CHECK_THROWS_WITH(backend.execute(g), Catch::Contains("L0.fwd.send") && Catch::Contains("0.01 s"));
 }
