@@ -189,7 +189,7 @@ class CudaBackend final : public Backend {
       MOESIM_CHECK(cudaEventRecord(r.t0, r.stream[0]));
       for (int s = 1; s < kNumStreams; ++s) MOESIM_CHECK(cudaStreamWaitEvent(r.stream[s], r.t0, 0));
     }
-    for (const Op& op : graph.ops()) enqueue(graph, op, who[op.id], steps[op.id]);
+    for (const Op& op : graph.ops()) enqueue(op, who, steps[op.id]);
     wait_all(graph, who);
     return collect(graph, who);
   }
@@ -263,7 +263,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_of(Rank& r, const Op& op) { return r.stream[int(op.stream)]; }
   ncclComm_t comm_of(Rank& r, const Op& op) { return r.comm[op.stream == Stream::comm2 ? 1 : 0]; }
 
-  void enqueue(const TaskGraph& graph, const Op& op, const std::vector<int>& who, const Lowering& steps) {
+  /// `all`: every op's participants (execute() computed them once).
+  void enqueue(const Op& op, const std::vector<std::vector<int>>& all, const Lowering& steps) {
+    const std::vector<int>& who = all[op.id];
     // Dependencies and the start event on every local participant.
     for (int q : who) {
       Rank* r = local(q);
@@ -273,7 +275,7 @@ class CudaBackend final : public Backend {
       for (OpId d : op.deps) {
         cudaEvent_t e = r->end[d];
         if (!e && !mpi_)  // another GPU's op: wait on its first participant's event (one process)
-          for (int p : participants(graph.op(d)))
+          for (int p : all[d])
             if (Rank* o = local(p); o && o->end[d]) {
               e = o->end[d];
               break;
