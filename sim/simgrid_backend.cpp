@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <iterator>
 #include <stdexcept>
@@ -44,7 +45,7 @@ struct SimBackend::Impl {
   std::vector<sg4::Host*> ports;  // by node: a host at the node's uplink (see build_node)
   std::vector<std::vector<sg4::Link*>> node_links, nic_links;  // by node, then cluster link / NIC index
 
-  // Aggregated collective steps (aggregated_task()): each (link, direction) an aggregated task may
+  // Aggregated collective steps (aggregated_tasks()): each (link, direction) an aggregated task may
   // load is a group, the route between a pair of hosts of a zone of their own ("agg") that crosses
   // that one link. Node groups are numbered node by node, the fabric's after them.
   struct Groups {
@@ -59,11 +60,15 @@ struct SimBackend::Impl {
     std::vector<std::array<int, 2>> between;   // by (source leaf, destination node): the groups between the
                                                // leaves' switches (-1: none)
     std::vector<sg4::Host*> hosts;             // the agg zone's
+    std::vector<int> share;                    // by group: the step's share it belongs to (aggregated_tasks())
+    int shares = 0;
     std::size_t count() const { return std::size_t(fabric) + fabric_links.size(); }
     int per_node() const { return int(of_node.size()); }
   } groups;
   std::vector<double> intra_latency;  // by (local source, local destination): the route's latency
-  std::vector<double> group_load;     // by group, for aggregated_task()
+  std::vector<double> group_load;     // by group, for aggregated_tasks()
+  std::vector<std::vector<int>> share_groups;  // by share: its loaded groups, for aggregated_tasks()
+  std::vector<int> agg_index;                  // by agg host: its index in the task being built, or -1
 
   Impl(const Cluster& c, const GpuModel& g, SimOptions o) : cluster(c), gpu(g), options(o) {
     if (g_engine_created) throw std::logic_error("SimBackend: SimGrid allows one engine per process");
@@ -276,6 +281,19 @@ struct SimBackend::Impl {
           throw std::logic_error("SimBackend: the fabric's routes are not per source leaf and destination node");
       }
     }
+    // The shares of a step (aggregated_tasks()): blocks of about √N nodes' links (a node's with its
+    // cable to its leaf switch, each way), and blocks of as many of the links between switches.
+    const int block = int(std::ceil(std::sqrt(double(N)))), share_links = block * groups.per_node();
+    groups.share.assign(groups.count(), -1);
+    for (std::size_t q = 0; q < std::size_t(groups.fabric); ++q) groups.share[q] = int(q) / groups.per_node() / block;
+    for (int n = 0; n < N && N > 1; ++n)
+      groups.share[std::size_t(groups.up[std::size_t(n)])] = groups.share[std::size_t(groups.down[std::size_t(n)])] = n / block;
+    const int node_shares = (N + block - 1) / block;
+    int between = 0;
+    for (std::size_t q = std::size_t(groups.fabric); q < groups.count(); ++q)
+      if (groups.share[q] < 0) groups.share[q] = node_shares + between++ / share_links;
+    groups.shares = node_shares + (between + share_links - 1) / share_links;
+    share_groups.resize(std::size_t(groups.shares));
     // The agg zone: group q is the route between its K hosts' q-th ordered pair.
     const std::size_t count = groups.count();
     std::size_t K = 2;
@@ -297,6 +315,7 @@ struct SimBackend::Impl {
       zone->add_route(groups.hosts[u]->get_netpoint(), groups.hosts[v]->get_netpoint(), nullptr, nullptr, link, false);
     }
     zone->seal();
+    agg_index.assign(K, -1);
   }
 
   std::pair<std::size_t, std::size_t> group_hosts(std::size_t q) const {
@@ -385,18 +404,27 @@ struct SimBackend::Impl {
     return s;
   }
 
-  // A collective step as one parallel task: all its transfers progress at one rate, so it ends
-  // when its most loaded link has carried its load: max over links of load/bandwidth, plus the
-  // largest route latency. SimGrid's cost is in entering the task: per entry (host pair) and per
-  // link of its route, a linear search among the links already entered. So the task has one entry
-  // per loaded (link, direction): the bytes every transfer of the step (with its NIC's
-  // per-message overhead, × rounds) puts on that link, between the two agg hosts whose route is
-  // that link. Each link's load, and so the time, is what one entry per transfer would give: the
-  // loads are even summed in the order SimGrid summed the entries of the earlier form of this task
-  // (GPU -> port -> port -> GPU per transfer: ports' rows first, then GPUs' rows, in rank order),
-  // to the last bit. The latency is that of the longest route: one more entry, of a negligible
-  // 1e-30 bytes, along it (between two ports across the fabric, or two GPUs in a node).
-  sg4::ExecPtr aggregated_task(const StepBytes& s) {
+  // A collective step as a few parallel tasks, one per share of its links: a block of about √N
+  // nodes' links (NVLink/NVSwitch links, NICs and each node's cable to the fabric, each way) or a
+  // block of the fabric's. A task's transfers progress at one rate, so a share ends when its most
+  // loaded link has carried its load, and the step when its last share has: max over links of
+  // load/bandwidth, plus the largest route latency, exactly what one task for the whole step gives when nothing else
+  // loads its links (and what the probe found exact against per-flow max-min). A link another
+  // activity slows holds back its own share only, as it would hold back only the messages that
+  // cross it. Shares, not one task, because SimGrid 3.32's cost in a task is quadratic in its
+  // links: entering each link searches the links already entered, and each time one of its links
+  // is touched (an activity starting or ending on it, the task's own end) the solver's
+  // modified-constraint recursion rescans the task's link list once per link; but each task's
+  // end is an event at which the fair-bottleneck solver re-solves every activity: √N blocks of L
+  // links cost about L·√N + L²/√N per step where one task cost L².
+  // A share has one entry per loaded (link, direction): the bytes every transfer of the step
+  // (with its NIC's per-message overhead, × rounds) puts on that link, between the two agg hosts
+  // whose route is that link; the loads are summed in the order SimGrid summed one entry per
+  // transfer (GPU -> port -> port -> GPU: ports' rows first, then GPUs' rows, in rank order), to
+  // the last bit. Each share's latency, that of the step's longest route, comes from one more entry
+  // of a negligible 1e-30 bytes along it (between two ports across the fabric, or two GPUs in a
+  // node).
+  std::vector<sg4::ExecPtr> aggregated_tasks(const StepBytes& s) {
     const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
                       N = std::size_t(cluster.nodes()), per_node = std::size_t(groups.per_node());
     auto& load = group_load;
@@ -434,24 +462,41 @@ struct SimBackend::Impl {
         for (std::size_t j = 0; j < g; ++j)
           if (const double bytes = s.intra[r * g + j]; bytes > 0) add_route(r, cluster.intra_route(local_of_rank[r], int(j)), false, bytes);
     }
-    std::vector<sg4::Host*> hs = groups.hosts;
-    const std::size_t K = hs.size();
-    if (s.any_inter) hs.push_back(ports[std::size_t(s.from)]), hs.push_back(ports[std::size_t(s.to)]);
-    if (s.any_intra) hs.push_back(hosts[std::size_t(s.intra_src)]), hs.push_back(hosts[std::size_t(s.intra_dst)]);
-    const std::size_t n = hs.size();
-    std::vector<double> bytes(n * n, 0.0);
+    std::vector<std::pair<sg4::Host*, sg4::Host*>> latency;  // the longest routes
+    if (s.any_inter) latency.emplace_back(ports[std::size_t(s.from)], ports[std::size_t(s.to)]);
+    if (s.any_intra) latency.emplace_back(hosts[std::size_t(s.intra_src)], hosts[std::size_t(s.intra_dst)]);
+    for (auto& members : share_groups) members.clear();
     for (std::size_t q = 0; q < load.size(); ++q)
-      if (load[q] > 0) {
-        const auto [u, v] = group_hosts(q);
-        bytes[u * n + v] = load[q];
+      if (load[q] > 0) share_groups[std::size_t(groups.share[q])].push_back(int(q));
+    std::vector<sg4::ExecPtr> tasks;
+    for (const auto& members : share_groups) {
+      if (members.empty()) continue;
+      std::vector<sg4::Host*> hs;  // the agg hosts of the share's groups, then the latency routes' ends
+      std::vector<std::size_t> used;
+      auto index = [&](std::size_t agg) {
+        if (agg_index[agg] < 0) agg_index[agg] = int(hs.size()), hs.push_back(groups.hosts[agg]), used.push_back(agg);
+        return std::size_t(agg_index[agg]);
+      };
+      std::vector<std::pair<std::size_t, std::size_t>> at;
+      for (int q : members) {
+        const auto [u, v] = group_hosts(std::size_t(q));
+        at.emplace_back(index(u), index(v));
       }
-    for (std::size_t k = K; k < n; k += 2) bytes[k * n + k + 1] = 1e-30;
-    auto exec = sg4::Exec::init();
-    exec->set_hosts(hs);
-    // No flops amounts at all (not zeros): the task computes nothing, and with zeros L07 would enter
-    // every host's CPU into it (measured: no difference in time at 256 GPUs).
-    exec->set_bytes_amounts(bytes);
-    return exec;
+      for (std::size_t agg : used) agg_index[agg] = -1;
+      const std::size_t first_latency = hs.size();
+      for (const auto& [a, b] : latency) hs.push_back(a), hs.push_back(b);
+      const std::size_t n = hs.size();
+      std::vector<double> bytes(n * n, 0.0);
+      for (std::size_t k = 0; k < members.size(); ++k) bytes[at[k].first * n + at[k].second] = load[std::size_t(members[k])];
+      for (std::size_t k = first_latency; k < n; k += 2) bytes[k * n + k + 1] = 1e-30;
+      auto exec = sg4::Exec::init();
+      exec->set_hosts(hs);
+      // No flops amounts at all (not zeros): the task computes nothing, and with zeros L07 would
+      // enter every host's CPU into it.
+      exec->set_bytes_amounts(bytes);
+      tasks.push_back(exec);
+    }
+    return tasks;
   }
 
   // A transfer (× scale) as a two-host parallel task, with its NIC's per-message overhead unless it
@@ -554,7 +599,7 @@ struct SimBackend::Impl {
           }
           std::vector<sg4::ExecPtr> flows;
           if (options.aggregate && !step.transfers.empty())
-            flows.push_back(aggregated_task(bytes()));
+            flows = aggregated_tasks(bytes());
           else
             for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds));
           for (auto& f : flows) {

@@ -6,9 +6,10 @@
 // - GPUs are hosts; a compute op is an Exec on its GPU whose duration comes from the GPU model
 //   (concurrent execs on one GPU share it);
 // - a Transfer is a two-host parallel task (bytes/bandwidth + route latency on an idle route);
-// - a collective is lowered by policies/collectives into steps; with `aggregate` each step is one
-//   parallel task over its hosts (all its transfers progress at one rate: exactly the bottleneck
-//   bound, cheap and insensitive to skew), without it one flow per transfer (max-min sharing);
+// - a collective is lowered by policies/collectives into steps; with `aggregate` each step is a few
+//   parallel tasks, one per block of about √N nodes' links and of the fabric's (a task's transfers
+//   progress at one rate: alone, exactly the bottleneck bound; cheap and insensitive to skew),
+//   without it one flow per transfer (max-min sharing);
 // - dependencies and stream order are SimGrid activity dependencies: no actors, no event loop of
 //   our own.
 #pragma once
