@@ -88,7 +88,7 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
         TaskGraph g(ranks);
         Collective c{type, group, {bytes}, type == CollectiveType::all_to_all ? "linear" : "ring"};
         if (type == CollectiveType::all_to_all)  // `bytes` per rank, split evenly over the others
-          c.bytes.assign(std::size_t(ranks) * std::size_t(ranks), bytes / ranks);
+          c.bytes = std::vector<double>(std::size_t(ranks) * std::size_t(ranks), bytes / ranks);
         g.add_collective(Stream::comm, "calibrate.collective", c);
         const double seconds = time_op(*multi, g);
         cal.collectives.push_back({collective_type_name(type), bytes, seconds});

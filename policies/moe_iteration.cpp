@@ -7,6 +7,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "memory_model.hpp"
 
@@ -417,17 +418,23 @@ class Builder {
     return id;
   }
 
-  Collective exchange(const std::vector<double>& tokens, bool transpose, int stride_group = -1) const {
-    Collective c{CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_};
-    const int gs = schedule_.group_size, n = G_ / gs;
-    for (int i = 0; i < G_; ++i)
-      for (int j = 0; j < G_; ++j) {
-        // Smart schedule step `stride_group`: group gi sends to group (gi − j) mod n.
-        if (stride_group >= 0 && (i / gs - j / gs - stride_group + 2 * n) % n != 0) continue;
-        const double b = tokens[std::size_t(i) * G_ + j] * token_bytes_;
-        c.bytes[transpose ? std::size_t(j) * G_ + i : std::size_t(i) * G_ + j] = b;
-      }
-    return c;
+  // Layer l's all-to-all of `tokens` (exchanged(l)) as bytes, source to expert's GPU or, transposed,
+  // back. Built once per layer and shared by its forward and backward ops: the backward's
+  // all-to-alls move gradients along the forward's routes.
+  Collective exchange(int l, const std::vector<double>& tokens, bool transpose, int stride_group = -1) {
+    auto& bytes = exchanges_[{l, transpose, stride_group}];
+    if (bytes.empty()) {
+      std::vector<double> b(std::size_t(G_) * G_, 0.0);
+      const int gs = schedule_.group_size, n = G_ / gs;
+      for (int i = 0; i < G_; ++i)
+        for (int j = 0; j < G_; ++j) {
+          // Smart schedule step `stride_group`: group gi sends to group (gi − j) mod n.
+          if (stride_group >= 0 && (i / gs - j / gs - stride_group + 2 * n) % n != 0) continue;
+          b[transpose ? std::size_t(j) * G_ + i : std::size_t(i) * G_ + j] = tokens[std::size_t(i) * G_ + j] * token_bytes_;
+        }
+      bytes = std::move(b);
+    }
+    return {CollectiveType::all_to_all, everyone_, bytes, a2a_};
   }
 
   // One MoE layer, forward or backward, after ready_[r] on every rank; returns the op the layer's
@@ -440,12 +447,12 @@ class Builder {
     if (schedule_.shard_r > 0) return sharded_layer(l, bwd, tokens);
     if (schedule_.partitions > 1 || schedule_.compress_bytes_per_s > 0) return pipelined_layer(l, bwd, tokens);
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
-                                            exchange(tokens, false), ready_);
+                                            exchange(l, tokens, false), ready_);
     std::vector<OpId> experts(G_);
     for (int r = 0; r < G_; ++r)
       experts[r] = add_expert_op(l, r, fmt::format("L{}.{}.experts", l, dir), 0, G_, bwd, {dispatch});
     under_experts(l, bwd);
-    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(tokens, true), experts);
+    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(l, tokens, true), experts);
   }
 
   // ZeRO over the experts: every GPU runs every expert on its own tokens.
@@ -475,7 +482,7 @@ class Builder {
     const int gs = schedule_.group_size, n = G_ / gs;
     std::vector<OpId> S(n), R(n);
     for (int j = 0; j < n; ++j)
-      S[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.S{}", l, dir, j), exchange(tokens, false, j),
+      S[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.S{}", l, dir, j), exchange(l, tokens, false, j),
                                j == 0 ? ready_ : std::vector<OpId>{});
     std::vector<std::vector<OpId>> C(n, std::vector<OpId>(G_));
     for (int j = 0; j < n; ++j)
@@ -485,7 +492,7 @@ class Builder {
                                 {S[j]});
       }
     for (int j = 0; j < n; ++j)
-      R[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.R{}", l, dir, j), exchange(tokens, true, j), C[j]);
+      R[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.R{}", l, dir, j), exchange(l, tokens, true, j), C[j]);
     return join(fmt::format("L{}.{}.smart_done", l, dir), R);
   }
 
@@ -511,8 +518,10 @@ class Builder {
       return g_.add_compute(rank, fmt::format("L{}.{}.{}.p{}", l, dir, what, part), std::move(c), std::move(deps));
     };
     auto wire = [&](bool transpose) {
-      Collective c = exchange(tokens, transpose);
-      for (auto& b : c.bytes) b *= schedule_.wire_ratio / r;
+      Collective c = exchange(l, tokens, transpose);
+      std::vector<double> b = c.bytes.values();
+      for (auto& x : b) x *= schedule_.wire_ratio / r;
+      c.bytes = std::move(b);
       return c;
     };
     std::vector<std::vector<OpId>> ready(static_cast<std::size_t>(r), ready_);  // what each part's dispatch waits for
@@ -549,7 +558,7 @@ class Builder {
     const char* dir = bwd ? "bwd" : "fwd";
     const int s = G_ / E_, r = schedule_.shard_r, g = s / r;
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
-                                            exchange(tokens, false), ready_);
+                                            exchange(l, tokens, false), ready_);
     std::vector<OpId> gathered(static_cast<std::size_t>(G_));
     const double slice = expert_bytes_ / r;  // what a subgroup gathers
     for (int first = 0; first < G_; first += g) {
@@ -586,7 +595,7 @@ class Builder {
         reduces_.push_back(g_.add_collective(Stream::comm, fmt::format("L{}.bwd.expert_reduce_scatter.g{}", l, first / g),
                                              {CollectiveType::reduce_scatter, sub, {slice}, "ring"}, deps));
       }
-    const OpId combine = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(tokens, true), after);
+    const OpId combine = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(l, tokens, true), after);
     // The r partial outputs of each token summed at its source: read r copies, write one.
     std::vector<OpId> sums(static_cast<std::size_t>(G_));
     for (int src = 0; src < G_; ++src) {
@@ -616,6 +625,7 @@ class Builder {
   std::vector<std::vector<std::vector<int>>> computes_;  // per layer, per GPU: experts it computes
   std::vector<int> trans_sent_, agg_sent_;  // per layer: replicas whose broadcast / reduce is added
   std::vector<OpId> reduces_;
+  std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, smart step) -> exchange()'s bytes
   std::string a2a_, ar_;
   double token_bytes_ = 0, scores_bytes_ = 0, permute_bytes_ = 0, expert_bytes_ = 0;
 };

@@ -64,14 +64,18 @@ double Compute::seconds(const GpuModel& gpu) const {
   return t;
 }
 
+const std::vector<double>& CollectiveBytes::none() {
+  static const std::vector<double> empty;
+  return empty;
+}
+
 double Collective::total_bytes() const { return std::accumulate(bytes.begin(), bytes.end(), 0.0); }
 
 void TaskGraph::drop_collective_matrices() {
   for (auto& op : ops_)
     if (auto* c = std::get_if<Collective>(&op.body)) {
       const double total = c->total_bytes();
-      c->bytes.assign(1, total);
-      c->bytes.shrink_to_fit();
+      c->bytes = {total};
     }
 }
 

@@ -72,10 +72,11 @@ std::map<int, std::set<int>> follow(const Lowering& lowering, int n) {
 }
 
 Collective powers_of_two(const std::string& algorithm, int n) {
-  Collective c{CollectiveType::all_to_all, {}, std::vector<double>(std::size_t(n) * n), algorithm};
-  for (int r = 0; r < n; ++r) c.group.push_back(r);
+  std::vector<double> bytes(std::size_t(n) * n);
   for (int s = 0; s < n; ++s)
-    for (int d = 0; d < n; ++d) c.bytes[std::size_t(s) * n + d] = std::ldexp(1.0, s * n + d);
+    for (int d = 0; d < n; ++d) bytes[std::size_t(s) * n + d] = std::ldexp(1.0, s * n + d);
+  Collective c{CollectiveType::all_to_all, {}, std::move(bytes), algorithm};
+  for (int r = 0; r < n; ++r) c.group.push_back(r);
   return c;
 }
 
@@ -128,13 +129,16 @@ TEST_CASE("linear all-to-all runs NCCL's rotating rounds, p2p_peers at a time") 
   // One node sending to another only: 8 ranks × 8 peers, at offsets 1..15 from each sender: 15 busy
   // rounds, a chain of 4; and a ring exchange (offset 1 only) is one round.
   Collective sparse = c;
+  std::vector<double> bytes(16 * 16);
   for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) sparse.bytes[std::size_t(i) * 16 + j] = (i < 8 && j >= 8) ? 1.0 : 0.0;
+    for (int j = 0; j < 16; ++j) bytes[std::size_t(i) * 16 + j] = (i < 8 && j >= 8) ? 1.0 : 0.0;
+  sparse.bytes = bytes;
   CHECK(lower(sparse, cluster)[0][0].serial_rounds == 4);
   CHECK(lower(sparse, cluster)[0][0].transfers.size() == 64);
   Collective ring = c;
   for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) ring.bytes[std::size_t(i) * 16 + j] = j == (i + 1) % 16 ? 1.0 : 0.0;
+    for (int j = 0; j < 16; ++j) bytes[std::size_t(i) * 16 + j] = j == (i + 1) % 16 ? 1.0 : 0.0;
+  ring.bytes = bytes;
   CHECK(lower(ring, cluster)[0][0].serial_rounds == 1);
 }
 
