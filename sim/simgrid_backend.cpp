@@ -376,6 +376,8 @@ struct SimBackend::Impl {
       return groups.between.empty() || groups.between[std::size_t(a / groups.nodes_per_leaf) * N + std::size_t(b)][0] < 0 ? 2 : 4;
     };
     const double scale = step.rounds;
+    double longest_intra = -1;  // the latency of (intra_src, intra_dst)
+    int most_hops = 0;          // fabric_hops(from, to)
     for (const auto& t : step.transfers) {
       const int a = node_of_rank[std::size_t(t.src)], b = node_of_rank[std::size_t(t.dst)];
       const std::size_t local_src = std::size_t(local_of_rank[std::size_t(t.src)]);
@@ -385,10 +387,8 @@ struct SimBackend::Impl {
         const std::size_t local_dst = std::size_t(local_of_rank[std::size_t(t.dst)]);
         s.intra[std::size_t(t.src) * g + local_dst] += bytes;
         s.any_intra = true;
-        if (s.intra_src < 0 ||
-            intra_latency[local_src * g + local_dst] >
-                intra_latency[std::size_t(local_of_rank[std::size_t(s.intra_src)]) * g + std::size_t(local_of_rank[std::size_t(s.intra_dst)])])
-          s.intra_src = t.src, s.intra_dst = t.dst;
+        if (const double latency = intra_latency[local_src * g + local_dst]; latency > longest_intra)
+          s.intra_src = t.src, s.intra_dst = t.dst, longest_intra = latency;
       } else {
         const double bytes = (t.bytes + overhead_of_local[local_src]) * scale;
         s.crosses = true;
@@ -398,7 +398,8 @@ struct SimBackend::Impl {
         if (!(bytes > 0)) continue;
         s.pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
         s.any_inter = true;
-        if (s.from < 0 || fabric_hops(a, b) > fabric_hops(s.from, s.to)) s.from = a, s.to = b;
+        if (most_hops < 4)
+          if (const int hops = fabric_hops(a, b); hops > most_hops) s.from = a, s.to = b, most_hops = hops;
       }
     }
     return s;
