@@ -203,7 +203,6 @@ int main(int argc, char** argv) {
   // Every parse failure reaches the user as our own message (file, line, field); protobuf's log
   // lines would only repeat it less clearly.
   google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
-  keep_freed_memory();
   CLI::App app{
       "moesim: simulate distributed Mixture-of-Experts training on GPU clusters.\n"
       "A policy (expert parallelism, shadowing, ...) turns each iteration's token routing into a graph of\n"

@@ -70,7 +70,6 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
 }  // namespace
 
 int main(int argc, char** argv) {
-  keep_freed_memory();
   CLI::App app{"moesim-bench: wall time and peak memory of simulating one EP iteration at several scales"};
   std::vector<int> sizes = {64, 256, 1024};
   int one = 0, iterations = 1;

@@ -1,7 +1,5 @@
 #include "runner.hpp"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -225,13 +223,6 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
     }
     default: return *std::max_element(values.begin(), values.end());
   }
-}
-
-void keep_freed_memory() {
-#ifdef M_MMAP_MAX
-  mallopt(M_MMAP_MAX, 0);                // every block from the heap, reused once freed
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // and the heap's top kept up to 1 GiB
-#endif
 }
 
 }  // namespace moesim

@@ -92,10 +92,4 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
 ExperimentResult run_experiment(const Experiment& ex, const std::function<void(int, int)>& progress = {},
                                 const std::string& backend = "sim");
 
-/// For a process that builds and simulates large graphs (the moesim and moesim-bench mains): keep
-/// freed memory in the heap for the next allocation instead of returning it to the system. At
-/// 2,048 GPUs an all-to-all's byte matrix is 33 MB and its lowering 64 MB, above glibc's largest
-/// mmap threshold, so each was a fresh mapping the kernel zeroed page by page: a fifth of the run.
-void keep_freed_memory();
-
 }  // namespace moesim
