@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   fmt::print("One fwd+bwd iteration (policy {}), GPT-MoE 12 MoE layers (d_model 1024, d_ffn 4096, 4096 tokens/GPU),\n"
              "top-2, one expert per GPU, Zipf(1.0) routing, DGX-A100 nodes, collectives {}.\n"
              "Per iteration: routing, graph (of which decide: the policy's decisions), simulate.\n\n",
-             policy, flows ? "one flow per transfer" : "as one parallel task per step (default)");
+             policy, flows ? "one flow per transfer" : "as parallel tasks per block of links (default)");
   fmt::print("{:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>13} {:>13}\n", "GPUs", "ops", "routing s",
              "graph s", "decide s", "platform s", "simulate s", "total s", "peak MB", "decide/sim", "simulated ms");
   for (int g : sizes) {
