@@ -418,41 +418,45 @@ class Builder {
     return id;
   }
 
-  // Layer l's all-to-all of `tokens` (exchanged(l)) as bytes, source to expert's GPU or, transposed,
-  // back. Built once per layer and shared by its forward and backward ops: the backward's
-  // all-to-alls move gradients along the forward's routes.
-  Collective exchange(int l, const std::vector<double>& tokens, bool transpose, int stride_group = -1) {
-    auto& bytes = exchanges_[{l, transpose, stride_group}];
-    if (bytes.empty()) {
-      std::vector<double> b(std::size_t(G_) * G_, 0.0);
+  // Layer l's all-to-all as bytes: source to expert's GPU or, transposed, back; with the smart
+  // schedule, its step `stride_group` (group gi sends to group (gi − j) mod n). Built once per
+  // layer, from one pass over its routing (exchanged(l)), for both directions and every step, and
+  // shared by its forward and backward ops: the backward's all-to-alls move gradients along the
+  // forward's routes.
+  Collective exchange(int l, bool transpose, int stride_group = -1) {
+    const std::tuple<int, bool, int> key{l, transpose, stride_group};
+    if (!exchanges_.count(key)) {
+      const auto tokens = exchanged(l);
       const int gs = schedule_.group_size, n = G_ / gs;
-      for (int i = 0; i < G_; ++i)
-        for (int j = 0; j < G_; ++j) {
-          // Smart schedule step `stride_group`: group gi sends to group (gi − j) mod n.
-          if (stride_group >= 0 && (i / gs - j / gs - stride_group + 2 * n) % n != 0) continue;
-          b[transpose ? std::size_t(j) * G_ + i : std::size_t(i) * G_ + j] = tokens[std::size_t(i) * G_ + j] * token_bytes_;
+      for (int step = stride_group < 0 ? -1 : 0; step < (stride_group < 0 ? 0 : n); ++step)
+        for (bool back : {false, true}) {
+          std::vector<double> b(std::size_t(G_) * G_, 0.0);
+          for (int i = 0; i < G_; ++i)
+            for (int j = 0; j < G_; ++j) {
+              if (step >= 0 && (i / gs - j / gs - step + 2 * n) % n != 0) continue;
+              b[back ? std::size_t(j) * G_ + i : std::size_t(i) * G_ + j] = tokens[std::size_t(i) * G_ + j] * token_bytes_;
+            }
+          exchanges_[{l, back, step}] = std::move(b);
         }
-      bytes = std::move(b);
     }
-    return {CollectiveType::all_to_all, everyone_, bytes, a2a_};
+    return {CollectiveType::all_to_all, everyone_, exchanges_.at(key), a2a_};
   }
 
   // One MoE layer, forward or backward, after ready_[r] on every rank; returns the op the layer's
   // next ops wait for.
   OpId moe_layer(int l, bool bwd) {
     const char* dir = bwd ? "bwd" : "fwd";
-    const auto tokens = exchanged(l);
-    if (schedule_.smart) return smart_layer(l, bwd, tokens);
+    if (schedule_.smart) return smart_layer(l, bwd);
     if (zero_) return zero_layer(l, bwd);
-    if (schedule_.shard_r > 0) return sharded_layer(l, bwd, tokens);
-    if (schedule_.partitions > 1 || schedule_.compress_bytes_per_s > 0) return pipelined_layer(l, bwd, tokens);
+    if (schedule_.shard_r > 0) return sharded_layer(l, bwd);
+    if (schedule_.partitions > 1 || schedule_.compress_bytes_per_s > 0) return pipelined_layer(l, bwd);
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
-                                            exchange(l, tokens, false), ready_);
+                                            exchange(l, false), ready_);
     std::vector<OpId> experts(G_);
     for (int r = 0; r < G_; ++r)
       experts[r] = add_expert_op(l, r, fmt::format("L{}.{}.experts", l, dir), 0, G_, bwd, {dispatch});
     under_experts(l, bwd);
-    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(l, tokens, true), experts);
+    return g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(l, true), experts);
   }
 
   // ZeRO over the experts: every GPU runs every expert on its own tokens.
@@ -477,12 +481,12 @@ class Builder {
   // its tokens from group t (R_j). Comm stream: S_0..S_{n−1}, then R_0..R_{n−1}; compute stream:
   // C_0..C_{n−1}. Step 0 stays inside the group, step n−1 talks to the ring neighbour: the two
   // cheapest exchanges are the exposed ones. A GPU's own tokens for its replicas are in C_0.
-  OpId smart_layer(int l, bool bwd, const std::vector<double>& tokens) {
+  OpId smart_layer(int l, bool bwd) {
     const char* dir = bwd ? "bwd" : "fwd";
     const int gs = schedule_.group_size, n = G_ / gs;
     std::vector<OpId> S(n), R(n);
     for (int j = 0; j < n; ++j)
-      S[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.S{}", l, dir, j), exchange(l, tokens, false, j),
+      S[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.S{}", l, dir, j), exchange(l, false, j),
                                j == 0 ? ready_ : std::vector<OpId>{});
     std::vector<std::vector<OpId>> C(n, std::vector<OpId>(G_));
     for (int j = 0; j < n; ++j)
@@ -492,7 +496,7 @@ class Builder {
                                 {S[j]});
       }
     for (int j = 0; j < n; ++j)
-      R[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.R{}", l, dir, j), exchange(l, tokens, true, j), C[j]);
+      R[j] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.R{}", l, dir, j), exchange(l, true, j), C[j]);
     return join(fmt::format("L{}.{}.smart_done", l, dir), R);
   }
 
@@ -502,7 +506,8 @@ class Builder {
   // its input is ready and the stream is free (Eqs. 13-14). Compression scales the all-to-all
   // bytes by wire_ratio and costs payload / throughput on each side; without a compressor the chain
   // is A1 → E → A2 (Tutel's pipelining with the same order). Backward has the same shape.
-  OpId pipelined_layer(int l, bool bwd, const std::vector<double>& tokens) {
+  OpId pipelined_layer(int l, bool bwd) {
+    const auto tokens = exchanged(l);
     const char* dir = bwd ? "bwd" : "fwd";
     const int r = std::max(1, schedule_.partitions);
     const bool compress = schedule_.compress_bytes_per_s > 0;
@@ -518,7 +523,7 @@ class Builder {
       return g_.add_compute(rank, fmt::format("L{}.{}.{}.p{}", l, dir, what, part), std::move(c), std::move(deps));
     };
     auto wire = [&](bool transpose) {
-      Collective c = exchange(l, tokens, transpose);
+      Collective c = exchange(l, transpose);
       std::vector<double> b = c.bytes.values();
       for (auto& x : b) x *= schedule_.wire_ratio / r;
       c.bytes = std::move(b);
@@ -554,11 +559,11 @@ class Builder {
   // tokens, all-gather each subgroup's 1/r slice of its expert (s/r GPUs each holding 1/s), run the
   // slice on the tokens received (the GEMMs' hidden dimension d_ffn/r), combine; backward the same
   // with the gradients reduce-scattered back to the 1/s shards.
-  OpId sharded_layer(int l, bool bwd, const std::vector<double>& tokens) {
+  OpId sharded_layer(int l, bool bwd) {
     const char* dir = bwd ? "bwd" : "fwd";
     const int s = G_ / E_, r = schedule_.shard_r, g = s / r;
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
-                                            exchange(l, tokens, false), ready_);
+                                            exchange(l, false), ready_);
     std::vector<OpId> gathered(static_cast<std::size_t>(G_));
     const double slice = expert_bytes_ / r;  // what a subgroup gathers
     for (int first = 0; first < G_; first += g) {
@@ -595,7 +600,7 @@ class Builder {
         reduces_.push_back(g_.add_collective(Stream::comm, fmt::format("L{}.bwd.expert_reduce_scatter.g{}", l, first / g),
                                              {CollectiveType::reduce_scatter, sub, {slice}, "ring"}, deps));
       }
-    const OpId combine = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(l, tokens, true), after);
+    const OpId combine = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(l, true), after);
     // The r partial outputs of each token summed at its source: read r copies, write one.
     std::vector<OpId> sums(static_cast<std::size_t>(G_));
     for (int src = 0; src < G_; ++src) {
