@@ -61,7 +61,6 @@ struct SimBackend::Impl {
                                                // leaves' switches (-1: none)
     std::vector<sg4::Host*> hosts;             // the agg zone's
     std::vector<int> share;                    // by group: the step's share it belongs to (aggregated_tasks())
-    int shares = 0;
     std::size_t count() const { return std::size_t(fabric) + fabric_links.size(); }
     int per_node() const { return int(of_node.size()); }
   } groups;
@@ -292,8 +291,7 @@ struct SimBackend::Impl {
     int between = 0;
     for (std::size_t q = std::size_t(groups.fabric); q < groups.count(); ++q)
       if (groups.share[q] < 0) groups.share[q] = node_shares + between++ / share_links;
-    groups.shares = node_shares + (between + share_links - 1) / share_links;
-    share_groups.resize(std::size_t(groups.shares));
+    share_groups.resize(std::size_t(node_shares + (between + share_links - 1) / share_links));
     // The agg zone: group q is the route between its K hosts' q-th ordered pair.
     const std::size_t count = groups.count();
     std::size_t K = 2;
@@ -409,8 +407,9 @@ struct SimBackend::Impl {
   // nodes' links (NVLink/NVSwitch links, NICs and each node's cable to the fabric, each way) or a
   // block of the fabric's. A task's transfers progress at one rate, so a share ends when its most
   // loaded link has carried its load, and the step when its last share has: max over links of
-  // load/bandwidth, plus the largest route latency, exactly what one task for the whole step gives when nothing else
-  // loads its links (and what the probe found exact against per-flow max-min). A link another
+  // load/bandwidth, plus the largest route latency, exactly what one task for the whole step
+  // gives when nothing else loads its links (and what the probe found exact against per-flow
+  // max-min). A link another
   // activity slows holds back its own share only, as it would hold back only the messages that
   // cross it. Shares, not one task, because SimGrid 3.32's cost in a task is quadratic in its
   // links: entering each link searches the links already entered, and each time one of its links
