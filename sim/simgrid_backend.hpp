@@ -4,7 +4,8 @@
 // - host model ptask_L07: every activity is a SimGrid parallel task sharing links fairly (CM02/LV08
 //   share by route latency, pitfall P4), and one model serves both forms of a collective below;
 // - GPUs are hosts; a compute op is an Exec on its GPU whose duration comes from the GPU model
-//   (concurrent execs on one GPU share it);
+//   (concurrent execs on one GPU share it); one that runs alone on its GPU is a SimGrid timer
+//   until another exec joins it there (the same times, without a solver variable);
 // - a Transfer is a two-host parallel task (bytes/bandwidth + route latency on an idle route);
 // - a collective is lowered by policies/collectives into steps; with `aggregate` each step is a few
 //   parallel tasks, one per block of about √N nodes' links and of the fabric's (a task's transfers
