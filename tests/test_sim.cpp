@@ -105,6 +105,27 @@ TEST_CASE("ops on one stream serialize and ops on two streams overlap") {
   CHECK(t.end[x] < t.end[c1]);
 }
 
+// A compute op alone on its GPU is a timer inside the backend; a collective's copy that starts
+// on that GPU while it runs must share the GPU with it as two execs would: both at half speed
+// until the copy is done, then the compute alone again, so each copy costs the compute its own
+// alone-time. Tutel's 2DH all-to-all makes two stride copies of each rank's whole buffer.
+TEST_CASE("copies that join a running compute op share the GPU with it") {
+  Bench b("dgx-a100", 2);
+  const Compute work{ComputeKind::gemm, {{8192, 8192, 8192, 1}}, 0};
+  const double w = work.seconds(b.gpu), B = 8e6;
+  TaskGraph g(b.cluster.num_gpus());
+  const OpId compute = g.add_compute(0, "compute", work);
+  const OpId before = g.add_transfer(Stream::comm, "before", {8, 9, 300e6});
+  Collective a2a = uniform_alltoall(16, B);
+  a2a.algorithm = "2dh";
+  const OpId after = g.add_collective(Stream::comm, "a2a", a2a, {before});
+  const Timing t = b.sim.execute(g);
+  const double joined = t.start[after], copy = b.gpu.memory_time(2 * 16 * B);  // a buffer: 16 chunks of B
+  INFO("compute alone " << w << " s, a copy alone " << copy << " s, the all-to-all from " << joined << " to " << t.end[after]);
+  REQUIRE(joined > w / 8);  // the compute ran alone first
+  CHECK(t.end[compute] == Approx(w + 2 * copy).epsilon(1e-9));
+}
+
 TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded GPU") {
   auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1", "model.experts=16"});
   const Cluster cluster(ex.cluster_spec);
