@@ -47,8 +47,8 @@ struct SimBackend::Impl {
   std::vector<std::vector<sg4::Link*>> node_links, nic_links;  // by node, then cluster link / NIC index
 
   // Aggregated collective steps (aggregated_tasks()): each (link, direction) an aggregated task may
-  // load is a group, the route between a pair of hosts of a zone of their own ("agg") that crosses
-  // that one link. Node groups are numbered node by node, the fabric's after them.
+  // load is a group, the route between a pair of hosts of its share's own zone ("agg<share>") that
+  // crosses that one link. Node groups are numbered node by node, the fabric's after them.
   struct Groups {
     std::vector<std::array<int, 2>> link;  // by node link: the node's group per direction (backward,
                                            // forward), -1 when left out (link_needed())
@@ -60,8 +60,17 @@ struct SimBackend::Impl {
     std::vector<int> up, down;                 // by node: its fabric uplink's group, each way
     std::vector<std::array<int, 2>> between;   // by (source leaf, destination node): the groups between the
                                                // leaves' switches (-1: none)
-    std::vector<sg4::Host*> hosts;             // the agg zone's
     std::vector<int> share;                    // by group: the step's share it belongs to (aggregated_tasks())
+    std::vector<sg4::Host*> hosts;             // the agg zones' hosts, share after share
+    std::vector<std::array<std::size_t, 2>> ends;  // by group: its route's two hosts (indices in `hosts`)
+    // The latency a step's tasks pay, that of its longest route, as a class: an index in
+    // `latencies`, the distinct route latencies SimGrid gives between two GPUs of a node
+    // (intra_class, by local source and destination) or two nodes' ports (inter_class, by fabric
+    // hops: 2 or 4). Each share's zone has a route of each class, over a link of its own.
+    std::vector<double> latencies;
+    std::vector<int> intra_class;
+    std::array<int, 5> inter_class{-1, -1, -1, -1, -1};
+    std::vector<std::vector<std::array<std::size_t, 2>>> latency_ends;  // by share, by class
     std::size_t count() const { return std::size_t(fabric) + fabric_links.size(); }
     int per_node() const { return int(of_node.size()); }
   } groups;
@@ -69,6 +78,14 @@ struct SimBackend::Impl {
   std::vector<double> group_load;     // by group, for aggregated_tasks()
   std::vector<std::vector<int>> share_groups;  // by share: its loaded groups, for aggregated_tasks()
   std::vector<int> agg_index;                  // by agg host: its index in the task being built, or -1
+
+  // Fabric hops between two nodes' switches: 2 under one leaf switch, 4 through a spine.
+  int fabric_hops(int a, int b) const {
+    return groups.between.empty() ||
+                   groups.between[std::size_t(a / groups.nodes_per_leaf) * std::size_t(cluster.nodes()) + std::size_t(b)][0] < 0
+               ? 2
+               : 4;
+  }
 
   Impl(const Cluster& c, const GpuModel& g, SimOptions o) : cluster(c), gpu(g), options(o) {
     if (g_engine_created) throw std::logic_error("SimBackend: SimGrid allows one engine per process");
@@ -296,33 +313,78 @@ struct SimBackend::Impl {
     for (std::size_t q = std::size_t(groups.fabric); q < groups.count(); ++q)
       if (groups.share[q] < 0) groups.share[q] = node_shares + between++ / share_links;
     share_groups.resize(std::size_t(node_shares + (between + share_links - 1) / share_links));
-    // The agg zone: group q is the route between its K hosts' q-th ordered pair.
-    const std::size_t count = groups.count();
-    std::size_t K = 2;
-    while (K * (K - 1) < count) ++K;
-    auto* zone = sg4::create_full_zone("agg");
-    zone->set_parent(world);
-    for (std::size_t k = 0; k < K; ++k) groups.hosts.push_back(zone->create_host(fmt::format("agg{}", k), 1.0)->seal());
-    for (std::size_t q = 0; q < count; ++q) {
-      const auto [u, v] = group_hosts(q);
-      std::vector<sg4::LinkInRoute> link;
-      if (q >= std::size_t(groups.fabric)) {
-        link.emplace_back(groups.fabric_links[q - std::size_t(groups.fabric)]);
-      } else {
-        const auto [resource, d] = groups.of_node[q % std::size_t(groups.per_node())];
-        const std::size_t n = q / std::size_t(groups.per_node());
-        link.emplace_back(resource < L ? node_links[n][std::size_t(resource)] : nic_links[n][std::size_t(resource - L)],
-                          d ? Dir::UP : Dir::DOWN);
-      }
-      zone->add_route(groups.hosts[u]->get_netpoint(), groups.hosts[v]->get_netpoint(), nullptr, nullptr, link, false);
+    // The latency classes (Groups::latencies).
+    auto class_of = [&](double latency) {
+      const auto it = std::find(groups.latencies.begin(), groups.latencies.end(), latency);
+      if (it != groups.latencies.end()) return int(it - groups.latencies.begin());
+      groups.latencies.push_back(latency);
+      return int(groups.latencies.size()) - 1;
+    };
+    auto route_latency = [](sg4::Host* a, sg4::Host* b) {
+      std::vector<sg4::Link*> links;
+      double latency = 0;
+      a->route_to(b, links, &latency);
+      return latency;
+    };
+    const int g = cluster.gpus_per_node();
+    groups.intra_class.assign(std::size_t(g) * std::size_t(g), -1);
+    for (int i = 0; i < g; ++i)
+      for (int j = 0; j < g; ++j)
+        if (i != j) groups.intra_class[std::size_t(i * g + j)] = class_of(route_latency(hosts[std::size_t(i)], hosts[std::size_t(j)]));
+    for (int b = 1; b < N; ++b)
+      if (int& c = groups.inter_class[std::size_t(fabric_hops(0, b))]; c < 0) c = class_of(route_latency(ports[0], ports[std::size_t(b)]));
+    std::uint64_t y = 0x2545f4914f6cdd1dull;  // routes of the same kind have the same latency everywhere: a sample
+    for (int k = 0; k < std::min(N * N, 256) && N > 1; ++k) {
+      y ^= y << 13, y ^= y >> 7, y ^= y << 17;
+      const int a = int(y % std::uint64_t(N)), b = int((y >> 32) % std::uint64_t(N)), n = a * g;
+      if (a == b) continue;
+      if (route_latency(ports[std::size_t(a)], ports[std::size_t(b)]) != groups.latencies[std::size_t(groups.inter_class[std::size_t(fabric_hops(a, b))])] ||
+          route_latency(hosts[std::size_t(n)], hosts[std::size_t(n + g - 1)]) != groups.latencies[std::size_t(groups.intra_class[std::size_t(g - 1)])])
+        throw std::logic_error("SimBackend: routes of one kind with different latencies");
     }
-    zone->seal();
-    agg_index.assign(K, -1);
-  }
-
-  std::pair<std::size_t, std::size_t> group_hosts(std::size_t q) const {
-    const std::size_t K = groups.hosts.size(), u = q / (K - 1), v = q % (K - 1);
-    return {u, v >= u ? v + 1 : v};
+    // A zone per share, so that tasks of different shares share no resource (a task also loads
+    // the CPUs of its hosts, with nothing: shared hosts would tie every share's task to the others
+    // in the solver's bookkeeping). Group q is the route between a pair of its share's K hosts
+    // through that one link; then one route per latency class, through a link of that latency
+    // that never binds.
+    std::vector<std::vector<std::size_t>> members(share_groups.size());
+    for (std::size_t q = 0; q < groups.count(); ++q) members[std::size_t(groups.share[q])].push_back(q);
+    groups.ends.resize(groups.count());
+    groups.latency_ends.resize(share_groups.size());
+    for (std::size_t sh = 0; sh < members.size(); ++sh) {
+      const std::size_t routes = members[sh].size() + groups.latencies.size(), first = groups.hosts.size();
+      std::size_t K = 2;
+      while (K * (K - 1) < routes) ++K;
+      auto* zone = sg4::create_full_zone(fmt::format("agg{}", sh));
+      zone->set_parent(world);
+      for (std::size_t k = 0; k < K; ++k) groups.hosts.push_back(zone->create_host(fmt::format("agg{}-{}", sh, k), 1.0)->seal());
+      auto pair = [&](std::size_t r) {  // the r-th ordered pair of the zone's hosts
+        const std::size_t u = r / (K - 1), v = r % (K - 1);
+        return std::array<std::size_t, 2>{first + u, first + (v >= u ? v + 1 : v)};
+      };
+      auto add = [&](std::array<std::size_t, 2> ends, sg4::LinkInRoute link) {
+        zone->add_route(groups.hosts[ends[0]]->get_netpoint(), groups.hosts[ends[1]]->get_netpoint(), nullptr, nullptr, {link}, false);
+      };
+      for (std::size_t k = 0; k < members[sh].size(); ++k) {
+        const std::size_t q = members[sh][k];
+        groups.ends[q] = pair(k);
+        if (q >= std::size_t(groups.fabric)) {
+          add(groups.ends[q], sg4::LinkInRoute(groups.fabric_links[q - std::size_t(groups.fabric)]));
+        } else {
+          const auto [resource, d] = groups.of_node[q % std::size_t(groups.per_node())];
+          const std::size_t n = q / std::size_t(groups.per_node());
+          add(groups.ends[q], sg4::LinkInRoute(resource < L ? node_links[n][std::size_t(resource)] : nic_links[n][std::size_t(resource - L)],
+                                               d ? Dir::UP : Dir::DOWN));
+        }
+      }
+      for (std::size_t c = 0; c < groups.latencies.size(); ++c) {
+        groups.latency_ends[sh].push_back(pair(members[sh].size() + c));
+        add(groups.latency_ends[sh].back(),
+            sg4::LinkInRoute(zone->create_link(fmt::format("agg{}-latency{}", sh, c), 1e18)->set_latency(groups.latencies[c])->seal()));
+      }
+      zone->seal();
+    }
+    agg_index.assign(groups.hosts.size(), -1);
   }
 
   // A step's bytes, gathered in one pass over its transfers (a step of an all-to-all has G² of
@@ -374,9 +436,6 @@ struct SimBackend::Impl {
     s.any_intra = s.any_inter = s.crosses = false;
     s.nic_latency = 0;
     s.intra_src = s.intra_dst = s.from = s.to = -1;
-    auto fabric_hops = [&](int a, int b) {
-      return groups.between.empty() || groups.between[std::size_t(a / groups.nodes_per_leaf) * N + std::size_t(b)][0] < 0 ? 2 : 4;
-    };
     const double scale = step.rounds;
     double longest_intra = -1;  // the latency of (intra_src, intra_dst)
     int most_hops = 0;          // fabric_hops(from, to)
@@ -413,21 +472,21 @@ struct SimBackend::Impl {
   // loaded link has carried its load, and the step when its last share has: max over links of
   // load/bandwidth, plus the largest route latency, exactly what one task for the whole step
   // gives when nothing else loads its links (and what the probe found exact against per-flow
-  // max-min). A link another
-  // activity slows holds back its own share only, as it would hold back only the messages that
-  // cross it. Shares, not one task, because SimGrid 3.32's cost in a task is quadratic in its
-  // links: entering each link searches the links already entered, and each time one of its links
-  // is touched (an activity starting or ending on it, the task's own end) the solver's
-  // modified-constraint recursion rescans the task's link list once per link; but each task's
-  // end is an event at which the fair-bottleneck solver re-solves every activity: √N blocks of L
-  // links cost about L·√N + L²/√N per step where one task cost L².
+  // max-min). A link another activity slows holds back its own share only, as it would hold back
+  // only the messages that cross it. Shares, not one task, because SimGrid 3.32's cost in a task
+  // is quadratic in its links: entering each link searches the links already entered, and when
+  // the task ends the solver's modified-constraint recursion rescans the task's link list once
+  // per link (and would go on into every task that shares a resource with it: hence a zone of
+  // hosts per share, and no real route in a task); but each task's end is an event at which the
+  // fair-bottleneck solver re-solves every activity: √N blocks of L links cost about
+  // L·√N + L²/√N per step where one task cost L².
   // A share has one entry per loaded (link, direction): the bytes every transfer of the step
-  // (with its NIC's per-message overhead, × rounds) puts on that link, between the two agg hosts
-  // whose route is that link; the loads are summed in the order SimGrid summed one entry per
-  // transfer (GPU -> port -> port -> GPU: ports' rows first, then GPUs' rows, in rank order), to
-  // the last bit. Each share's latency, that of the step's longest route, comes from one more entry
-  // of a negligible 1e-30 bytes along it (between two ports across the fabric, or two GPUs in a
-  // node).
+  // (with its NIC's per-message overhead, × rounds) puts on that link, between the two hosts of
+  // the share's zone whose route is that link; the loads are summed in the order SimGrid summed
+  // one entry per transfer (GPU -> port -> port -> GPU: ports' rows first, then GPUs' rows, in rank
+  // order), to the last bit. Each share's latency, that of the step's longest route (between two
+  // ports across the fabric, or two GPUs in a node), comes from one more entry of a negligible
+  // 1e-30 bytes over the share's own route of that latency (Groups::latencies).
   std::vector<sg4::ExecPtr> aggregated_tasks(const StepBytes& s) {
     const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
                       N = std::size_t(cluster.nodes()), per_node = std::size_t(groups.per_node());
@@ -466,33 +525,34 @@ struct SimBackend::Impl {
         for (std::size_t j = 0; j < g; ++j)
           if (const double bytes = s.intra[r * g + j]; bytes > 0) add_route(r, cluster.intra_route(local_of_rank[r], int(j)), false, bytes);
     }
-    std::vector<std::pair<sg4::Host*, sg4::Host*>> latency;  // the longest routes
-    if (s.any_inter) latency.emplace_back(ports[std::size_t(s.from)], ports[std::size_t(s.to)]);
-    if (s.any_intra) latency.emplace_back(hosts[std::size_t(s.intra_src)], hosts[std::size_t(s.intra_dst)]);
+    int latency = -1;  // the class of the longest route's latency
+    auto longer = [&](int c) {
+      if (latency < 0 || groups.latencies[std::size_t(c)] > groups.latencies[std::size_t(latency)]) latency = c;
+    };
+    if (s.any_inter) longer(groups.inter_class[std::size_t(fabric_hops(s.from, s.to))]);
+    if (s.any_intra) longer(groups.intra_class[std::size_t(local_of_rank[std::size_t(s.intra_src)]) * g + std::size_t(local_of_rank[std::size_t(s.intra_dst)])]);
     for (auto& members : share_groups) members.clear();
     for (std::size_t q = 0; q < load.size(); ++q)
       if (load[q] > 0) share_groups[std::size_t(groups.share[q])].push_back(int(q));
     std::vector<sg4::ExecPtr> tasks;
-    for (const auto& members : share_groups) {
+    for (std::size_t sh = 0; sh < share_groups.size(); ++sh) {
+      const auto& members = share_groups[sh];
       if (members.empty()) continue;
-      std::vector<sg4::Host*> hs;  // the agg hosts of the share's groups, then the latency routes' ends
+      std::vector<sg4::Host*> hs;  // the agg hosts of the share's groups and of its latency route
       std::vector<std::size_t> used;
       auto index = [&](std::size_t agg) {
         if (agg_index[agg] < 0) agg_index[agg] = int(hs.size()), hs.push_back(groups.hosts[agg]), used.push_back(agg);
         return std::size_t(agg_index[agg]);
       };
       std::vector<std::pair<std::size_t, std::size_t>> at;
-      for (int q : members) {
-        const auto [u, v] = group_hosts(std::size_t(q));
-        at.emplace_back(index(u), index(v));
-      }
+      for (int q : members) at.emplace_back(index(groups.ends[std::size_t(q)][0]), index(groups.ends[std::size_t(q)][1]));
+      const auto& ends = groups.latency_ends[sh][std::size_t(latency)];
+      const std::size_t from = index(ends[0]), to = index(ends[1]);
       for (std::size_t agg : used) agg_index[agg] = -1;
-      const std::size_t first_latency = hs.size();
-      for (const auto& [a, b] : latency) hs.push_back(a), hs.push_back(b);
       const std::size_t n = hs.size();
       std::vector<double> bytes(n * n, 0.0);
       for (std::size_t k = 0; k < members.size(); ++k) bytes[at[k].first * n + at[k].second] = load[std::size_t(members[k])];
-      for (std::size_t k = first_latency; k < n; k += 2) bytes[k * n + k + 1] = 1e-30;
+      bytes[from * n + to] = 1e-30;
       auto exec = sg4::Exec::init();
       exec->set_hosts(hs);
       // No flops amounts at all (not zeros): the task computes nothing, and with zeros L07 would
