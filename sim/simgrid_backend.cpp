@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
@@ -439,31 +440,61 @@ struct SimBackend::Impl {
     const double scale = step.rounds;
     double longest_intra = -1;  // the latency of (intra_src, intra_dst)
     int most_hops = 0;          // fabric_hops(from, to)
-    for (const auto& t : step.transfers) {
-      const int a = node_of_rank[std::size_t(t.src)], b = node_of_rank[std::size_t(t.dst)];
-      const std::size_t local_src = std::size_t(local_of_rank[std::size_t(t.src)]);
+    auto add = [&](int src, int dst, double sent) __attribute__((always_inline)) {  // a million calls a step
+      const int a = node_of_rank[std::size_t(src)], b = node_of_rank[std::size_t(dst)];
+      const std::size_t local_src = std::size_t(local_of_rank[std::size_t(src)]);
       if (a == b) {
-        const double bytes = t.bytes * scale;
-        if (t.src == t.dst || !(bytes > 0)) continue;  // nothing crosses a link
-        const std::size_t local_dst = std::size_t(local_of_rank[std::size_t(t.dst)]);
-        s.intra[std::size_t(t.src) * g + local_dst] += bytes;
+        const double bytes = sent * scale;
+        if (src == dst || !(bytes > 0)) return;  // nothing crosses a link
+        const std::size_t local_dst = std::size_t(local_of_rank[std::size_t(dst)]);
+        s.intra[std::size_t(src) * g + local_dst] += bytes;
         s.any_intra = true;
         if (const double latency = intra_latency[local_src * g + local_dst]; latency > longest_intra)
-          s.intra_src = t.src, s.intra_dst = t.dst, longest_intra = latency;
+          s.intra_src = src, s.intra_dst = dst, longest_intra = latency;
       } else {
-        const double bytes = (t.bytes + overhead_of_local[local_src]) * scale;
+        const double bytes = (sent + overhead_of_local[local_src]) * scale;
         s.crosses = true;
         s.nic_latency = std::max(s.nic_latency, nic_latency_of_local[local_src]);
-        s.out[std::size_t(t.src)] += bytes;
-        s.in[std::size_t(t.dst)] += bytes;
-        if (!(bytes > 0)) continue;
+        s.out[std::size_t(src)] += bytes;
+        s.in[std::size_t(dst)] += bytes;
+        if (!(bytes > 0)) return;
         s.pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
         s.any_inter = true;
         if (most_hops < 4)
           if (const int hops = fabric_hops(a, b); hops > most_hops) s.from = a, s.to = b, most_hops = hops;
       }
+    };
+    if (const Collective* c = step.all_pairs) {  // row by row: the matrix is read once, in order
+      const std::size_t n = c->group.size();
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < n; ++j)
+          if (const double b = c->bytes[i * n + j]; j != i && b > 0) add(c->group[i], c->group[j], b);
+    } else {
+      for (const auto& t : step.transfers) add(t.src, t.dst, t.bytes);
     }
     return s;
+  }
+
+  // The transfer whose route the chain of send/recv rounds takes: the step's first between two
+  // nodes, in rotating_pairs() order; its first transfer if none is.
+  Transfer chain_route(const Step& step) const {
+    auto between_nodes = [&](const Transfer& t) { return node_of_rank[std::size_t(t.src)] != node_of_rank[std::size_t(t.dst)]; };
+    if (const Collective* c = step.all_pairs) {
+      const std::size_t n = c->group.size();
+      std::optional<Transfer> first;
+      for (std::size_t d = 1; d < n; ++d)
+        for (std::size_t i = 0, j = d; i < n; ++i, j = j + 1 == n ? 0 : j + 1)
+          if (const double b = c->bytes[i * n + j]; b > 0) {
+            const Transfer t{c->group[i], c->group[j], b};
+            if (between_nodes(t)) return t;
+            if (!first) first = t;
+          }
+      if (!first) throw std::logic_error("SimBackend: an unlisted step that sends nothing");
+      return *first;
+    }
+    for (const auto& t : step.transfers)
+      if (between_nodes(t)) return t;
+    return step.transfers.front();
   }
 
   // A collective step as a few parallel tasks, one per share of its links: a block of about √N
@@ -626,7 +657,7 @@ struct SimBackend::Impl {
       // and each event re-solves the sharing of the big parallel tasks then running.
       const auto& coll = std::get<Collective>(op.body);
       auto start = entry = keep(marker(op.rank));
-      const Lowering lowering = lower(coll, cluster);
+      const Lowering lowering = options.aggregate ? lower_unlisted(coll, cluster) : lower(coll, cluster);
       sg4::ExecPtr finish = lowering.size() == 1 ? nullptr : keep(marker(op.rank));
       if (finish) exit = finish;
       if (lowering.empty()) start->add_successor(finish);
@@ -647,13 +678,8 @@ struct SimBackend::Impl {
           // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
           // on the step's longest route (an inter-node pair if there is one), each paying the
           // route latency; the step ends when both the chain and the bytes are done.
-          if (step.serial_rounds > 1 && !step.transfers.empty() && latency_bound(step, bytes())) {
-            Transfer probe = step.transfers.front();
-            for (const auto& tr : step.transfers)
-              if (cluster.node_of(tr.src) != cluster.node_of(tr.dst)) {
-                probe = tr;
-                break;
-              }
+          if (step.serial_rounds > 1 && step.sends() && latency_bound(step, bytes())) {
+            Transfer probe = chain_route(step);
             probe.bytes = 1;
             sg4::ExecPtr prev = last;
             for (int k = 0; k < step.serial_rounds; ++k) {
@@ -664,7 +690,7 @@ struct SimBackend::Impl {
             ends.push_back(prev);
           }
           std::vector<sg4::ExecPtr> flows;
-          if (options.aggregate && !step.transfers.empty())
+          if (options.aggregate && step.sends())
             flows = aggregated_tasks(bytes());
           else
             for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds));

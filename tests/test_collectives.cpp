@@ -142,6 +142,41 @@ TEST_CASE("linear all-to-all runs NCCL's rotating rounds, p2p_peers at a time") 
   CHECK(lower(ring, cluster)[0][0].serial_rounds == 1);
 }
 
+// lower_unlisted() leaves a linear all-to-all's transfers unlisted (Step::all_pairs); everything
+// else about the step must be what lower() gives, whatever the matrix's zeros.
+TEST_CASE("an unlisted linear all-to-all step is the listed one without its list") {
+  spec::ClusterSpec s = test::platform("dgx-a100", 2);
+  s.mutable_node()->set_p2p_peers(4);
+  const Cluster cluster(s);
+  Collective c{CollectiveType::all_to_all, {}, {}, "linear"};
+  for (int r = 0; r < 16; ++r) c.group.push_back(15 - r);  // positions are not ranks
+  auto unlisted = [&](const std::vector<double>& bytes) {
+    c.bytes = bytes;
+    const auto listed = lower(c, cluster), bare = lower_unlisted(c, cluster);
+    REQUIRE(listed.size() == bare.size());
+    if (listed.empty()) return 0;
+    REQUIRE(bare[0].size() == 1);
+    const Step& step = bare[0][0];
+    CHECK(step.all_pairs == &c);
+    CHECK(step.transfers.empty());
+    CHECK(step.sends());
+    CHECK(step.serial_rounds == listed[0][0].serial_rounds);
+    CHECK(step.rounds == listed[0][0].rounds);
+    return step.serial_rounds;
+  };
+  std::vector<double> bytes(256, 0.0);
+  CHECK(unlisted(bytes) == 0);  // nothing to send: no step either way
+  bytes[1 * 16 + 2] = 5;        // one round busy
+  CHECK(unlisted(bytes) == 1);
+  for (int i = 0; i < 16; ++i) bytes[std::size_t(i) * 16 + std::size_t(i + 5) % 16] = 1, bytes[std::size_t(i) * 16 + std::size_t(i + 9) % 16] = 1;
+  CHECK(unlisted(bytes) == 1);  // three busy rounds (1, 5, 9), four in flight
+  for (std::size_t k = 0; k < bytes.size(); ++k) bytes[k] = double(k % 7);
+  CHECK(unlisted(bytes) == 4);  // every round busy: 15 rounds, 4 in flight
+  c.algorithm = "2dh";          // other algorithms are listed as ever
+  c.bytes = bytes;
+  CHECK(lower_unlisted(c, cluster)[0][0].all_pairs == nullptr);
+}
+
 TEST_CASE("ring all-reduce puts 2(n-1)/n of the buffer on every ring edge") {
   const Cluster cluster(test::platform("dgx-a100", 1));
   const double S = 1 << 20;

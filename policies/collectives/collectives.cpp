@@ -41,6 +41,11 @@ Lowering lower(const Collective& c, const Cluster& cluster) {
   return a->lower(c, cluster);
 }
 
+Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
+  if (c.type == CollectiveType::all_to_all && c.algorithm == linear_alltoall.name) return lower_linear_alltoall_unlisted(c, cluster);
+  return lower(c, cluster);
+}
+
 double alltoall_bytes_sent_per_rank(const Collective& c) {
   const std::size_t n = c.group.size();
   double off_diagonal = c.total_bytes();

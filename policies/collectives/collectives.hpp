@@ -32,6 +32,10 @@ struct Step {
   std::vector<Copy> copies;
   int rounds = 1;
   int serial_rounds = 1;
+  /// Set by lower_unlisted() instead of `transfers`: the step sends from every group[i] to every
+  /// group[j], i ≠ j, the bytes[i·n + j] > 0 of this all-to-all (rotating_pairs()'s transfers).
+  const Collective* all_pairs = nullptr;
+  bool sends() const { return all_pairs || !transfers.empty(); }
 };
 using Lane = std::vector<Step>;
 using Lowering = std::vector<Lane>;
@@ -55,6 +59,12 @@ std::string collective_algorithm_names(CollectiveType type);
 
 /// Lowers with the collective's own algorithm (std::logic_error if unknown: validated earlier).
 Lowering lower(const Collective& c, const Cluster& cluster);
+/// lower(), but a step that sends between every pair of the group comes unlisted (Step::all_pairs),
+/// for a backend that needs only what crosses each link (the SimGrid backend's aggregated steps):
+/// at a thousand GPUs, a million transfers fewer to list per all-to-all.
+Lowering lower_unlisted(const Collective& c, const Cluster& cluster);
+/// The linear all-to-all's step unlisted, for lower_unlisted() (linear_alltoall.cpp).
+Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& cluster);
 
 /// Off-diagonal bytes of an all-to-all over the group size: every all-to-all algorithm's figure.
 double alltoall_bytes_sent_per_rank(const Collective& c);
@@ -62,6 +72,9 @@ double alltoall_bytes_sent_per_rank(const Collective& c);
 /// Whether `group` is whole nodes in rank order (position p is local GPU p mod m of one node), as
 /// the hierarchical algorithms need.
 bool whole_nodes(const std::vector<int>& group, const Cluster& cluster);
+
+/// The chain of send/recv rounds of rotating pairs: ⌈busy rounds / peers⌉, at least 1.
+inline int serial_rounds(int busy, int peers) { return std::max(1, (busy + std::max(peers, 1) - 1) / std::max(peers, 1)); }
 
 /// Send/recv pairs as NCCL schedules a group of them (NVIDIA/nccl#784: rotating pairs): in round d
 /// every rank i of the group sends to rank i + d and receives from rank i − d (positions in the
@@ -84,7 +97,7 @@ Step rotating_pairs(const std::vector<int>& group, int peers, const Bytes& bytes
       if (const double b = bytes(i, j); b > 0) step.transfers.push_back({group[i], group[j], b});
     busy += step.transfers.size() > before ? 1 : 0;
   }
-  step.serial_rounds = std::max(1, (busy + std::max(peers, 1) - 1) / std::max(peers, 1));
+  step.serial_rounds = serial_rounds(busy, peers);
   return step;
 }
 

@@ -17,6 +17,22 @@ Lowering lower_linear_alltoall(const Collective& c, const Cluster& cluster) {
 
 }  // namespace
 
+// The same step unlisted (lower_unlisted()): the rounds d = (j − i) mod n that send something, read
+// row by row (and no further once every round does).
+Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& cluster) {
+  const std::size_t n = c.group.size();
+  std::vector<char> busy(n, 0);
+  int rounds = 0;
+  for (std::size_t i = 0; i < n && rounds + 1 < int(n); ++i)
+    for (std::size_t j = 0, d = i ? n - i : 0; j < n; ++j, d = d + 1 == n ? 0 : d + 1)
+      if (j != i && !busy[d] && c.bytes[i * n + j] > 0) busy[d] = 1, ++rounds;
+  if (rounds == 0) return {};
+  Step step;
+  step.all_pairs = &c;
+  step.serial_rounds = serial_rounds(rounds, cluster.p2p_peers());
+  return one_step(std::move(step));
+}
+
 extern const CollectiveAlgorithm linear_alltoall = {
     "linear", CollectiveType::all_to_all, "n-1 send/recv rounds, p2p_peers at a time (NCCL grouped send/recv)",
     lower_linear_alltoall, alltoall_bytes_sent_per_rank};
