@@ -426,18 +426,23 @@ class Builder {
   Collective exchange(int l, bool transpose, int stride_group = -1) {
     const std::tuple<int, bool, int> key{l, transpose, stride_group};
     if (!exchanges_.count(key)) {
-      const auto tokens = exchanged(l);
+      auto tokens = exchanged(l);
       const int gs = schedule_.group_size, n = G_ / gs;
-      for (int step = stride_group < 0 ? -1 : 0; step < (stride_group < 0 ? 0 : n); ++step)
-        for (bool back : {false, true}) {
-          std::vector<double> b(std::size_t(G_) * G_, 0.0);
+      for (int step = stride_group < 0 ? -1 : 0; step < (stride_group < 0 ? 0 : n); ++step) {
+        std::vector<double> b;
+        if (step < 0) {  // the whole exchange: the token matrix itself, in bytes
+          for (auto& x : tokens) x *= token_bytes_;
+          b = std::move(tokens);
+        } else {
+          b.assign(std::size_t(G_) * G_, 0.0);
           for (int i = 0; i < G_; ++i)
-            for (int j = 0; j < G_; ++j) {
-              if (step >= 0 && (i / gs - j / gs - step + 2 * n) % n != 0) continue;
-              b[back ? std::size_t(j) * G_ + i : std::size_t(i) * G_ + j] = tokens[std::size_t(i) * G_ + j] * token_bytes_;
-            }
-          exchanges_[{l, back, step}] = std::move(b);
+            for (int j = 0; j < G_; ++j)
+              if ((i / gs - j / gs - step + 2 * n) % n == 0) b[std::size_t(i) * G_ + j] = tokens[std::size_t(i) * G_ + j] * token_bytes_;
         }
+        const CollectiveBytes there(std::move(b));
+        exchanges_[{l, false, step}] = there;
+        exchanges_[{l, true, step}] = there.transposed();
+      }
     }
     return {CollectiveType::all_to_all, everyone_, exchanges_.at(key), a2a_};
   }
@@ -524,9 +529,7 @@ class Builder {
     };
     auto wire = [&](bool transpose) {
       Collective c = exchange(l, transpose);
-      std::vector<double> b = c.bytes.values();
-      for (auto& x : b) x *= schedule_.wire_ratio / r;
-      c.bytes = std::move(b);
+      c.bytes = c.bytes.scaled(schedule_.wire_ratio / r);
       return c;
     };
     std::vector<std::vector<OpId>> ready(static_cast<std::size_t>(r), ready_);  // what each part's dispatch waits for

@@ -1,6 +1,7 @@
 #include "taskgraph.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <stdexcept>
 
@@ -64,12 +65,27 @@ double Compute::seconds(const GpuModel& gpu) const {
   return t;
 }
 
-const std::vector<double>& CollectiveBytes::none() {
-  static const std::vector<double> empty;
-  return empty;
+CollectiveBytes CollectiveBytes::transposed() const {
+  CollectiveBytes t(*this);
+  t.side_ = std::size_t(std::llround(std::sqrt(double(size()))));
+  if (t.side_ * t.side_ != size()) throw std::logic_error("CollectiveBytes: transposing values that are not a square matrix");
+  t.transposed_ = !transposed_;
+  return t;
 }
 
-double Collective::total_bytes() const { return std::accumulate(bytes.begin(), bytes.end(), 0.0); }
+CollectiveBytes CollectiveBytes::scaled(double factor) const {
+  CollectiveBytes t(*this);
+  t.scale_ *= factor;
+  return t;
+}
+
+double CollectiveBytes::total() const {
+  double sum = 0;
+  for (std::size_t k = 0; k < size(); ++k) sum += scale_ * (*values_)[k];
+  return sum;
+}
+
+double Collective::total_bytes() const { return bytes.total(); }
 
 void TaskGraph::drop_collective_matrices() {
   for (auto& op : ops_)

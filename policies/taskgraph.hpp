@@ -47,22 +47,46 @@ enum class CollectiveType : std::uint8_t { all_to_all, all_reduce, broadcast, re
 const char* collective_type_name(CollectiveType t);
 
 /// A collective's byte counts, immutable and shared between copies: a layer's forward and backward
-/// all-to-alls carry the same matrices (at 4,096 GPUs one is 134 MB).
+/// all-to-alls carry the same matrices (at 4,096 GPUs one is 134 MB), its dispatch and combine the
+/// same matrix, one transposed(), and Tutel's pipeline parts it scaled().
 class CollectiveBytes {
  public:
   CollectiveBytes() = default;
   CollectiveBytes(std::vector<double> values) : values_(std::make_shared<const std::vector<double>>(std::move(values))) {}
   CollectiveBytes(std::initializer_list<double> values) : CollectiveBytes(std::vector<double>(values)) {}
-  double operator[](std::size_t i) const { return (*values_)[i]; }
   std::size_t size() const { return values_ ? values_->size() : 0; }
   bool empty() const { return size() == 0; }
-  const std::vector<double>& values() const { return values_ ? *values_ : none(); }
-  auto begin() const { return values().begin(); }
-  auto end() const { return values().end(); }
+  /// Entry k of the values, row by row (a ring collective's one size: [0]).
+  double operator[](std::size_t k) const { return transposed_ ? at(k / side_, k % side_, side_) : scale_ * (*values_)[k]; }
+  /// Entry (i, j) of the matrix, n × n.
+  double at(std::size_t i, std::size_t j, std::size_t n) const { return scale_ * (*values_)[transposed_ ? j * n + i : i * n + j]; }
+  /// The matrix transposed, sharing these values (an all-to-all's way back).
+  CollectiveBytes transposed() const;
+  /// The values × factor, sharing these values.
+  CollectiveBytes scaled(double factor) const;
+  /// f(i, j, bytes) for each entry of the n × n matrix, in the order the values are stored (the
+  /// fast way through a big matrix), until f returns false.
+  template <class F>
+  [[gnu::always_inline]] void for_each(std::size_t n, const F& f) const {  // inlined, so that f's state stays in registers
+    const double* v = values_->data();
+    const double scale = scale_;
+    if (transposed_) {
+      for (std::size_t p = 0; p < n; ++p, v += n)
+        for (std::size_t q = 0; q < n; ++q)
+          if (!f(q, p, scale * v[q])) return;
+    } else {
+      for (std::size_t p = 0; p < n; ++p, v += n)
+        for (std::size_t q = 0; q < n; ++q)
+          if (!f(p, q, scale * v[q])) return;
+    }
+  }
+  double total() const;
 
  private:
-  static const std::vector<double>& none();
   std::shared_ptr<const std::vector<double>> values_;
+  bool transposed_ = false;
+  std::size_t side_ = 0;  // n, when transposed
+  double scale_ = 1.0;
 };
 
 /// A collective over `group` (ranks). For all-to-all(v), `bytes` is the group.size()² matrix

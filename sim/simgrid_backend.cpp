@@ -440,38 +440,47 @@ struct SimBackend::Impl {
     const double scale = step.rounds;
     double longest_intra = -1;  // the latency of (intra_src, intra_dst)
     int most_hops = 0;          // fabric_hops(from, to)
-    auto add = [&](int src, int dst, double sent) __attribute__((always_inline)) {  // a million calls a step
-      const int a = node_of_rank[std::size_t(src)], b = node_of_rank[std::size_t(dst)];
-      const std::size_t local_src = std::size_t(local_of_rank[std::size_t(src)]);
+    // Plain pointers and locals: a million calls a step, and through the vectors' members the
+    // compiler reloaded every data pointer at each one.
+    const int *node = node_of_rank.data(), *local = local_of_rank.data();
+    const double *overhead = overhead_of_local.data(), *to_nic = nic_latency_of_local.data(), *latency_of = intra_latency.data();
+    double *intra = s.intra.data(), *out = s.out.data(), *in = s.in.data(), *pairs = s.pairs.data();
+    bool any_intra = false, any_inter = false, crosses = false;
+    double nic_latency = 0;
+    auto add = [&](int src, int dst, double sent) __attribute__((always_inline)) {
+      const int a = node[src], b = node[dst];
+      const std::size_t local_src = std::size_t(local[src]);
       if (a == b) {
         const double bytes = sent * scale;
         if (src == dst || !(bytes > 0)) return;  // nothing crosses a link
-        const std::size_t local_dst = std::size_t(local_of_rank[std::size_t(dst)]);
-        s.intra[std::size_t(src) * g + local_dst] += bytes;
-        s.any_intra = true;
-        if (const double latency = intra_latency[local_src * g + local_dst]; latency > longest_intra)
+        const std::size_t local_dst = std::size_t(local[dst]);
+        intra[std::size_t(src) * g + local_dst] += bytes;
+        any_intra = true;
+        if (const double latency = latency_of[local_src * g + local_dst]; latency > longest_intra)
           s.intra_src = src, s.intra_dst = dst, longest_intra = latency;
       } else {
-        const double bytes = (sent + overhead_of_local[local_src]) * scale;
-        s.crosses = true;
-        s.nic_latency = std::max(s.nic_latency, nic_latency_of_local[local_src]);
-        s.out[std::size_t(src)] += bytes;
-        s.in[std::size_t(dst)] += bytes;
+        const double bytes = (sent + overhead[local_src]) * scale;
+        crosses = true;
+        nic_latency = std::max(nic_latency, to_nic[local_src]);
+        out[src] += bytes;
+        in[dst] += bytes;
         if (!(bytes > 0)) return;
-        s.pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
-        s.any_inter = true;
+        pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
+        any_inter = true;
         if (most_hops < 4)
           if (const int hops = fabric_hops(a, b); hops > most_hops) s.from = a, s.to = b, most_hops = hops;
       }
     };
-    if (const Collective* c = step.all_pairs) {  // row by row: the matrix is read once, in order
-      const std::size_t n = c->group.size();
-      for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t j = 0; j < n; ++j)
-          if (const double b = c->bytes[i * n + j]; j != i && b > 0) add(c->group[i], c->group[j], b);
+    if (const Collective* c = step.all_pairs) {  // the matrix read once, in its storage order
+      const int* group = c->group.data();
+      c->bytes.for_each(c->group.size(), [&](std::size_t i, std::size_t j, double b) __attribute__((always_inline)) {
+        if (j != i && b > 0) add(group[i], group[j], b);
+        return true;
+      });
     } else {
       for (const auto& t : step.transfers) add(t.src, t.dst, t.bytes);
     }
+    s.any_intra = any_intra, s.any_inter = any_inter, s.crosses = crosses, s.nic_latency = nic_latency;
     return s;
   }
 
@@ -484,7 +493,7 @@ struct SimBackend::Impl {
       std::optional<Transfer> first;
       for (std::size_t d = 1; d < n; ++d)
         for (std::size_t i = 0, j = d; i < n; ++i, j = j + 1 == n ? 0 : j + 1)
-          if (const double b = c->bytes[i * n + j]; b > 0) {
+          if (const double b = c->bytes.at(i, j, n); b > 0) {
             const Transfer t{c->group[i], c->group[j], b};
             if (between_nodes(t)) return t;
             if (!first) first = t;

@@ -49,7 +49,7 @@ Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
 double alltoall_bytes_sent_per_rank(const Collective& c) {
   const std::size_t n = c.group.size();
   double off_diagonal = c.total_bytes();
-  for (std::size_t i = 0; i < n; ++i) off_diagonal -= c.bytes[i * n + i];
+  for (std::size_t i = 0; i < n; ++i) off_diagonal -= c.bytes.at(i, i, n);
   return n ? off_diagonal / double(n) : 0;
 }
 

@@ -10,7 +10,7 @@ namespace {
 
 Lowering lower_linear_alltoall(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
-  Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) { return c.bytes[i * n + j]; });
+  Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) { return c.bytes.at(i, j, n); });
   if (step.transfers.empty()) return {};
   return one_step(std::move(step));
 }
@@ -18,14 +18,15 @@ Lowering lower_linear_alltoall(const Collective& c, const Cluster& cluster) {
 }  // namespace
 
 // The same step unlisted (lower_unlisted()): the rounds d = (j − i) mod n that send something, read
-// row by row (and no further once every round does).
+// in the matrix's storage order, and no further once every round does.
 Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
   std::vector<char> busy(n, 0);
   int rounds = 0;
-  for (std::size_t i = 0; i < n && rounds + 1 < int(n); ++i)
-    for (std::size_t j = 0, d = i ? n - i : 0; j < n; ++j, d = d + 1 == n ? 0 : d + 1)
-      if (j != i && !busy[d] && c.bytes[i * n + j] > 0) busy[d] = 1, ++rounds;
+  c.bytes.for_each(n, [&](std::size_t i, std::size_t j, double b) {
+    if (char& d = busy[j >= i ? j - i : j + n - i]; j != i && !d && b > 0) d = 1, ++rounds;
+    return rounds + 1 < int(n);
+  });
   if (rounds == 0) return {};
   Step step;
   step.all_pairs = &c;

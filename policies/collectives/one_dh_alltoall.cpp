@@ -14,7 +14,7 @@ namespace {
 Lowering lower_1dh(const Collective& c, const Cluster& cluster) {
   if (!whole_nodes(c.group, cluster)) return linear_alltoall.lower(c, cluster);
   const std::size_t n = c.group.size(), m = std::size_t(cluster.gpus_per_node()), N = n / m;
-  auto bytes = [&](std::size_t s, std::size_t d) { return c.bytes[s * n + d]; };
+  auto bytes = [&](std::size_t s, std::size_t d) { return c.bytes.at(s, d, n); };
   auto node_bytes = [&](std::size_t s) {  // what GPU s holds for everyone
     double b = 0;
     for (std::size_t d = 0; d < n; ++d) b += bytes(s, d);

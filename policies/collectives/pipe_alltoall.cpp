@@ -15,7 +15,7 @@ Lowering lower_pipe(const Collective& c, const Cluster& cluster) {
   for (const bool intra : {true, false}) {
     Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
       const bool same = cluster.node_of(c.group[i]) == cluster.node_of(c.group[j]);
-      return same == intra ? c.bytes[i * n + j] : 0.0;
+      return same == intra ? c.bytes.at(i, j, n) : 0.0;
     });
     if (!step.transfers.empty()) lanes.push_back({std::move(step)});
   }

@@ -30,7 +30,7 @@ std::vector<Chunk> stride_memcpy(const std::vector<Chunk>& in, int row, int col)
 double block_bytes(const Collective& c, const std::vector<Chunk>& buffer, int from, int count) {
   const std::size_t n = c.group.size();
   double b = 0;
-  for (int k = from; k < from + count; ++k) b += c.bytes[std::size_t(buffer[std::size_t(k)].first) * n + std::size_t(buffer[std::size_t(k)].second)];
+  for (int k = from; k < from + count; ++k) b += c.bytes.at(std::size_t(buffer[std::size_t(k)].first), std::size_t(buffer[std::size_t(k)].second), n);
   return b;
 }
 
