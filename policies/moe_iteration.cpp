@@ -87,11 +87,15 @@ class Builder {
     std::vector<double> activations(std::size_t(G_), 0.0), copies(std::size_t(G_), 0.0);
     owned_.assign(std::size_t(G_), 0.0);
     for (std::size_t l = 0; l < plans.size(); ++l) {
-      target_[l].resize(std::size_t(G_) * E_);
-      for (int s = 0; s < G_; ++s)
-        for (int e = 0; e < E_; ++e)
-          target_[l][std::size_t(s) * E_ + e] = zero_ ? s : sharded ? e * (G_ / E_) : owner(int(l), e);
-      if (!zero_ && !sharded)
+      const bool by_pair = !zero_ && !sharded && !plans[l].replicas.empty();
+      if (!zero_) {
+        target_[l].resize(by_pair ? std::size_t(G_) * E_ : std::size_t(E_));
+        for (std::size_t k = 0; k < target_[l].size(); ++k) {
+          const int e = int(k % std::size_t(E_));
+          target_[l][k] = sharded ? e * (G_ / E_) : owner(int(l), e);
+        }
+      }
+      if (by_pair)
         for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
           const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert));
           for (int s = 0; s < G_; ++s) target_[l][std::size_t(s) * E_ + rep.expert] = t[std::size_t(s)];
@@ -102,9 +106,11 @@ class Builder {
       std::vector<char> seen(std::size_t(G_) * E_, 0);
       std::vector<double> H(std::size_t(G_), 0.0);  // token-slots each GPU computes
       const auto& R = plans[l].routing;
+      load_.emplace_back(std::size_t(E_), 0);
       for (int s = 0; s < G_; ++s)
         for (int e = 0; e < E_; ++e) {
-          const int t = target_[l][std::size_t(s) * E_ + e];
+          const int t = target(int(l), s, e);
+          load_[l][std::size_t(e)] += R.at(s, e);
           H[std::size_t(t)] += double(R.at(s, e));
           if (R.at(s, e) > 0 && !seen[std::size_t(t) * E_ + e]) {
             seen[std::size_t(t) * E_ + e] = 1;
@@ -331,7 +337,13 @@ class Builder {
     broadcast_replicas(l + 1, Stream::comm, {}, n - std::min(n, schedule_.trans_under_dense));
   }
 
-  int target(int l, int s, int e) const { return target_[l][std::size_t(s) * E_ + e]; }
+  // The GPU that computes source s's tokens for expert e in layer l: s itself under ZeRO, else e's
+  // (owner or sharded) GPU, which only replicas make depend on the source.
+  int target(int l, int s, int e) const {
+    if (zero_) return s;
+    const auto& t = target_[std::size_t(l)];
+    return t.size() == std::size_t(E_) ? t[std::size_t(e)] : t[std::size_t(s) * E_ + e];
+  }
 
   // One marker op where a layer's ops meet, so that the next ops' dependencies stay short: an
   // empty all-to-all over every rank.
@@ -378,10 +390,14 @@ class Builder {
       const auto x = long(R.at(s, e));
       return x * (part + 1) / parts - x * part / parts;
     };
+    const bool whole = from == 0 && to == G_ && parts == 1 && !zero_ && target_[std::size_t(l)].size() == std::size_t(E_);
     for (int e : computes_[l][rank]) {
       long tokens = 0;
-      for (int s = from; s < to; ++s)
-        if (target(l, s, e) == rank) tokens += share(s, e);
+      if (whole)  // every source's tokens for e, all on e's GPU: its load, summed row by row once
+        tokens = target(l, 0, e) == rank ? long(load_[std::size_t(l)][std::size_t(e)]) : 0;
+      else
+        for (int s = from; s < to; ++s)
+          if (target(l, s, e) == rank) tokens += share(s, e);
       if (tokens == 0) continue;
       std::vector<Gemm> fwd;
       if (schedule_.per_source_gemms) {  // one GEMM pair per source chunk (the all-to-all layout)
@@ -622,7 +638,9 @@ class Builder {
   TaskGraph g_;
   std::vector<int> everyone_;
   std::vector<OpId> ready_;
-  std::vector<std::vector<int>> target_;           // per layer: [source · E + expert] -> GPU
+  std::vector<std::vector<int>> target_;           // per layer: [source · E + expert] -> GPU, or [expert] when
+                                                   // no replica makes it depend on the source (target())
+  std::vector<std::vector<std::int64_t>> load_;    // per layer: each expert's token-slots
   std::vector<std::map<int, OpId>> bcast_;         // per layer: expert -> its broadcast
   std::map<std::pair<int, int>, OpId> late_bcast_;  // (layer, expert) -> its calibration broadcast
   std::map<std::pair<int, int>, OpId> regather_;    // (layer, expert) -> its re-materialization
