@@ -81,6 +81,10 @@ class CollectiveBytes {
     }
   }
   double total() const;
+  /// Whether both are the same view of the same values (not merely equal values).
+  bool same_view(const CollectiveBytes& o) const {
+    return values_ == o.values_ && transposed_ == o.transposed_ && scale_ == o.scale_;
+  }
 
  private:
   std::shared_ptr<const std::vector<double>> values_;

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <iterator>
 #include <optional>
 #include <stdexcept>
@@ -484,6 +485,25 @@ struct SimBackend::Impl {
     return s;
   }
 
+  // measure(), but an unlisted step (an all-to-all's whole matrix) is measured once per execute()
+  // for each view of each matrix: a layer's forward and backward all-to-alls send the same bytes.
+  struct Measured {
+    CollectiveBytes bytes;  // held, so that its values outlive the entry
+    std::vector<int> group;
+    int rounds = 1;
+    StepBytes s;
+  };
+  std::deque<Measured> measured;  // this execute()'s
+
+  const StepBytes& measure_once(const Step& step) {
+    const Collective* c = step.all_pairs;
+    if (!c) return measure(step);
+    for (const auto& m : measured)
+      if (m.bytes.same_view(c->bytes) && m.rounds == step.rounds && m.group == c->group) return m.s;
+    measured.push_back({c->bytes, c->group, step.rounds, measure(step)});
+    return measured.back().s;
+  }
+
   // The transfer whose route the chain of send/recv rounds takes: the step's first between two
   // nodes, in rotating_pairs() order; its first transfer if none is.
   Transfer chain_route(const Step& step) const {
@@ -674,7 +694,7 @@ struct SimBackend::Impl {
         sg4::ExecPtr last = start;
         for (const auto& step : lane) {
           const StepBytes* measured = nullptr;  // measure(step), once
-          auto bytes = [&]() -> const StepBytes& { return measured ? *measured : *(measured = &measure(step)); };
+          auto bytes = [&]() -> const StepBytes& { return measured ? *measured : *(measured = &measure_once(step)); };
           std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
           for (const auto& copy : step.copies)
             if (copy.bytes > 0) {
@@ -845,6 +865,7 @@ struct SimBackend::Impl {
       if (r.waiting[op.id] == 0) issue_op(op.id);
     engine->run();
     run = nullptr;
+    measured.clear();
     for (const auto& op : graph.ops()) {
       if (!r.ended[op.id])
         throw std::logic_error("SimBackend: op '" + op.label + "' never ran (a dependency cycle in the TaskGraph?)");
