@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace moesim {
 
@@ -21,10 +22,12 @@ GateOutcome apply_gate(const spec::GateSpec& gate, const RoutingMatrix& R, int t
   out.kept = R;
   for (auto& c : out.kept.counts) {
     out.dropped += std::max<std::int64_t>(0, c - out.capacity);
-    c = std::min(c, out.capacity);
+    c = std::int32_t(std::min<std::int64_t>(c, out.capacity));
   }
   out.routed = out.kept;
-  if (gate.pad_to_capacity()) std::fill(out.routed.counts.begin(), out.routed.counts.end(), out.capacity);
+  if (gate.pad_to_capacity())  // a cell holds up to 2^31 - 1 token-slots (RoutingMatrix)
+    std::fill(out.routed.counts.begin(), out.routed.counts.end(),
+              std::int32_t(std::min<std::int64_t>(out.capacity, std::numeric_limits<std::int32_t>::max())));
   return out;
 }
 

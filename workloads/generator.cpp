@@ -454,13 +454,15 @@ RoutingMatrix GatingGenerator::next(int layer) {
 
   RoutingMatrix R(sources_, experts_);
   std::vector<double> p(experts_);
+  std::vector<std::int64_t> row(static_cast<std::size_t>(experts_));
   for (int s = 0; s < sources_; ++s) {
     fill_normal(L.sampling, p);  // eps / sigma_fast
     const float* delta = &L.delta[std::size_t(s) * experts_];
     for (int e = 0; e < experts_; ++e) p[e] = scale * (common[e] + P.sigma_fast * p[e] + delta[e]);
     softmax(p);
     if (!hot.empty()) apply_hot_spot(p, hot, P.hot_fraction, top_k_);
-    capped_into(L.sampling, tokens_, top_k_, p, std::span(R.counts).subspan(std::size_t(s) * experts_, experts_));
+    capped_into(L.sampling, tokens_, top_k_, p, row);
+    std::copy(row.begin(), row.end(), R.counts.begin() + std::ptrdiff_t(s) * experts_);  // each at most tokens_
   }
   // OU step to d_{t+1}: d = a d + sigma_slow sqrt(1 - a²) N(0, 1), a = exp(-1/tau).
   const auto [sigma, tau] = drift_sigma_tau(P, t);

@@ -13,11 +13,11 @@ namespace moesim {
 /// token and chosen expert, so a row sums to tokens × k).
 struct RoutingMatrix {
   int sources = 0, experts = 0;
-  std::vector<std::int64_t> counts;
+  std::vector<std::int32_t> counts;  // a cell is at most tokens × top_k of one GPU: int32 halves the biggest matrices
 
   RoutingMatrix() = default;
   RoutingMatrix(int s, int e) : sources(s), experts(e), counts(std::size_t(s) * e, 0) {}
-  std::int64_t& at(int src, int e) { return counts[std::size_t(src) * experts + e]; }
+  std::int32_t& at(int src, int e) { return counts[std::size_t(src) * experts + e]; }
   std::int64_t at(int src, int e) const { return counts[std::size_t(src) * experts + e]; }
   std::int64_t expert_load(int e) const;
   std::int64_t row_sum(int src) const;

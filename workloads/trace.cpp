@@ -5,6 +5,7 @@
 #include <google/protobuf/util/delimited_message_util.h>
 
 #include <cstdio>
+#include <limits>
 
 #include "errors.hpp"
 
@@ -152,6 +153,8 @@ bool TraceReader::next(spec::TraceRecord& r) {
   auto check_cell = [&](std::size_t cell, std::int64_t c) {
     const std::size_t s = cell / h.experts(), e = cell % h.experts();
     if (c < 0) fail(fmt::format("negative count {} (source {}, expert {})", c, s, e));
+    if (c > std::numeric_limits<std::int32_t>::max())
+      fail(fmt::format("count {} (source {}, expert {}) is over 2^31 - 1 token-slots", c, s, e));
     if (tokens > 0 && c > tokens)
       fail(fmt::format("source {} sends {} tokens to expert {}, more than its {} tokens", s, c, e, tokens));
     row_sums[s] += c;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <regex>
@@ -35,16 +36,18 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// A non-negative integer, written as an integer or as a float with no fraction ("702.0").
+// An integer from 0 to 2^31 - 1 (a routing cell's range), written as an integer or as a float
+// with no fraction ("702.0").
 bool parse_count(std::string_view s, std::int64_t& out) {
+  constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
   s = trim(s);
   if (s.empty()) return false;
   const char* end = s.data() + s.size();
   auto [p, ec] = std::from_chars(s.data(), end, out);
-  if (ec == std::errc() && p == end) return out >= 0;
+  if (ec == std::errc() && p == end) return out >= 0 && out <= most;
   double d = 0;
   auto [q, ec2] = std::from_chars(s.data(), end, d);
-  if (ec2 != std::errc() || q != end || !(d >= 0 && d < 9e18) || d != double(std::int64_t(d))) return false;
+  if (ec2 != std::errc() || q != end || !(d >= 0 && d <= double(most)) || d != double(std::int64_t(d))) return false;
   out = std::int64_t(d);
   return true;
 }
