@@ -441,6 +441,16 @@ class Builder {
   // forward's routes.
   Collective exchange(int l, bool transpose, int stride_group = -1) {
     const std::tuple<int, bool, int> key{l, transpose, stride_group};
+    if (!exchanges_.count(key) && stride_group < 0 && schedule_.shard_r == 0) {
+      // Whole token-slots: counts × bytes per token, built straight from the routing.
+      const auto& R = plans_[std::size_t(l)].routing;
+      std::vector<std::int32_t> counts(std::size_t(G_) * G_, 0);  // each at most a GPU's tokens × k
+      for (int s = 0; s < G_; ++s)
+        for (int e = 0; e < E_; ++e) counts[std::size_t(s) * G_ + target(l, s, e)] += R.at(s, e);
+      const CollectiveBytes there(std::move(counts), token_bytes_);
+      exchanges_[{l, false, -1}] = there;
+      exchanges_[{l, true, -1}] = there.transposed();
+    }
     if (!exchanges_.count(key)) {
       auto tokens = exchanged(l);
       const int gs = schedule_.group_size, n = G_ / gs;

@@ -81,7 +81,7 @@ CollectiveBytes CollectiveBytes::scaled(double factor) const {
 
 double CollectiveBytes::total() const {
   double sum = 0;
-  for (std::size_t k = 0; k < size(); ++k) sum += scale_ * (*values_)[k];
+  for (std::size_t k = 0; k < size(); ++k) sum += scale_ * stored(k);
   return sum;
 }
 

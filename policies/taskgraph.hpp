@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -54,12 +55,15 @@ class CollectiveBytes {
   CollectiveBytes() = default;
   CollectiveBytes(std::vector<double> values) : values_(std::make_shared<const std::vector<double>>(std::move(values))) {}
   CollectiveBytes(std::initializer_list<double> values) : CollectiveBytes(std::vector<double>(values)) {}
-  std::size_t size() const { return values_ ? values_->size() : 0; }
+  /// counts × unit (an all-to-all's token-slots × bytes per token): half the memory of doubles.
+  CollectiveBytes(std::vector<std::int32_t> counts, double unit)
+      : counts_(std::make_shared<const std::vector<std::int32_t>>(std::move(counts))), unit_(unit) {}
+  std::size_t size() const { return counts_ ? counts_->size() : values_ ? values_->size() : 0; }
   bool empty() const { return size() == 0; }
   /// Entry k of the values, row by row (a ring collective's one size: [0]).
-  double operator[](std::size_t k) const { return transposed_ ? at(k / side_, k % side_, side_) : scale_ * (*values_)[k]; }
+  double operator[](std::size_t k) const { return transposed_ ? at(k / side_, k % side_, side_) : scale_ * stored(k); }
   /// Entry (i, j) of the matrix, n × n.
-  double at(std::size_t i, std::size_t j, std::size_t n) const { return scale_ * (*values_)[transposed_ ? j * n + i : i * n + j]; }
+  double at(std::size_t i, std::size_t j, std::size_t n) const { return scale_ * stored(transposed_ ? j * n + i : i * n + j); }
   /// The matrix transposed, sharing these values (an all-to-all's way back).
   CollectiveBytes transposed() const;
   /// The values × factor, sharing these values.
@@ -68,26 +72,39 @@ class CollectiveBytes {
   /// fast way through a big matrix), until f returns false.
   template <class F>
   [[gnu::always_inline]] void for_each(std::size_t n, const F& f) const {  // inlined, so that f's state stays in registers
-    const double* v = values_->data();
-    const double scale = scale_;
-    if (transposed_) {
-      for (std::size_t p = 0; p < n; ++p, v += n)
-        for (std::size_t q = 0; q < n; ++q)
-          if (!f(q, p, scale * v[q])) return;
-    } else {
-      for (std::size_t p = 0; p < n; ++p, v += n)
-        for (std::size_t q = 0; q < n; ++q)
-          if (!f(p, q, scale * v[q])) return;
-    }
+    if (counts_)
+      walk(n, counts_->data(), f);
+    else
+      walk(n, values_->data(), f);
   }
   double total() const;
   /// Whether both are the same view of the same values (not merely equal values).
   bool same_view(const CollectiveBytes& o) const {
-    return values_ == o.values_ && transposed_ == o.transposed_ && scale_ == o.scale_;
+    return values_ == o.values_ && counts_ == o.counts_ && transposed_ == o.transposed_ && scale_ == o.scale_;
   }
 
  private:
+  double stored(std::size_t k) const { return counts_ ? double((*counts_)[k]) * unit_ : (*values_)[k]; }
+  template <class T, class F>
+  [[gnu::always_inline]] void walk(std::size_t n, const T* v, const F& f) const {
+    const double scale = scale_, unit = unit_;
+    auto value = [&](T x) {  // scale · stored(k), to the last bit
+      if constexpr (std::is_same_v<T, double>) return scale * x;
+      else return scale * (double(x) * unit);
+    };
+    if (transposed_) {
+      for (std::size_t p = 0; p < n; ++p, v += n)
+        for (std::size_t q = 0; q < n; ++q)
+          if (!f(q, p, value(v[q]))) return;
+    } else {
+      for (std::size_t p = 0; p < n; ++p, v += n)
+        for (std::size_t q = 0; q < n; ++q)
+          if (!f(p, q, value(v[q]))) return;
+    }
+  }
   std::shared_ptr<const std::vector<double>> values_;
+  std::shared_ptr<const std::vector<std::int32_t>> counts_;
+  double unit_ = 1.0;
   bool transposed_ = false;
   std::size_t side_ = 0;  // n, when transposed
   double scale_ = 1.0;

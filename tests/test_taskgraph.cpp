@@ -32,3 +32,41 @@ TEST_CASE("the critical path adds up to the makespan on a hand case") {
   CHECK(br.seconds[int(Category::other)] == Approx(0.5));
   CHECK(br.total() == Approx(t.makespan()));
 }
+
+// An all-to-all's matrix is stored once and viewed: as counts × bytes per token, transposed for
+// the way back, scaled for a pipeline's parts. Every view must read what a plain matrix of the
+// same bytes would, in any order it is read.
+TEST_CASE("collective byte views read as the matrices they stand for") {
+  const std::size_t n = 3;
+  std::vector<std::int32_t> counts = {0, 1, 2, 3, 4, 5, 6, 7, 8};  // (i, j) = 3i + j
+  const double unit = 2048;
+  const CollectiveBytes a(counts, unit), t = a.transposed(), h = t.scaled(0.5);
+  auto expect = [&](std::size_t i, std::size_t j) { return double(3 * i + j) * unit; };
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      CHECK(a.at(i, j, n) == expect(i, j));
+      CHECK(a[i * n + j] == expect(i, j));
+      CHECK(t.at(i, j, n) == expect(j, i));
+      CHECK(t[i * n + j] == expect(j, i));
+      CHECK(h.at(i, j, n) == 0.5 * expect(j, i));
+    }
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  t.for_each(n, [&](std::size_t i, std::size_t j, double b) {
+    CHECK(b == expect(j, i));
+    order.emplace_back(i, j);
+    return order.size() < 4;  // stops when told
+  });
+  REQUIRE(order.size() == 4);
+  CHECK(order[0] == std::pair<std::size_t, std::size_t>{0, 0});
+  CHECK(order[1] == std::pair<std::size_t, std::size_t>{1, 0});  // storage order: (0,1) stored is (1,0) viewed
+  CHECK(order[3] == std::pair<std::size_t, std::size_t>{0, 1});
+  CHECK(a.total() == Approx(36 * unit));
+  CHECK(h.total() == Approx(18 * unit));
+  CHECK(a.same_view(CollectiveBytes(a)));
+  CHECK(!a.same_view(t));
+  CHECK(t.transposed().same_view(a));
+  CHECK(!a.same_view(CollectiveBytes(counts, unit)));  // equal values, other storage
+  const CollectiveBytes plain(std::vector<double>{0, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384});
+  for (std::size_t k = 0; k < n * n; ++k) CHECK(plain.transposed()[k] == t[k]);
+  CHECK_THROWS(CollectiveBytes{1.0, 2.0}.transposed());  // not a square matrix
+}
