@@ -103,21 +103,30 @@ class Builder {
       // The experts each GPU computes this layer (its own, and copies some source sends it), so
       // that building a GPU's expert op costs its experts × sources, not all experts × sources.
       computes_.emplace_back(G_);
-      std::vector<char> seen(std::size_t(G_) * E_, 0);
       std::vector<double> H(std::size_t(G_), 0.0);  // token-slots each GPU computes
       const auto& R = plans[l].routing;
-      load_.emplace_back(std::size_t(E_), 0);
+      auto& load = load_.emplace_back(std::size_t(E_), 0);
       for (int s = 0; s < G_; ++s)
+        for (int e = 0; e < E_; ++e) load[std::size_t(e)] += R.at(s, e);
+      if (!zero_ && target_[l].size() == std::size_t(E_)) {  // one GPU per expert: its whole load
         for (int e = 0; e < E_; ++e) {
-          const int t = target(int(l), s, e);
-          load_[l][std::size_t(e)] += R.at(s, e);
-          H[std::size_t(t)] += double(R.at(s, e));
-          if (R.at(s, e) > 0 && !seen[std::size_t(t) * E_ + e]) {
-            seen[std::size_t(t) * E_ + e] = 1;
-            computes_[l][t].push_back(e);
-          }
+          const int t = target_[l][std::size_t(e)];
+          H[std::size_t(t)] += double(load[std::size_t(e)]);
+          if (load[std::size_t(e)] > 0) computes_[l][t].push_back(e);
         }
-      for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
+      } else {
+        std::vector<char> seen(std::size_t(G_) * E_, 0);
+        for (int s = 0; s < G_; ++s)
+          for (int e = 0; e < E_; ++e) {
+            const int t = target(int(l), s, e);
+            H[std::size_t(t)] += double(R.at(s, e));
+            if (R.at(s, e) > 0 && !seen[std::size_t(t) * E_ + e]) {
+              seen[std::size_t(t) * E_ + e] = 1;
+              computes_[l][t].push_back(e);
+            }
+          }
+        for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
+      }
       for (int t = 0; t < G_; ++t) {  // what GPU t materializes and keeps for this layer
         activations[std::size_t(t)] += layer_activation_bytes(in.model, in.model.tokens_per_gpu(), H[std::size_t(t)]);
         if (zero_ || sharded) continue;
