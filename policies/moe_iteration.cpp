@@ -105,34 +105,35 @@ class Builder {
       computes_.emplace_back(G_);
       std::vector<double> H(std::size_t(G_), 0.0);  // token-slots each GPU computes
       const auto& R = plans[l].routing;
-      auto& load = load_.emplace_back(std::size_t(E_), 0);
-      for (int s = 0; s < G_; ++s)
-        for (int e = 0; e < E_; ++e) load[std::size_t(e)] += R.at(s, e);
       if (!zero_ && target_[l].size() == std::size_t(E_)) {  // one GPU per expert: its whole load
+        std::vector<std::int64_t> load(std::size_t(E_), 0);
+        for (int s = 0; s < G_; ++s)
+          for (int e = 0; e < E_; ++e) load[std::size_t(e)] += R.at(s, e);
         for (int e = 0; e < E_; ++e) {
           const int t = target_[l][std::size_t(e)];
           H[std::size_t(t)] += double(load[std::size_t(e)]);
-          if (load[std::size_t(e)] > 0) computes_[l][t].push_back(e);
+          if (load[std::size_t(e)] > 0) computes_[l][t].push_back({e, load[std::size_t(e)]});
         }
       } else {
-        std::vector<char> seen(std::size_t(G_) * E_, 0);
+        std::vector<std::int32_t> at(std::size_t(G_) * E_, -1);  // (GPU, expert) -> its place in computes_
         for (int s = 0; s < G_; ++s)
           for (int e = 0; e < E_; ++e) {
             const int t = target(int(l), s, e);
-            H[std::size_t(t)] += double(R.at(s, e));
-            if (R.at(s, e) > 0 && !seen[std::size_t(t) * E_ + e]) {
-              seen[std::size_t(t) * E_ + e] = 1;
-              computes_[l][t].push_back(e);
-            }
+            const std::int64_t x = R.at(s, e);
+            H[std::size_t(t)] += double(x);
+            if (x == 0) continue;
+            auto& k = at[std::size_t(t) * E_ + e];
+            if (k < 0) k = std::int32_t(computes_[l][t].size()), computes_[l][t].push_back({e, 0});
+            computes_[l][t][std::size_t(k)].tokens += x;
           }
-        for (auto& list : computes_[l]) std::sort(list.begin(), list.end());
+        for (auto& list : computes_[l]) std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.expert < b.expert; });
       }
       for (int t = 0; t < G_; ++t) {  // what GPU t materializes and keeps for this layer
         activations[std::size_t(t)] += layer_activation_bytes(in.model, in.model.tokens_per_gpu(), H[std::size_t(t)]);
         if (zero_ || sharded) continue;
         double layer_copies = 0;
-        for (int e : computes_[l][t])
-          if (owner(int(l), e) != t) layer_copies += 1;  // a replica, held until its reduce
+        for (const auto& served : computes_[l][t])
+          if (owner(int(l), served.expert) != t) layer_copies += 1;  // a replica, held until its reduce
         // Every layer's copies at once, or with re-materialization one layer's at a time.
         copies[std::size_t(t)] = s.rematerialize ? std::max(copies[std::size_t(t)], layer_copies) : copies[std::size_t(t)] + layer_copies;
       }
@@ -399,11 +400,11 @@ class Builder {
       const auto x = long(R.at(s, e));
       return x * (part + 1) / parts - x * part / parts;
     };
-    const bool whole = from == 0 && to == G_ && parts == 1 && !zero_ && target_[std::size_t(l)].size() == std::size_t(E_);
-    for (int e : computes_[l][rank]) {
+    const bool whole = from == 0 && to == G_ && parts == 1;
+    for (const auto& [e, total] : computes_[l][rank]) {
       long tokens = 0;
-      if (whole)  // every source's tokens for e, all on e's GPU: its load, summed row by row once
-        tokens = target(l, 0, e) == rank ? long(load_[std::size_t(l)][std::size_t(e)]) : 0;
+      if (whole)  // every source's tokens for e that this GPU computes, summed once (the constructor)
+        tokens = long(total);
       else
         for (int s = from; s < to; ++s)
           if (target(l, s, e) == rank) tokens += share(s, e);
@@ -659,7 +660,6 @@ class Builder {
   std::vector<OpId> ready_;
   std::vector<std::vector<int>> target_;           // per layer: [source · E + expert] -> GPU, or [expert] when
                                                    // no replica makes it depend on the source (target())
-  std::vector<std::vector<std::int64_t>> load_;    // per layer: each expert's token-slots
   std::vector<std::map<int, OpId>> bcast_;         // per layer: expert -> its broadcast
   std::map<std::pair<int, int>, OpId> late_bcast_;  // (layer, expert) -> its calibration broadcast
   std::map<std::pair<int, int>, OpId> regather_;    // (layer, expert) -> its re-materialization
@@ -667,7 +667,11 @@ class Builder {
   std::map<std::pair<int, int>, std::vector<OpId>> users_;  // (layer, expert) -> bwd ops on its copies
   std::vector<int> computing_;
   bool zero_ = false;
-  std::vector<std::vector<std::vector<int>>> computes_;  // per layer, per GPU: experts it computes
+  struct Served {
+    int expert;
+    std::int64_t tokens;  // the token-slots of all sources for it that the GPU computes
+  };
+  std::vector<std::vector<std::vector<Served>>> computes_;  // per layer, per GPU: the experts it computes, in order
   std::vector<int> trans_sent_, agg_sent_;  // per layer: replicas whose broadcast / reduce is added
   std::vector<OpId> reduces_;
   std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, smart step) -> exchange()'s bytes

@@ -130,9 +130,13 @@ ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const R
                           const SearchOptions& o) {
   const int D = cluster.num_gpus(), E = gating.experts, per = E / D;
   std::vector<double> load(std::size_t(E), 0.0), H(std::size_t(D), 0.0), R(std::size_t(D), 0.0);
+  // gating[:, e] is read whole for each expert tried: a copy by expert makes it contiguous (read in
+  // place, a column of a 1,024 × 1,024 matrix is a cache and TLB miss per source).
+  std::vector<std::int32_t> by_expert(std::size_t(E) * std::size_t(D));
   for (int s = 0; s < D; ++s)
     for (int e = 0; e < E; ++e) {
       const double x = double(gating.at(s, e));
+      by_expert[std::size_t(e) * std::size_t(D) + std::size_t(s)] = std::int32_t(gating.at(s, e));
       const int home = e / per;
       load[std::size_t(e)] += x;
       H[std::size_t(home)] += x;
@@ -150,6 +154,7 @@ ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const R
   std::vector<char> used(std::size_t(E), 0);  // fix (b)
   std::vector<int> others;
   others.reserve(std::size_t(D));
+  std::vector<char> out;  // by device: among the BottomK excluded
   std::size_t cnt = 0;
   for (;;) {
     if (balanced(H, o.alpha)) {
@@ -165,25 +170,27 @@ ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const R
       break;
     }
     used[std::size_t(e)] = 1;
+    const std::int32_t* column = &by_expert[std::size_t(e) * std::size_t(D)];  // gating[:, e]
     // BottomK(gating[:, e], n) over the devices other than the home; ties: the higher index excluded.
     others.clear();
     for (int d = 0; d < D; ++d)
       if (d != i) others.push_back(d);
     auto fewer = [&](int a, int b) {
-      const auto x = gating.at(a, e), y = gating.at(b, e);
+      const auto x = column[a], y = column[b];
       return x != y ? x < y : a > b;
     };
     const auto excluded = std::min<std::size_t>(std::size_t(o.n), others.size());
     std::nth_element(others.begin(), others.begin() + std::ptrdiff_t(excluded), others.end(), fewer);
+    out.assign(std::size_t(D), 0);
+    for (std::size_t k = 0; k < excluded; ++k) out[std::size_t(others[k])] = 1;
     Replica rep{e, {}};
-    for (std::size_t k = excluded; k < others.size(); ++k)
-      if (gating.at(others[k], e) > 0) rep.holders.push_back(others[k]);
+    for (int d = 0; d < D; ++d)  // the rest that have tokens for e, in order
+      if (d != i && !out[std::size_t(d)] && column[d] > 0) rep.holders.push_back(d);
     if (rep.holders.empty()) continue;  // nobody else computes it: nothing to send
-    std::sort(rep.holders.begin(), rep.holders.end());
     // Replace_Inputs for e: its inputs leave the home for the copy each source uses.
     const auto target = replica_targets(rep, cluster, expert_owner(rep.expert, E, cluster.num_gpus()));
     for (int s = 0; s < D; ++s) {
-      const double x = double(gating.at(s, e));
+      const double x = double(column[s]);
       if (x == 0) continue;
       H[std::size_t(i)] -= x;
       if (s != i) R[std::size_t(i)] -= x;
