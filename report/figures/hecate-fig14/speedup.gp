@@ -22,7 +22,7 @@ set yrange [0:6.882]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate" "hecate-rm"
-"b1" 1.0000 2.2849 0.9428 1.7923 2.5162 2.4330
+"b1" 1.0000 2.2849 0.9428 1.7926 2.5162 2.4330
 "b2" 1.0000 3.0631 0.9444 1.9045 3.4905 3.2533
 "b3" 1.0000 3.6806 0.8822 1.9691 4.3691 3.8040
 "b4" 1.0000 4.2132 0.8998 1.9795 4.9683 4.2828

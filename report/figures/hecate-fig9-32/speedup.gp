@@ -23,9 +23,9 @@ set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555'
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
 "gpt-s" 1.0000 3.0631 0.9444 1.9045 3.4905
-"gpt-l" 1.0000 2.6981 0.9581 1.9256 2.5843
-"bert" 1.0000 2.9482 0.9471 1.9587 2.0469
-"bert-deep" 1.0000 2.9225 0.9217 1.9060 1.9597
+"gpt-l" 1.0000 2.6981 0.9581 1.9260 2.5843
+"bert" 1.0000 2.9482 0.9471 1.9591 2.0469
+"bert-deep" 1.0000 2.9225 0.9217 1.9063 1.9597
 EOD
 set style data histograms
 set style histogram clustered gap 1
