@@ -341,7 +341,8 @@ struct SimBackend::Impl {
       const int a = int(y % std::uint64_t(N)), b = int((y >> 32) % std::uint64_t(N)), n = a * g;
       if (a == b) continue;
       if (route_latency(ports[std::size_t(a)], ports[std::size_t(b)]) != groups.latencies[std::size_t(groups.inter_class[std::size_t(fabric_hops(a, b))])] ||
-          route_latency(hosts[std::size_t(n)], hosts[std::size_t(n + g - 1)]) != groups.latencies[std::size_t(groups.intra_class[std::size_t(g - 1)])])
+          (g > 1 && route_latency(hosts[std::size_t(n)], hosts[std::size_t(n + g - 1)]) !=
+                        groups.latencies[std::size_t(groups.intra_class[std::size_t(g - 1)])]))
         throw std::logic_error("SimBackend: routes of one kind with different latencies");
     }
     // A zone per share, so that tasks of different shares share no resource (a task also loads

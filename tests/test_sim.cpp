@@ -105,6 +105,20 @@ TEST_CASE("ops on one stream serialize and ops on two streams overlap") {
   CHECK(t.end[x] < t.end[c1]);
 }
 
+// Nodes of one GPU: an aggregated all-to-all has no link inside a node, only NICs and the fabric.
+// Uniform, each GPU sends 3 messages of B through its NIC, so the step lasts what one message of
+// 3B + 2 overheads does between two nodes (one more message's overhead is the difference).
+TEST_CASE("an all-to-all between one-GPU nodes lasts its NIC's bytes plus one route latency") {
+  Bench b("h100-1gpu", 4);
+  const double B = 64e6, overhead = b.cluster.message_overhead_bytes(0, 1);
+  TaskGraph g(4);
+  const OpId one = g.add_transfer(Stream::comm, "one", {0, 1, 3 * B + 2 * overhead});
+  const OpId a2a = g.add_collective(Stream::comm, "a2a", uniform_alltoall(4, B), {one});
+  const Timing t = b.sim.execute(g);
+  REQUIRE(duration(t, one) > 0);
+  CHECK(duration(t, a2a) == Approx(duration(t, one)).epsilon(1e-9));
+}
+
 // A compute op alone on its GPU is a timer inside the backend; a collective's copy that starts
 // on that GPU while it runs must share the GPU with it as two execs would: both at half speed
 // until the copy is done, then the compute alone again, so each copy costs the compute its own
