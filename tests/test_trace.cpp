@@ -132,6 +132,9 @@ TEST_CASE("truncated, corrupt and inconsistent traces are rejected with the reco
   spec::TraceRecord negative = r;
   negative.set_dense(0, -5);
   expect_bad_trace(write_with("neg.trace", small_header(), {negative}), {"record 0", "negative count"});
+  spec::TraceRecord huge = r;
+  huge.set_dense(0, 3000000000);  // over what a routing cell (int32) holds
+  expect_bad_trace(write_with("huge.trace", small_header(), {huge}), {"record 0", "3000000000", "2^31 - 1"});
 
   spec::TraceRecord short_row = r;
   short_row.set_dense(0, 4);  // source 0 now sums to 9, not 5 × 2
@@ -193,7 +196,8 @@ TEST_CASE("bad CSV rows name the file, line and column") {
     CHECK_FALSE(fs::exists(dir + "/t.trace"));  // nothing half-written
   };
   rejects("0,0,0,1,x\n", {"bad.csv:3", "column 'e1'"});
-  rejects("0,0,0,1,-1\n", {"bad.csv:3", "column 'e1'", "non-negative"});
+  rejects("0,0,0,1,-1\n", {"bad.csv:3", "column 'e1'", "a count from 0"});
+  rejects("0,0,0,1,3000000000\n", {"bad.csv:3", "column 'e1'", "2^31 - 1"});  // a routing cell is int32
   rejects("0,0,0,1,1\n0,0,1,2\n", {"bad.csv:4", "fields"});
   rejects("0,0,1,1,1\n0,1,0,2,0\n0,1,1,1,1\n", {"no row for source 0"});
   test::write_file(dir + "/nok.csv", "iter,layer,src,e0\n0,0,0,1\n");

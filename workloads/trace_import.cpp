@@ -144,7 +144,7 @@ CsvRow parse_row(std::string_view line, const CsvLayout& c, std::vector<std::int
   counts.resize(c.experts);
   for (int e = 0; e < c.experts; ++e)
     if (!parse_count(cells[c.first_expert + e], counts[e]))
-      throw InputError(fmt::format("{}: column 'e{}': '{}' is not a non-negative count (counts are token-slots)", where,
+      throw InputError(fmt::format("{}: column 'e{}': '{}' is not a count from 0 to 2^31 - 1 (counts are token-slots)", where,
                                    e, trim(cells[c.first_expert + e])));
   return r;
 }
