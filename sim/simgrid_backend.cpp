@@ -399,8 +399,8 @@ struct SimBackend::Impl {
     bool any_intra = false, any_inter = false;  // with bytes
     bool crosses = false;                 // a transfer between nodes, even of no bytes
     double nic_latency = 0;               // the longest route to its NIC (and the NIC) of a GPU that sends out
-    int intra_src = -1, intra_dst = -1;   // the pair inside a node with the longest route
-    int from = -1, to = -1;               // a pair of nodes with the longest route between them
+    int intra_pair = -1;                  // the longest route inside a node: local source · g + local destination
+    int hops = 0;                         // the longest between nodes: fabric hops (2 or 4)
   } step_bytes;
   // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
   // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
@@ -438,10 +438,9 @@ struct SimBackend::Impl {
     s.pairs.resize(N > 1 ? N * N : 0, 0.0);
     s.any_intra = s.any_inter = s.crosses = false;
     s.nic_latency = 0;
-    s.intra_src = s.intra_dst = s.from = s.to = -1;
+    s.intra_pair = -1, s.hops = 0;
     const double scale = step.rounds;
-    double longest_intra = -1;  // the latency of (intra_src, intra_dst)
-    int most_hops = 0;          // fabric_hops(from, to)
+    double longest_intra = -1;  // the latency of intra_pair
     // Plain pointers and locals: a million calls a step, and through the vectors' members the
     // compiler reloaded every data pointer at each one.
     const int *node = node_of_rank.data(), *local = local_of_rank.data();
@@ -459,7 +458,7 @@ struct SimBackend::Impl {
         intra[std::size_t(src) * g + local_dst] += bytes;
         any_intra = true;
         if (const double latency = latency_of[local_src * g + local_dst]; latency > longest_intra)
-          s.intra_src = src, s.intra_dst = dst, longest_intra = latency;
+          s.intra_pair = int(local_src * g + local_dst), longest_intra = latency;
       } else {
         const double bytes = (sent + overhead[local_src]) * scale;
         crosses = true;
@@ -469,8 +468,7 @@ struct SimBackend::Impl {
         if (!(bytes > 0)) return;
         pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
         any_inter = true;
-        if (most_hops < 4)
-          if (const int hops = fabric_hops(a, b); hops > most_hops) s.from = a, s.to = b, most_hops = hops;
+        if (s.hops < 4) s.hops = std::max(s.hops, fabric_hops(a, b));
       }
     };
     if (const Collective* c = step.all_pairs) {  // the matrix read once, in its storage order
@@ -590,8 +588,8 @@ struct SimBackend::Impl {
     auto longer = [&](int c) {
       if (latency < 0 || groups.latencies[std::size_t(c)] > groups.latencies[std::size_t(latency)]) latency = c;
     };
-    if (s.any_inter) longer(groups.inter_class[std::size_t(fabric_hops(s.from, s.to))]);
-    if (s.any_intra) longer(groups.intra_class[std::size_t(local_of_rank[std::size_t(s.intra_src)]) * g + std::size_t(local_of_rank[std::size_t(s.intra_dst)])]);
+    if (s.any_inter) longer(groups.inter_class[std::size_t(s.hops)]);
+    if (s.any_intra) longer(groups.intra_class[std::size_t(s.intra_pair)]);
     for (auto& members : share_groups) members.clear();
     for (std::size_t q = 0; q < load.size(); ++q)
       if (load[q] > 0) share_groups[std::size_t(groups.share[q])].push_back(int(q));
