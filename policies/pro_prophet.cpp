@@ -71,16 +71,20 @@ ProphetModel prophet_model(const CostModel& cost, const MoeModel& model, const G
   return m;
 }
 
+namespace {
+// Eqs. 1 and 2 from the maxima they depend on (greedy_search keeps those).
+double a2a_of_max(const ProphetModel& m, double r_max) { return r_max > 0 ? r_max * m.input_bytes / m.a2a_bandwidth : 0; }
+double fec_of_max(const ProphetModel& m, double h_max) { return h_max / m.throughput; }
+}  // namespace
+
 /// Eq. 1, Tutel's P2P all-to-all: T_A2A(R) = max_i R_i · size(input) / B̄.
 double a2a_time(const ProphetModel& m, const std::vector<double>& R) {
-  const double r = R.empty() ? 0 : *std::max_element(R.begin(), R.end());
-  return r > 0 ? r * m.input_bytes / m.a2a_bandwidth : 0;
+  return a2a_of_max(m, R.empty() ? 0 : *std::max_element(R.begin(), R.end()));
 }
 
 /// Eq. 2: T_FEC(H) = max_i H_i / t (a device's experts run one after another).
 double fec_time(const ProphetModel& m, const std::vector<double>& H) {
-  const double h = H.empty() ? 0 : *std::max_element(H.begin(), H.end());
-  return h / m.throughput;
+  return fec_of_max(m, H.empty() ? 0 : *std::max_element(H.begin(), H.end()));
 }
 
 /// Eq. 3: T_BEC(H) = 2 · max_i H_i / t.
@@ -122,46 +126,67 @@ bool balanced(const std::vector<double>& H, double alpha) {
 /// device has no expert left to select (relieved: the paper's "i in Used"; it also ends the search
 /// once every expert is selected). The listing's fixes (a)-(c) are as in the extract.
 ///
-/// Cost: the loop selects each expert at most once, and a pass is O(D) (argmax, BottomK by
-/// nth_element, the new expert's targets and the incremental H/R update, Eq. 6/8 as two O(D)
-/// maxima) plus O(E/D) to pick the expert: O(E·D) per layer with the initial column sums, against
-/// the extract's O(D³) for a from-scratch Replace_Inputs.
+/// Cost: the loop selects each expert at most once, and a pass is two sweeps over the D devices
+/// (Replace_Inputs with the new copy's holders; then max/min/argmax of H and max of R for Eqs. 6-8,
+/// Eq. 7 and the next pick) plus O(E/D) to pick the expert, and BottomK (nth_element) when n > 0:
+/// O(E·D) per layer with the initial column sums, against the extract's O(D³) for a from-scratch
+/// Replace_Inputs. Inputs are whole token-slots held in doubles, so the incremental H and R are exact.
 ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const RoutingMatrix& gating,
                           const SearchOptions& o) {
   const int D = cluster.num_gpus(), E = gating.experts, per = E / D;
   std::vector<double> load(std::size_t(E), 0.0), H(std::size_t(D), 0.0), R(std::size_t(D), 0.0);
   // gating[:, e] is read whole for each expert tried: a copy by expert makes it contiguous (read in
-  // place, a column of a 1,024 × 1,024 matrix is a cache and TLB miss per source).
+  // place, a column of a 1,024 × 1,024 matrix is a cache and TLB miss per source). Copied in
+  // blocks of 16 sources, so that each expert's write is one cache line.
   std::vector<std::int32_t> by_expert(std::size_t(E) * std::size_t(D));
-  for (int s = 0; s < D; ++s)
-    for (int e = 0; e < E; ++e) {
-      const double x = double(gating.at(s, e));
-      by_expert[std::size_t(e) * std::size_t(D) + std::size_t(s)] = std::int32_t(gating.at(s, e));
-      const int home = e / per;
-      load[std::size_t(e)] += x;
-      H[std::size_t(home)] += x;
-      if (s != home) R[std::size_t(home)] += x;
-    }
+  constexpr int block = 16;
+  for (int s0 = 0; s0 < D; s0 += block)
+    for (int e = 0; e < E; ++e)
+      for (int s = s0; s < std::min(s0 + block, D); ++s)
+        by_expert[std::size_t(e) * std::size_t(D) + std::size_t(s)] = std::int32_t(gating.at(s, e));
+  for (int e = 0; e < E; ++e) {  // no replica: the home computes all of e's inputs, receives the others'
+    const std::int32_t* column = &by_expert[std::size_t(e) * std::size_t(D)];
+    const int home = e / per;
+    load[std::size_t(e)] = std::accumulate(column, column + D, 0.0);
+    H[std::size_t(home)] += load[std::size_t(e)];
+    R[std::size_t(home)] += load[std::size_t(e)] - column[home];
+  }
+  const double I = std::accumulate(H.begin(), H.end(), 0.0);  // Eq. 7's I: Replace_Inputs keeps it
   double trans = 0, agg = 0;
-  auto score = [&] {
-    const double a2a = a2a_time(m, R), fec = fec_time(m, H);
+  // max/min/argmax of H and max of R: what Eqs. 6-8 score, Eq. 7 tests and rule 1 picks from.
+  struct Extremes {
+    double h_max = 0, h_min = 0, r_max = 0;
+    int heaviest = 0;
+  };
+  auto extremes = [&] {
+    Extremes x{H[0], H[0], R[0], 0};
+    for (int d = 1; d < D; ++d) {
+      const double h = H[std::size_t(d)];
+      if (h > x.h_max) x.h_max = h, x.heaviest = d;
+      x.h_min = std::min(x.h_min, h);
+      x.r_max = std::max(x.r_max, R[std::size_t(d)]);
+    }
+    return x;
+  };
+  auto score = [&](const Extremes& x) {
+    const double a2a = a2a_of_max(m, x.r_max), fec = fec_of_max(m, x.h_max);  // Eqs. 1, 2
     return o.overlap ? layer_time_overlapped(m, a2a, fec, trans, agg) : layer_time(a2a, fec, trans, agg);
   };
   ProphetPlan plan;
-  plan.time_before = plan.time_after = score();  // T_output, fix (a)
+  Extremes now = extremes();
+  plan.time_before = plan.time_after = score(now);  // T_output, fix (a)
   plan.H = H, plan.R = R;
   std::vector<Replica> L;
   std::vector<char> used(std::size_t(E), 0);  // fix (b)
   std::vector<int> others;
-  others.reserve(std::size_t(D));
-  std::vector<char> out;  // by device: among the BottomK excluded
+  std::vector<char> out(std::size_t(D), 0);  // by device: among the BottomK excluded
   std::size_t cnt = 0;
   for (;;) {
-    if (balanced(H, o.alpha)) {
+    if (now.h_max - now.h_min < o.alpha * I / double(D)) {  // Eq. 7
       plan.stop = ProphetPlan::Stop::balanced;
       break;
     }
-    const int i = int(std::max_element(H.begin(), H.end()) - H.begin());  // heaviest device, fix (c)
+    const int i = now.heaviest;  // heaviest device (the first of equals), fix (c)
     int e = -1;
     for (int c = i * per; c < (i + 1) * per; ++c)
       if (!used[std::size_t(c)] && (e < 0 || load[std::size_t(c)] > load[std::size_t(e)])) e = c;
@@ -172,37 +197,52 @@ ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const R
     used[std::size_t(e)] = 1;
     const std::int32_t* column = &by_expert[std::size_t(e) * std::size_t(D)];  // gating[:, e]
     // BottomK(gating[:, e], n) over the devices other than the home; ties: the higher index excluded.
-    others.clear();
-    for (int d = 0; d < D; ++d)
-      if (d != i) others.push_back(d);
-    auto fewer = [&](int a, int b) {
-      const auto x = column[a], y = column[b];
-      return x != y ? x < y : a > b;
-    };
-    const auto excluded = std::min<std::size_t>(std::size_t(o.n), others.size());
-    std::nth_element(others.begin(), others.begin() + std::ptrdiff_t(excluded), others.end(), fewer);
-    out.assign(std::size_t(D), 0);
-    for (std::size_t k = 0; k < excluded; ++k) out[std::size_t(others[k])] = 1;
+    const auto excluded = std::min<std::size_t>(std::size_t(o.n), std::size_t(D - 1));
+    std::fill(out.begin(), out.end(), 0);
+    bool out_with_inputs = false;  // an excluded device has inputs for e: they go to another copy
+    if (excluded > 0) {
+      others.clear();
+      for (int d = 0; d < D; ++d)
+        if (d != i) others.push_back(d);
+      std::nth_element(others.begin(), others.begin() + std::ptrdiff_t(excluded), others.end(), [&](int a, int b) {
+        const auto x = column[a], y = column[b];
+        return x != y ? x < y : a > b;
+      });
+      for (std::size_t k = 0; k < excluded; ++k) {
+        out[std::size_t(others[k])] = 1;
+        out_with_inputs = out_with_inputs || column[others[k]] > 0;
+      }
+    }
+    // The copy goes to the rest that have inputs for e, in order: each computes its own. Replace_Inputs
+    // moves those inputs off the home (and off its received R_i).
     Replica rep{e, {}};
-    for (int d = 0; d < D; ++d)  // the rest that have tokens for e, in order
-      if (d != i && !out[std::size_t(d)] && column[d] > 0) rep.holders.push_back(d);
+    double moved = 0;
+    for (int d = 0; d < D; ++d) {
+      const double x = double(column[d]);
+      if (d == i || out[std::size_t(d)] || x <= 0) continue;
+      rep.holders.push_back(d);
+      H[std::size_t(d)] += x;
+      moved += x;
+    }
     if (rep.holders.empty()) continue;  // nobody else computes it: nothing to send
-    // Replace_Inputs for e: its inputs leave the home for the copy each source uses.
-    const auto target = replica_targets(rep, cluster, expert_owner(rep.expert, E, cluster.num_gpus()));
-    for (int s = 0; s < D; ++s) {
-      const double x = double(column[s]);
-      if (x == 0) continue;
-      H[std::size_t(i)] -= x;
-      if (s != i) R[std::size_t(i)] -= x;
-      const int t = target[std::size_t(s)];
-      H[std::size_t(t)] += x;
-      if (s != t) R[std::size_t(t)] += x;
+    H[std::size_t(i)] -= moved;
+    R[std::size_t(i)] -= moved;
+    if (out_with_inputs) {  // an excluded source sends to a copy on its node, else one spread by source
+      const auto target = replica_targets(rep, cluster, expert_owner(rep.expert, E, D));
+      for (int s = 0; s < D; ++s) {
+        const double x = double(column[s]);
+        if (!out[std::size_t(s)] || x == 0 || target[std::size_t(s)] == i) continue;
+        const int t = target[std::size_t(s)];
+        H[std::size_t(i)] -= x, R[std::size_t(i)] -= x;
+        H[std::size_t(t)] += x, R[std::size_t(t)] += x;
+      }
     }
     const double n_e = double(D - 1) - double(rep.holders.size());
     trans += trans_time(m, 1, n_e);
     agg += agg_time(m, 1, n_e);
     L.push_back(std::move(rep));
-    const double t = score();
+    now = extremes();
+    const double t = score(now);
     if (t < plan.time_after) {
       plan.time_after = t;
       cnt = L.size();

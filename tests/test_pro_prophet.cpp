@@ -143,6 +143,50 @@ TEST_CASE("the greedy search stops balanced (Eq. 7) or with the heaviest device 
   }
 }
 
+TEST_CASE("the greedy search's H, R and T' are those of its plan, recomputed from scratch") {
+  // The search updates H and R incrementally; here they are rebuilt from the gating and the chosen
+  // replicas with the iteration builder's own rule (replica_targets), and T' (Eq. 6 or 8) from them.
+  const Cluster c(test::platform("dgx-a100", 4));  // 32 GPUs, 2 experts each
+  const GpuModel gpu(c.spec().gpu(), spec::FP16);
+  const CostModel cost(c, gpu);
+  const MoeModel model = moe_model({"model.experts=64"});
+  const auto pm = prophet_model(cost, model, gpu);
+  const int D = 32, E = 64;
+  Rng rng(7);
+  RoutingMatrix gating(D, E);  // skewed: expert e's share ∝ (e % 13 + 1)^-1.5, noise per source
+  for (int s = 0; s < D; ++s)
+    for (int e = 0; e < E; ++e)
+      gating.at(s, e) = std::int64_t(2000 * std::pow(e % 13 + 1, -1.5) * (0.2 + rng.uniform()) * (s % 5 == 0 ? 0 : 1) +
+                                     (s == 3 && e == 9 ? 900 : 0));
+  for (bool overlap : {false, true})
+    for (int n : {0, 3, 9}) {
+      INFO("overlap " << overlap << ", n " << n);
+      SearchOptions o;
+      o.overlap = overlap, o.n = n, o.alpha = 0.02;
+      const auto plan = greedy_search(pm, c, gating, o);
+      REQUIRE_FALSE(plan.replicas.empty());
+      std::vector<double> H(D, 0.0), R(D, 0.0);
+      std::vector<std::vector<int>> target(E);
+      double trans = 0, agg = 0;
+      for (const auto& rep : plan.replicas) {
+        target[std::size_t(rep.expert)] = replica_targets(rep, c, expert_owner(rep.expert, E, D));
+        trans += trans_time(pm, 1, D - 1 - double(rep.holders.size()));
+        agg += agg_time(pm, 1, D - 1 - double(rep.holders.size()));
+      }
+      for (int s = 0; s < D; ++s)
+        for (int e = 0; e < E; ++e) {
+          const int t = target[std::size_t(e)].empty() ? expert_owner(e, E, D) : target[std::size_t(e)][std::size_t(s)];
+          H[std::size_t(t)] += double(gating.at(s, e));
+          if (s != t) R[std::size_t(t)] += double(gating.at(s, e));
+        }
+      CHECK(plan.H == H);
+      CHECK(plan.R == R);
+      const double a2a = a2a_time(pm, R), fec = fec_time(pm, H);
+      CHECK(plan.time_after == Approx(overlap ? layer_time_overlapped(pm, a2a, fec, trans, agg) : layer_time(a2a, fec, trans, agg)).epsilon(1e-12));
+      CHECK(plan.time_after < plan.time_before);
+    }
+}
+
 TEST_CASE("Pro-Prophet replicates nothing under a uniform load") {
   const Cluster c(test::platform("dgx-a100", 2));
   const GpuModel gpu(c.spec().gpu(), spec::FP16);
