@@ -17,6 +17,7 @@
 #include "collectives/collectives.hpp"
 #include "errors.hpp"
 #include "hw_info.hpp"
+#include "gating.hpp"
 #include "plot.hpp"
 #include "report.hpp"
 #include "results_db.hpp"
@@ -396,7 +397,7 @@ int main(int argc, char** argv) {
   timport->add_option("--top-k", import_options.top_k, "top-k of the gate, when the file's metadata lacks top_k=K");
   timport->add_option("--model", import_options.model, "Describe what produced the trace (header.model)");
   auto* tstats = trace->add_subcommand("stats", "Skew, drift and source similarity of a trace, per layer and overall");
-  tstats->add_option("trace", input, "Input .trace file")->required();
+  tstats->add_option("trace", input, "Input .trace file (or a CSV, imported on the fly)")->required();
   int stats_gpus = 0;
   std::uint64_t stats_from = 0;
   bool stats_json = false;
@@ -548,7 +549,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*tstats) {
-      TraceReader reader(input);
+      TraceReader reader(replay_trace_path(input));  // a CSV is read as `trace import` makes it
       TraceStats stats(reader.header(), stats_gpus, stats_from);
       spec::TraceRecord record;
       while (reader.next(record)) stats.add(record);

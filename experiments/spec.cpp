@@ -64,7 +64,8 @@ std::string demo_trace_path() {
   return "";
 }
 
-Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides) {
+Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides,
+                           const std::string& overrides_dir) {
   Experiment ex;
   ex.overrides = overrides;
   ParsedFile file;
@@ -90,10 +91,13 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   };
 
   auto& s = ex.spec;
-  // Paths written in a spec file are relative to it; paths given with --set to the current directory.
+  // Paths written in a spec file are relative to it; paths given with --set to overrides_dir (a
+  // sweep's directory) if the file is there, else to the current directory.
   auto relative_to_spec = [&](std::string* value, const std::string& field) {
-    if (!path || value->empty() || fs::path(*value).is_absolute() || override_of(overrides, field)) return;
-    const auto candidate = fs::path(*path).parent_path() / *value;
+    if (value->empty() || fs::path(*value).is_absolute()) return;
+    const bool overridden = bool(override_of(overrides, field));
+    if (overridden ? overrides_dir.empty() : !path) return;
+    const auto candidate = (overridden ? fs::path(overrides_dir) : fs::path(*path).parent_path()) / *value;
     if (fs::exists(candidate)) *value = candidate.lexically_normal().string();
   };
   if (s.gating().has_trace()) relative_to_spec(s.mutable_gating()->mutable_trace()->mutable_path(), "gating.trace.path");

@@ -31,8 +31,11 @@ struct Experiment {
 /// directory or from the source checkout. "" when it is not there.
 std::string demo_trace_path();
 
-/// Reads, overrides and validates. `path` nullopt: the embedded demo.
-Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides);
+/// Reads, overrides and validates. `path` nullopt: the embedded demo. Relative paths (a trace, a
+/// platform file, a GPU profile) written in the spec are relative to it; given in `overrides`, to
+/// `overrides_dir` if the file is there (a sweep's own directory), else to the current directory.
+Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides,
+                           const std::string& overrides_dir = "");
 
 /// Reads a platform by catalog name or .textproto path (InputError with file:line:field).
 spec::ClusterSpec load_platform(const std::string& name_or_path, ParsedFile* where = nullptr);

@@ -104,7 +104,7 @@ Sweep load_sweep(const std::string& path) {
   // Every point must make a valid experiment before anything runs.
   for (const auto& p : sw.points) {
     try {
-      load_experiment(sw.base, p.overrides);
+      load_experiment(sw.base, p.overrides, fs::path(path).parent_path().string());
     } catch (const InputError& e) {
       throw InputError(fmt::format("{}: point {} ({}): {}", path, p.index, p.label, e.what()));
     }
@@ -125,7 +125,7 @@ std::string sweep_identity(const Sweep& sw) {
 // In a worker process: run one point and leave its result in DIR/point-N.json.
 void run_point(const Sweep& sw, const SweepPoint& p, const fs::path& work) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto ex = load_experiment(sw.base, p.overrides);
+  const auto ex = load_experiment(sw.base, p.overrides, fs::path(sw.path).parent_path().string());
   const auto result = run_experiment(ex);
   const json out = {{"summary", summary_json(ex, result)},
                     {"spec", to_text(ex.spec)},

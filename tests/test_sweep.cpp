@@ -163,6 +163,33 @@ TEST_CASE("sweep: --emit-slurm writes a job array over the shards that resumes a
   CHECK_THAT(script, Contains(fs::absolute(dir + "/sweep.textproto").lexically_normal().string()));
 }
 
+TEST_CASE("sweep: a path in the sweep's overrides is relative to the sweep file") {
+  // A trace beside the sweep spec, named without a directory; the sweep is run from elsewhere.
+  const auto dir = test::temp_dir("sweep-paths");
+  std::string csv = "# moe-gating-trace v1\n# model: top_k=2, num_experts=16, moe_layers=1, src_ranks=1, microbatches_per_iter=1\n"
+                    "# tokens_per_microbatch_per_src=64\niter,layer,src";
+  for (int e = 0; e < 16; ++e) csv += ",e" + std::to_string(e);
+  csv += "\n1,0,0";
+  for (int e = 0; e < 16; ++e) csv += e == 3 ? ",38" : ",6";  // 38 + 15 × 6 = 128 = 64 tokens × top-2
+  test::write_file(dir + "/routing.csv", csv + "\n");
+  auto sweep = [&](const std::string& trace) {
+    test::write_file(dir + "/sweep.textproto", "name: \"paths\"\nbase: \"" + test::kBaseSpec +
+                                                   "\"\nset: \"cluster.nodes=2\" set: \"model.layers=1\" set: \"model.experts=16\"\n"
+                                                   "set: \"iterations=1\"\naxis { field: \"gating.trace.path\" values: [\"" + trace + "\"] }\n");
+    return dir + "/sweep.textproto";
+  };
+  REQUIRE_FALSE(fs::exists(fs::current_path() / "routing.csv"));
+  const auto sw = load_sweep(sweep("routing.csv"));
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " sweep " + sw.path + " -q --db " + dir + "/paths.db", out) == 0);
+  const auto points = ResultsDb(dir + "/paths.db", false).points();
+  REQUIRE(points.size() == 1);
+  CHECK_THAT(points[0].spec, Contains((fs::path(dir) / "routing.csv").lexically_normal().string()));
+  CHECK(double(points[0].summary["iteration_time_s"]) > 0);
+  // Not beside the sweep: as given with --set, relative to the current directory, where it is not.
+  CHECK_THROWS_WITH(load_sweep(sweep("elsewhere.csv")), Contains("gating.trace.path") && Contains("elsewhere.csv"));
+}
+
 TEST_CASE("aggregated collectives and one flow per message agree within 2% for every policy and routing") {
   // A sweep over policy × routing × sim.aggregate on 16 GPUs (each point its own process: one
   // SimGrid engine per process), compared pairwise.

@@ -426,6 +426,10 @@ TEST_CASE("moesim trace commands: same seed same file, bad input exits 2") {
   REQUIRE(test::run_command(bin + " trace stats --json " + dir + "/a.trace", out) == 0);
   const auto j = nlohmann::json::parse(out);
   CHECK(j["overall"]["records"] == 60);
+  // A CSV is read as its import: the same statistics as the .trace exported from it.
+  REQUIRE(test::run_command(bin + " trace export " + dir + "/a.trace -o " + dir + "/a.csv", out) == 0);
+  REQUIRE(test::run_command(bin + " trace stats --json " + dir + "/a.csv", out) == 0);
+  CHECK(nlohmann::json::parse(out)["overall"] == j["overall"]);
   CHECK(test::run_command(gen + "--set sigma_pop=-1 -o " + dir + "/d.trace", out) == 2);
   CHECK_THAT(out, Contains("sigma_pop"));
   CHECK_FALSE(fs::exists(dir + "/d.trace"));
