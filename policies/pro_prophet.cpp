@@ -75,6 +75,8 @@ namespace {
 // Eqs. 1 and 2 from the maxima they depend on (greedy_search keeps those).
 double a2a_of_max(const ProphetModel& m, double r_max) { return r_max > 0 ? r_max * m.input_bytes / m.a2a_bandwidth : 0; }
 double fec_of_max(const ProphetModel& m, double h_max) { return h_max / m.throughput; }
+// Eq. 7 from the extremes of H and the layer's inputs I over D devices.
+bool balanced_spread(double h_max, double h_min, double I, std::size_t D, double alpha) { return h_max - h_min < alpha * I / double(D); }
 }  // namespace
 
 /// Eq. 1, Tutel's P2P all-to-all: T_A2A(R) = max_i R_i · size(input) / B̄.
@@ -115,8 +117,7 @@ double layer_time_overlapped(const ProphetModel& m, double a2a, double fec, doub
 bool balanced(const std::vector<double>& H, double alpha) {
   if (H.empty()) return true;
   const auto [lo, hi] = std::minmax_element(H.begin(), H.end());
-  const double I = std::accumulate(H.begin(), H.end(), 0.0);
-  return *hi - *lo < alpha * I / double(H.size());
+  return balanced_spread(*hi, *lo, std::accumulate(H.begin(), H.end(), 0.0), H.size(), alpha);
 }
 
 /// Algorithm 1 (reconstructed, pro-prophet.md §2.2): from the no-replica baseline, repeatedly take
@@ -182,7 +183,7 @@ ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const R
   std::vector<char> out(std::size_t(D), 0);  // by device: among the BottomK excluded
   std::size_t cnt = 0;
   for (;;) {
-    if (now.h_max - now.h_min < o.alpha * I / double(D)) {  // Eq. 7
+    if (balanced_spread(now.h_max, now.h_min, I, std::size_t(D), o.alpha)) {  // Eq. 7
       plan.stop = ProphetPlan::Stop::balanced;
       break;
     }
