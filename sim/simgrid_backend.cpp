@@ -448,11 +448,15 @@ struct SimBackend::Impl {
     double *intra = s.intra.data(), *out = s.out.data(), *in = s.in.data(), *pairs = s.pairs.data();
     bool any_intra = false, any_inter = false, crosses = false;
     double nic_latency = 0;
-    auto add = [&](int src, int dst, double sent) __attribute__((always_inline)) {
+    // A message of `sent` bytes when `one` is 1; nothing when it is 0 (an empty entry of a matrix).
+    // Between nodes without a branch on it: x · one is x or 0 exactly, and adding 0 changes no
+    // sum; a skewed routing leaves about half a matrix's entries empty, at random, and a
+    // mispredicted branch per entry was most of the pass.
+    auto add = [&](int src, int dst, double sent, double one) __attribute__((always_inline)) {
       const int a = node[src], b = node[dst];
       const std::size_t local_src = std::size_t(local[src]);
       if (a == b) {
-        const double bytes = sent * scale;
+        const double bytes = sent * scale * one;
         if (src == dst || !(bytes > 0)) return;  // nothing crosses a link
         const std::size_t local_dst = std::size_t(local[dst]);
         intra[std::size_t(src) * g + local_dst] += bytes;
@@ -460,25 +464,24 @@ struct SimBackend::Impl {
         if (const double latency = latency_of[local_src * g + local_dst]; latency > longest_intra)
           s.intra_pair = int(local_src * g + local_dst), longest_intra = latency;
       } else {
-        const double bytes = (sent + overhead[local_src]) * scale;
-        crosses = true;
-        nic_latency = std::max(nic_latency, to_nic[local_src]);
+        const double bytes = (sent + overhead[local_src]) * scale * one;
+        crosses |= one > 0;
+        nic_latency = std::max(nic_latency, to_nic[local_src] * one);
         out[src] += bytes;
         in[dst] += bytes;
-        if (!(bytes > 0)) return;
         pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
-        any_inter = true;
-        if (s.hops < 4) s.hops = std::max(s.hops, fabric_hops(a, b));
+        any_inter |= bytes > 0;
+        if (s.hops < 4 && bytes > 0) s.hops = std::max(s.hops, fabric_hops(a, b));
       }
     };
     if (const Collective* c = step.all_pairs) {  // the matrix read once, in its storage order
       const int* group = c->group.data();
       c->bytes.for_each(c->group.size(), [&](std::size_t i, std::size_t j, double b) __attribute__((always_inline)) {
-        if (j != i && b > 0) add(group[i], group[j], b);
+        add(group[i], group[j], b, b > 0);  // an empty entry is no message
         return true;
       });
     } else {
-      for (const auto& t : step.transfers) add(t.src, t.dst, t.bytes);
+      for (const auto& t : step.transfers) add(t.src, t.dst, t.bytes, 1);  // each a message, even of 0 bytes
     }
     s.any_intra = any_intra, s.any_inter = any_inter, s.crosses = crosses, s.nic_latency = nic_latency;
     return s;
