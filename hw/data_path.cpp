@@ -113,7 +113,7 @@ LayerNumbers reference_layer(const LayerProblem& p) {
       for (int j = 0; j < p.k; ++j) {
         const int e = int(g.expert[std::size_t(t) * p.k + j]);
         const float w = g.weight[std::size_t(t) * p.k + j];
-        ++n.routing.at(r, e);
+        ++n.routing.mutable_at(r, e);
         const float* xt = p.x[std::size_t(r)].data() + std::size_t(t) * p.d;
         const auto& W1 = p.w1[std::size_t(e)];
         const auto& W2 = p.w2[std::size_t(e)];
@@ -352,7 +352,7 @@ DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const G
     RoutingMatrix R(p.G, p.E);
     for (int rank = 0; rank < p.G; ++rank) {
       gated.push_back(run_gate(p, rank));
-      for (std::uint32_t e : gated.back().expert) ++R.at(rank, int(e));
+      for (std::uint32_t e : gated.back().expert) ++R.mutable_at(rank, int(e));
     }
     const std::vector<RoutingMatrix> routing(std::size_t(model.layers()), R);
     PolicyReport report;
@@ -365,7 +365,7 @@ DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const G
     const IterationInput input{cluster, model, gpu, policy_spec, routing, report};
     (void)policy->build_iteration(input);
     if (plans.empty()) throw std::logic_error("data path: policy " + policy->name() + " built no plan");
-    if (plans.front().routing.counts != R.counts)
+    if (plans.front().routing.counts() != R.counts())
       throw std::invalid_argument("data path: policy " + policy->name() +
                                   " changed the gate's routing (a gate policy changes the model by design)");
     run.numbers.push_back(distributed_layer(p, gated, plans.front(), schedule, cluster));

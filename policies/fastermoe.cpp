@@ -126,8 +126,8 @@ std::int64_t topology_aware_gate(RoutingMatrix& R, const Cluster& cluster, std::
     const std::int64_t total = R.row_sum(s);
     const auto new_off = rescale_row(off, keep, tokens);
     const auto new_on = rescale_row(on, total - keep, tokens);
-    for (std::size_t i = 0; i < off_e.size(); ++i) R.at(s, off_e[i]) = new_off[i];
-    for (std::size_t i = 0; i < on_e.size(); ++i) R.at(s, on_e[i]) = new_on[i];
+    for (std::size_t i = 0; i < off_e.size(); ++i) R.mutable_at(s, off_e[i]) = new_off[i];
+    for (std::size_t i = 0; i < on_e.size(); ++i) R.mutable_at(s, on_e[i]) = new_on[i];
     moved += out - keep;
   }
   return moved;

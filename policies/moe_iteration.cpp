@@ -452,12 +452,21 @@ class Builder {
   Collective exchange(int l, bool transpose, int stride_group = -1) {
     const std::tuple<int, bool, int> key{l, transpose, stride_group};
     if (!exchanges_.count(key) && stride_group < 0 && schedule_.shard_r == 0) {
-      // Whole token-slots: counts × bytes per token, built straight from the routing.
+      // Whole token-slots: counts × bytes per token, built straight from the routing; with expert e
+      // on GPU e, the routing's own counts (shared, not copied).
       const auto& R = plans_[std::size_t(l)].routing;
-      std::vector<std::int32_t> counts(std::size_t(G_) * G_, 0);  // each at most a GPU's tokens × k
-      for (int s = 0; s < G_; ++s)
-        for (int e = 0; e < E_; ++e) counts[std::size_t(s) * G_ + target(l, s, e)] += R.at(s, e);
-      const CollectiveBytes there(std::move(counts), token_bytes_);
+      const auto& t = target_[std::size_t(l)];
+      bool expert_e_on_gpu_e = !zero_ && E_ == G_ && t.size() == std::size_t(E_);
+      for (int e = 0; e < E_ && expert_e_on_gpu_e; ++e) expert_e_on_gpu_e = t[std::size_t(e)] == e;
+      CollectiveBytes there;
+      if (expert_e_on_gpu_e) {
+        there = CollectiveBytes(R.shared_counts(), token_bytes_);
+      } else {
+        std::vector<std::int32_t> counts(std::size_t(G_) * G_, 0);  // each at most a GPU's tokens × k
+        for (int s = 0; s < G_; ++s)
+          for (int e = 0; e < E_; ++e) counts[std::size_t(s) * G_ + target(l, s, e)] += R.at(s, e);
+        there = CollectiveBytes(std::move(counts), token_bytes_);
+      }
       exchanges_[{l, false, -1}] = there;
       exchanges_[{l, true, -1}] = there.transposed();
     }

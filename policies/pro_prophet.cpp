@@ -339,10 +339,11 @@ class ProProphet final : public Policy {
   // The window's mean routing of layer l, rounded to whole token-slots.
   RoutingMatrix mean_load(std::size_t l) const {
     RoutingMatrix m = window_.front()[l];
+    auto& sum = m.mutable_counts();
     for (std::size_t j = 1; j < window_.size(); ++j)
-      for (std::size_t c = 0; c < m.counts.size(); ++c) m.counts[c] += window_[j][l].counts[c];
+      for (std::size_t c = 0; c < sum.size(); ++c) sum[c] += window_[j][l].counts()[c];
     const auto h = std::int64_t(window_.size());
-    for (auto& x : m.counts) x = (x + h / 2) / h;
+    for (auto& x : sum) x = (x + h / 2) / h;
     return m;
   }
 

@@ -57,7 +57,9 @@ class CollectiveBytes {
   CollectiveBytes(std::initializer_list<double> values) : CollectiveBytes(std::vector<double>(values)) {}
   /// counts × unit (an all-to-all's token-slots × bytes per token): half the memory of doubles.
   CollectiveBytes(std::vector<std::int32_t> counts, double unit)
-      : counts_(std::make_shared<const std::vector<std::int32_t>>(std::move(counts))), unit_(unit) {}
+      : CollectiveBytes(std::make_shared<const std::vector<std::int32_t>>(std::move(counts)), unit) {}
+  /// The same, sharing counts that never change (a routing's, RoutingMatrix::shared_counts()).
+  CollectiveBytes(std::shared_ptr<const std::vector<std::int32_t>> counts, double unit) : counts_(std::move(counts)), unit_(unit) {}
   std::size_t size() const { return counts_ ? counts_->size() : values_ ? values_->size() : 0; }
   bool empty() const { return size() == 0; }
   /// Entry k of the values, row by row (a ring collective's one size: [0]).

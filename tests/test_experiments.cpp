@@ -107,7 +107,7 @@ TEST_CASE("the builder reports each layer's balance degree, the std-dev of the p
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(cs.gpu(), model.dtype());
   RoutingMatrix R(4, 4);
-  for (int s = 0; s < 4; ++s) R.at(s, 0) = 3, R.at(s, 1) = 1;
+  for (int s = 0; s < 4; ++s) R.mutable_at(s, 0) = 3, R.mutable_at(s, 1) = 1;
   const std::vector<RoutingMatrix> routing{R};
   auto stddev = [&](std::vector<Replica> replicas) {
     PolicyReport report;

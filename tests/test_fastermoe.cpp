@@ -79,7 +79,7 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
   CHECK(cost.broadcast_time(ring, 100e6) == Approx(100e6 / 25e9 + 1e-6));
   const MoeModel m(layer_model(16, 1024, 4096));
   RoutingMatrix R(16, 16);
-  for (int s = 0; s < 16; ++s) R.at(s, 3) = 4096, R.at(s, 9) = 4096;
+  for (int s = 0; s < 16; ++s) R.mutable_at(s, 3) = 4096, R.mutable_at(s, 9) = 4096;
   CHECK(cost.expert_phase_time(m, R) == Approx(cost.expert_time(m, 16 * 4096)));  // Eq. 1: the busiest worker
   CostModel ninety(c, gpu, {true});
   CHECK(ninety.expert_time(m, 1000) == Approx(2 * 2 * 1000.0 * 1024 * 2048 / (0.9 * 312e12)));
@@ -96,7 +96,7 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
   const MoeModel m(layer_model(16, 1024, 4096));
   RoutingMatrix uniform(16, 16);
   for (int s = 0; s < 16; ++s)
-    for (int e = 0; e < 16; ++e) uniform.at(s, e) = 512;
+    for (int e = 0; e < 16; ++e) uniform.mutable_at(s, e) = 512;
   CHECK(dynamic_shadowing(cost, m, uniform).empty());
   CHECK(released_shadowing(cost, m, uniform).empty());
   // Experts 5 and 11 take 3/8 of every source's slots each (B = 49,152 tokens ≫ α·H = 2048:
@@ -106,7 +106,7 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
   // Exactly {5, 11}.
   RoutingMatrix hot(16, 16);
   for (int s = 0; s < 16; ++s)
-    for (int e = 0; e < 16; ++e) hot.at(s, e) = (e == 5 || e == 11) ? 3072 : 146 + (e < 4 ? 1 : 0);
+    for (int e = 0; e < 16; ++e) hot.mutable_at(s, e) = (e == 5 || e == 11) ? 3072 : 146 + (e < 4 ? 1 : 0);
   for (int s = 0; s < 16; ++s) REQUIRE(hot.row_sum(s) == 8192);
   auto chosen = dynamic_shadowing(cost, m, hot);
   std::sort(chosen.begin(), chosen.end());
@@ -114,7 +114,7 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
   // One hot expert: shadowing it alone lowers the maximum, by the latency comparison too.
   RoutingMatrix one(16, 16);
   for (int s = 0; s < 16; ++s)
-    for (int e = 0; e < 16; ++e) one.at(s, e) = e == 7 ? 4096 : 273 + (e < 1 ? 1 : 0);
+    for (int e = 0; e < 16; ++e) one.mutable_at(s, e) = e == 7 ? 4096 : 273 + (e < 1 ? 1 : 0);
   for (int s = 0; s < 16; ++s) REQUIRE(one.row_sum(s) == 8192);
   CHECK(dynamic_shadowing(cost, m, one) == std::vector<int>{7});
   // The released code compares each candidate with the original maximum and never updates it: it

@@ -336,9 +336,9 @@ TEST_CASE("hecate: calibration adds the real hot expert's copies after the gate 
   RoutingMatrix hot(G, E);
   const long slots = long(t.model.tokens_per_gpu()) * t.model.top_k();
   for (int s = 0; s < G; ++s) {
-    hot.at(s, 7) = slots / 2;
+    hot.mutable_at(s, 7) = slots / 2;
     for (int e = 0; e < E; ++e)
-      if (e != 7) hot.at(s, e) += slots / 2 / (E - 1);
+      if (e != 7) hot.mutable_at(s, e) += slots / 2 / (E - 1);
   }
   LayerPlan plan(hot);
   REQUIRE(calibrate(plan, 1, 2, t.model, cost));  // t = 1, m = 2: the top expert to every GPU
@@ -358,7 +358,7 @@ TEST_CASE("hecate: calibration adds the real hot expert's copies after the gate 
   // Uniform routing: a copy saves nothing the broadcast does not cost; the plan stays.
   RoutingMatrix flat(G, E);
   for (int s = 0; s < G; ++s)
-    for (int e = 0; e < E; ++e) flat.at(s, e) = slots / E;
+    for (int e = 0; e < E; ++e) flat.mutable_at(s, e) = slots / E;
   LayerPlan even(flat);
   CHECK_FALSE(calibrate(even, 1, 2, t.model, cost));
   CHECK(even.replicas.empty());

@@ -43,7 +43,7 @@ RoutingMatrix one_hot(int G, int E, int e, const std::function<std::int64_t(int)
   for (int s = 0; s < G; ++s)
     for (int x = 0; x < E; ++x) {
       const int other = x < e ? x : x - 1;  // index among the E − 1 others
-      R.at(s, x) = x == e ? hot(s) : rest / (E - 1) + (other < rest % (E - 1) ? 1 : 0);
+      R.mutable_at(s, x) = x == e ? hot(s) : rest / (E - 1) + (other < rest % (E - 1) ? 1 : 0);
     }
   return R;
 }
@@ -156,7 +156,7 @@ TEST_CASE("the greedy search's H, R and T' are those of its plan, recomputed fro
   RoutingMatrix gating(D, E);  // skewed: expert e's share ∝ (e % 13 + 1)^-1.5, noise per source
   for (int s = 0; s < D; ++s)
     for (int e = 0; e < E; ++e)
-      gating.at(s, e) = std::int64_t(2000 * std::pow(e % 13 + 1, -1.5) * (0.2 + rng.uniform()) * (s % 5 == 0 ? 0 : 1) +
+      gating.mutable_at(s, e) = std::int64_t(2000 * std::pow(e % 13 + 1, -1.5) * (0.2 + rng.uniform()) * (s % 5 == 0 ? 0 : 1) +
                                      (s == 3 && e == 9 ? 900 : 0));
   for (bool overlap : {false, true})
     for (int n : {0, 3, 9}) {
@@ -194,7 +194,7 @@ TEST_CASE("Pro-Prophet replicates nothing under a uniform load") {
   const MoeModel model = moe_model({"model.experts=32"});
   const auto pm = prophet_model(cost, model, gpu);
   RoutingMatrix uniform(16, 32);
-  for (auto& x : uniform.counts) x = 256;
+  for (auto& x : uniform.mutable_counts()) x = 256;
   for (bool overlap : {false, true}) {
     SearchOptions o;
     o.overlap = overlap;
@@ -334,7 +334,7 @@ TEST_CASE("the greedy search at 1024 GPUs x 1024 experts") {
   RoutingMatrix R(G, E);
   for (int s = 0; s < G; ++s)
     for (int r = 0; r < E; ++r)
-      R.at(s, perm[r]) = std::int64_t(8192 * std::pow(r + 1, -1.2) / z * (0.5 + rng.uniform()));
+      R.mutable_at(s, perm[r]) = std::int64_t(8192 * std::pow(r + 1, -1.2) / z * (0.5 + rng.uniform()));
   SearchOptions o;
   o.overlap = true;
   t0 = std::chrono::steady_clock::now();

@@ -90,7 +90,7 @@ TEST_CASE("the simulated ScheMoE layer follows OptSche's recurrence and beats se
   const GpuModel gpu(cluster.spec().gpu(), model.dtype());
   SimBackend sim(cluster, gpu);
   RoutingMatrix R(16, 16);
-  for (auto& x : R.counts) x = 512;
+  for (auto& x : R.mutable_counts()) x = 512;
   const std::vector<RoutingMatrix> routing{R};
   auto run = [&](int r, double bits) {
     spec::PolicySpec ps;

@@ -150,7 +150,7 @@ TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded
   RoutingMatrix R(16, 16);
   const int slots = model.tokens_per_gpu() * model.top_k();
   for (int s = 0; s < 16; ++s)
-    for (int e = 0; e < 16; ++e) R.at(s, e) = e == 5 ? slots / 2 : slots / 2 / 15 + (e < (slots / 2) % 15 ? 1 : 0);
+    for (int e = 0; e < 16; ++e) R.mutable_at(s, e) = e == 5 ? slots / 2 : slots / 2 / 15 + (e < (slots / 2) % 15 ? 1 : 0);
   for (int s = 0; s < 16; ++s) REQUIRE(R.row_sum(s) == slots);
   auto policy = make_policy(ex.spec.policy());
   const std::vector<RoutingMatrix> routing{R};

@@ -49,8 +49,8 @@ spec::TraceHeader small_header() {
 RoutingMatrix small_matrix(int shift) {
   RoutingMatrix m(3, 4);
   for (int s = 0; s < 3; ++s) {
-    m.at(s, (s + shift) % 4) = 5;
-    m.at(s, (s + shift + 1) % 4) = 5;
+    m.mutable_at(s, (s + shift) % 4) = 5;
+    m.mutable_at(s, (s + shift + 1) % 4) = 5;
   }
   return m;
 }
@@ -93,18 +93,18 @@ TEST_CASE("a trace written record by record reads back identically") {
   int n = 0;
   while (r.next(rec)) {
     CHECK(rec.iteration() == std::uint64_t(n / 2));
-    CHECK(record_matrix(r.header(), rec).counts == small_matrix(int(rec.iteration() + rec.layer())).counts);
+    CHECK(record_matrix(r.header(), rec).counts() == small_matrix(int(rec.iteration() + rec.layer())).counts());
     ++n;
   }
   CHECK(n == 6);
   // Half the cells are zero: dense. A matrix with one non-zero cell in 12 is stored sparse.
   RoutingMatrix sparse(3, 4);
-  sparse.at(1, 2) = 7;
+  sparse.mutable_at(1, 2) = 7;
   spec::TraceRecord sr;
   set_record_counts(sr, sparse);
   CHECK(sr.dense_size() == 0);
   CHECK(sr.sparse_cell_size() == 1);
-  CHECK(record_matrix(small_header(), sr).counts == sparse.counts);
+  CHECK(record_matrix(small_header(), sr).counts() == sparse.counts());
 }
 
 TEST_CASE("truncated, corrupt and inconsistent traces are rejected with the record index") {
@@ -245,7 +245,7 @@ TEST_CASE("SmartMoE logs import to the same trace as the equivalent CSV") {
   int n = 0;
   while (a.next(ra)) {
     REQUIRE(b.next(rb));
-    CHECK(record_matrix(a.header(), ra).counts == record_matrix(b.header(), rb).counts);
+    CHECK(record_matrix(a.header(), ra).counts() == record_matrix(b.header(), rb).counts());
     CHECK(ra.micro_batch() == rb.micro_batch());
     ++n;
   }
@@ -299,7 +299,7 @@ TEST_CASE("the real trace's stable phase matches the notes' measured statistics"
 TEST_CASE("capacity conventions on a hand case") {
   // E = 2, k = 1, T = 6: C = k·f·T/E = 3f. GPU 0 needs 5 slots of expert 0.
   RoutingMatrix R(2, 2);
-  R.at(0, 0) = 5, R.at(0, 1) = 1, R.at(1, 0) = 3, R.at(1, 1) = 3;
+  R.mutable_at(0, 0) = 5, R.mutable_at(0, 1) = 1, R.mutable_at(1, 0) = 3, R.mutable_at(1, 1) = 3;
   auto gate = [&](std::optional<double> f, bool pad = false) {
     spec::GateSpec g;
     if (f) g.set_capacity_factor(*f);
@@ -326,7 +326,7 @@ TEST_CASE("capacity conventions on a hand case") {
   const auto padded = gate(2.0, true);  // C = 6: buffers of 6 everywhere, nothing dropped
   CHECK(padded.capacity == 6);
   CHECK(padded.routed.at(1, 1) == 6);
-  CHECK(padded.kept.counts == R.counts);
+  CHECK(padded.kept.counts() == R.counts());
 }
 
 TEST_CASE("rows are rescaled exactly and never over the per-token cap") {
@@ -337,7 +337,7 @@ TEST_CASE("rows are rescaled exactly and never over the per-token cap") {
   CHECK(std::accumulate(r.begin(), r.end(), std::int64_t(0)) == 37);
   for (auto c : r) CHECK(c <= 10);
   RoutingMatrix t(4, 3);
-  for (int s = 0; s < 4; ++s) t.at(s, s % 3) = 2, t.at(s, (s + 1) % 3) = 2;
+  for (int s = 0; s < 4; ++s) t.mutable_at(s, s % 3) = 2, t.mutable_at(s, (s + 1) % 3) = 2;
   const auto summed = map_sources(t, 2, 4, 2);  // 4 sources onto 2 GPUs: pairs summed
   CHECK(summed.at(0, 1) == 4);                   // sources 0 and 1 both send 2 to expert 1
   for (int g = 0; g < 2; ++g) CHECK(summed.row_sum(g) == 8);

@@ -74,10 +74,28 @@ TEST_CASE("routing is a function of seed, iteration and layer") {
   spec::GatingSpec uniform;
   uniform.mutable_uniform();
   const auto a = generate_routing(uniform, 4, 8, 500, 2, 42, 3, 1);
-  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 3, 1).counts == a.counts);
-  CHECK(generate_routing(uniform, 4, 8, 500, 2, 43, 3, 1).counts != a.counts);
-  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 4, 1).counts != a.counts);
-  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 3, 2).counts != a.counts);
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 3, 1).counts() == a.counts());
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 43, 3, 1).counts() != a.counts());
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 4, 1).counts() != a.counts());
+  CHECK(generate_routing(uniform, 4, 8, 500, 2, 42, 3, 2).counts() != a.counts());
+}
+
+TEST_CASE("copies of a routing share its counts until one is changed, which changes only that copy") {
+  RoutingMatrix a(2, 3);
+  a.mutable_at(1, 2) = 7;
+  const RoutingMatrix b = a;  // shares
+  const auto snapshot = a.shared_counts();
+  CHECK(b.shared_counts() == snapshot);
+  a.mutable_at(1, 2) = 9;  // copies first
+  CHECK(a.at(1, 2) == 9);
+  CHECK(b.at(1, 2) == 7);
+  CHECK((*snapshot)[5] == 7);  // what an all-to-all took from it never changes
+  CHECK(a.shared_counts() != snapshot);
+  RoutingMatrix c = b;
+  c.mutable_counts().assign(6, 1);
+  CHECK(b.row_sum(1) == 7);
+  CHECK(c.row_sum(1) == 3);
+  CHECK_THROWS_AS(RoutingMatrix(2, 3, std::vector<std::int32_t>(5)), std::logic_error);
 }
 
 TEST_CASE("zipf routing gives the hottest expert its expected share") {

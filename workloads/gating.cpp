@@ -63,7 +63,7 @@ RoutingMatrix split_experts(const RoutingMatrix& trace, int experts) {
   for (int s = 0; s < trace.sources; ++s)
     for (int e = 0; e < trace.experts; ++e) {
       const std::int64_t c = trace.at(s, e);
-      for (int i = 0; i < m; ++i) out.at(s, e * m + i) = c / m + (i < c % m ? 1 : 0);  // even, remainder first
+      for (int i = 0; i < m; ++i) out.mutable_at(s, e * m + i) = c / m + (i < c % m ? 1 : 0);  // even, remainder first
     }
   return out;
 }
@@ -79,7 +79,7 @@ RoutingMatrix map_sources(const RoutingMatrix& trace, int gpus, std::int64_t tok
     for (int s = first; s < first + group; ++s)
       for (int e = 0; e < trace.experts; ++e) row[e] += trace.at(s, e);
     const auto scaled = rescale_row(row, tokens * top_k, tokens);
-    std::copy(scaled.begin(), scaled.end(), out.counts.begin() + std::ptrdiff_t(g) * trace.experts);
+    std::copy(scaled.begin(), scaled.end(), out.mutable_counts().begin() + std::ptrdiff_t(g) * trace.experts);
   }
   return out;
 }
@@ -180,8 +180,8 @@ class TraceSource final : public GatingSource {
         layers.assign(h.layers(), RoutingMatrix(int(h.sources()), int(h.experts())));
       }
       const RoutingMatrix m = record_matrix(h, pending_);
-      auto& acc = layers[pending_.layer()].counts;
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += m.counts[i];
+      auto& acc = layers[pending_.layer()].mutable_counts();
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += m.counts()[i];
       have_pending_ = false;
     }
     return layers;

@@ -462,7 +462,7 @@ RoutingMatrix GatingGenerator::next(int layer) {
     softmax(p);
     if (!hot.empty()) apply_hot_spot(p, hot, P.hot_fraction, top_k_);
     capped_into(L.sampling, tokens_, top_k_, p, row);
-    std::copy(row.begin(), row.end(), R.counts.begin() + std::ptrdiff_t(s) * experts_);  // each at most tokens_
+    std::copy(row.begin(), row.end(), R.mutable_counts().begin() + std::ptrdiff_t(s) * experts_);  // each at most tokens_
   }
   // OU step to d_{t+1}: d = a d + sigma_slow sqrt(1 - a²) N(0, 1), a = exp(-1/tau).
   const auto [sigma, tau] = drift_sigma_tau(P, t);

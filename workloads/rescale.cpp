@@ -42,7 +42,7 @@ spec::TraceHeader rescale_trace(const std::string& in, const std::string& out, c
       const int parent = s % src.sources;
       for (int e = 0; e < o.experts; ++e) p[e] = double(src.at(parent, e / m)) / m;
       const auto row = sample_capped(rng, tokens, int(h.top_k()), p);
-      std::copy(row.begin(), row.end(), dst.counts.begin() + std::ptrdiff_t(s) * o.experts);
+      std::copy(row.begin(), row.end(), dst.mutable_counts().begin() + std::ptrdiff_t(s) * o.experts);
     }
     spec::TraceRecord nr;
     nr.set_iteration(rec.iteration());

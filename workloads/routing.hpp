@@ -3,26 +3,46 @@
 // (a fixed PRNG and our own samplers, never std::*_distribution).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "moesim.pb.h"
 
 namespace moesim {
 
-/// counts[src · experts + e] = tokens that GPU `src` routes to expert `e` (one token-slot per
+/// counts()[src · experts + e] = tokens that GPU `src` routes to expert `e` (one token-slot per
 /// token and chosen expert, so a row sums to tokens × k).
-struct RoutingMatrix {
+///
+/// Copies share the counts until one is changed (copy on write, through mutable_counts() or
+/// mutable_at()): a policy's plans copy each layer's routing and an expert-per-GPU all-to-all sends
+/// the very same matrix (shared_counts()), which at 4,096 GPUs is 64 MiB a layer.
+class RoutingMatrix {
+ public:
   int sources = 0, experts = 0;
-  std::vector<std::int32_t> counts;  // a cell is at most tokens × top_k of one GPU: int32 halves the biggest matrices
 
-  RoutingMatrix() = default;
-  RoutingMatrix(int s, int e) : sources(s), experts(e), counts(std::size_t(s) * e, 0) {}
-  std::int32_t& at(int src, int e) { return counts[std::size_t(src) * experts + e]; }
-  std::int64_t at(int src, int e) const { return counts[std::size_t(src) * experts + e]; }
+  RoutingMatrix() : counts_(std::make_shared<std::vector<std::int32_t>>()) {}
+  RoutingMatrix(int s, int e)
+      : sources(s), experts(e), counts_(std::make_shared<std::vector<std::int32_t>>(std::size_t(s) * std::size_t(e), 0)) {}
+  /// Takes `counts`, sources × experts of them, row by row.
+  RoutingMatrix(int s, int e, std::vector<std::int32_t> counts);
+
+  // a cell is at most tokens × top_k of one GPU: int32 halves the biggest matrices
+  const std::vector<std::int32_t>& counts() const { return *counts_; }
+  std::int64_t at(int src, int e) const { return (*counts_)[std::size_t(src) * std::size_t(experts) + std::size_t(e)]; }
+  /// The counts, to change: this matrix's own (copied first if another matrix shares them).
+  std::vector<std::int32_t>& mutable_counts();
+  std::int32_t& mutable_at(int src, int e) { return mutable_counts()[std::size_t(src) * std::size_t(experts) + std::size_t(e)]; }
+  /// The counts, shared read-only (with an all-to-all's bytes): they never change, as a change to
+  /// this matrix copies them first.
+  std::shared_ptr<const std::vector<std::int32_t>> shared_counts() const { return counts_; }
+
   std::int64_t expert_load(int e) const;
   std::int64_t row_sum(int src) const;
   /// The largest (source, expert) count: the capacity that drops nothing.
   std::int64_t largest_count() const;
+
+ private:
+  std::shared_ptr<std::vector<std::int32_t>> counts_;
 };
 
 /// xoshiro256** seeded by splitmix64: small, fast, identical everywhere.

@@ -36,9 +36,10 @@ void validate_trace_header(const spec::TraceHeader& h, const std::string& name) 
 RoutingMatrix record_matrix(const spec::TraceHeader& h, const spec::TraceRecord& r) {
   RoutingMatrix m(int(h.sources()), int(h.experts()));
   if (r.dense_size() > 0) {
-    std::copy(r.dense().begin(), r.dense().end(), m.counts.begin());
+    std::copy(r.dense().begin(), r.dense().end(), m.mutable_counts().begin());
   } else {
-    for (int i = 0; i < r.sparse_cell_size(); ++i) m.counts[r.sparse_cell(i)] = r.sparse_count(i);
+    auto& counts = m.mutable_counts();
+    for (int i = 0; i < r.sparse_cell_size(); ++i) counts[r.sparse_cell(i)] = r.sparse_count(i);
   }
   return m;
 }
@@ -48,15 +49,15 @@ void set_record_counts(spec::TraceRecord& r, const RoutingMatrix& m) {
   r.clear_sparse_cell();
   r.clear_sparse_count();
   std::size_t nonzero = 0;
-  for (auto c : m.counts) nonzero += c != 0;
-  if (nonzero * 3 < m.counts.size()) {
-    for (std::size_t i = 0; i < m.counts.size(); ++i)
-      if (m.counts[i] != 0) {
+  for (auto c : m.counts()) nonzero += c != 0;
+  if (nonzero * 3 < m.counts().size()) {
+    for (std::size_t i = 0; i < m.counts().size(); ++i)
+      if (m.counts()[i] != 0) {
         r.add_sparse_cell(std::uint32_t(i));
-        r.add_sparse_count(m.counts[i]);
+        r.add_sparse_count(m.counts()[i]);
       }
   } else {
-    r.mutable_dense()->Add(m.counts.begin(), m.counts.end());
+    r.mutable_dense()->Add(m.counts().begin(), m.counts().end());
   }
 }
 

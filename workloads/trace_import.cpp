@@ -246,7 +246,7 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
           rec.set_layer(r.layer);
           rec.set_micro_batch(r.mb);
           rec.set_loss(r.loss);
-          std::fill(m.counts.begin(), m.counts.end(), 0);
+          std::fill(m.mutable_counts().begin(), m.mutable_counts().end(), 0);
           std::fill(seen.begin(), seen.end(), false);
           open = true;
           open_where = where;
@@ -258,7 +258,7 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
         if (layout.loss >= 0 && r.loss != rec.loss())
           throw InputError(fmt::format("{}: column 'loss': differs from the record's first row", where));
         seen[r.src] = true;
-        std::copy(counts.begin(), counts.end(), m.counts.begin() + std::ptrdiff_t(r.src) * layout.experts);
+        std::copy(counts.begin(), counts.end(), m.mutable_counts().begin() + std::ptrdiff_t(r.src) * layout.experts);
       });
   flush();
   writer.close();
@@ -368,7 +368,7 @@ spec::TraceHeader import_smartmoe_logs(const std::string& dir, const std::string
         RoutingMatrix m(int(sources), int(h.experts()));
         for (std::uint32_t r = 0; r < sources; ++r) {
           const auto& counts = by_rank[r].at(layer)[mb];
-          std::copy(counts.begin(), counts.end(), m.counts.begin() + std::ptrdiff_t(r) * h.experts());
+          std::copy(counts.begin(), counts.end(), m.mutable_counts().begin() + std::ptrdiff_t(r) * h.experts());
         }
         spec::TraceRecord rec;
         rec.set_iteration(it);
