@@ -445,46 +445,38 @@ class Builder {
   }
 
   // Layer l's all-to-all as bytes: source to expert's GPU or, transposed, back; with the smart
-  // schedule, its step `stride_group` (group gi sends to group (gi − j) mod n). Built once per
-  // layer, from one pass over its routing (exchanged(l)), for both directions and every step, and
-  // shared by its forward and backward ops: the backward's all-to-alls move gradients along the
-  // forward's routes.
+  // schedule, its step `stride_group` (group gi sends to group (gi − j) mod n), a group_step() of
+  // the whole. Built once per layer, from one pass over its routing, and shared by every step and
+  // by its forward and backward ops: the backward's all-to-alls move gradients along the forward's
+  // routes.
   Collective exchange(int l, bool transpose, int stride_group = -1) {
-    const std::tuple<int, bool, int> key{l, transpose, stride_group};
-    if (!exchanges_.count(key) && stride_group < 0 && schedule_.shard_r == 0) {
-      // Whole token-slots: counts × bytes per token, built straight from the routing; with expert e
-      // on GPU e, the routing's own counts (shared, not copied).
+    if (!exchanges_.count({l, false, -1})) {
       const auto& R = plans_[std::size_t(l)].routing;
       const auto& t = target_[std::size_t(l)];
-      bool expert_e_on_gpu_e = !zero_ && E_ == G_ && t.size() == std::size_t(E_);
+      bool expert_e_on_gpu_e = !zero_ && E_ == G_ && t.size() == std::size_t(E_) && schedule_.shard_r == 0;
       for (int e = 0; e < E_ && expert_e_on_gpu_e; ++e) expert_e_on_gpu_e = t[std::size_t(e)] == e;
       CollectiveBytes there;
-      if (expert_e_on_gpu_e) {
+      if (expert_e_on_gpu_e) {  // the routing's own counts (shared, not copied) × bytes per token
         there = CollectiveBytes(R.shared_counts(), token_bytes_);
-      } else {
+      } else if (schedule_.shard_r == 0) {  // whole token-slots, counted by target GPU
         std::vector<std::int32_t> counts(std::size_t(G_) * G_, 0);  // each at most a GPU's tokens × k
         for (int s = 0; s < G_; ++s)
           for (int e = 0; e < E_; ++e) counts[std::size_t(s) * G_ + target(l, s, e)] += R.at(s, e);
         there = CollectiveBytes(std::move(counts), token_bytes_);
+      } else {  // shares of token-slots
+        auto tokens = exchanged(l);
+        for (auto& x : tokens) x *= token_bytes_;
+        there = CollectiveBytes(std::move(tokens));
       }
       exchanges_[{l, false, -1}] = there;
       exchanges_[{l, true, -1}] = there.transposed();
     }
+    const std::tuple<int, bool, int> key{l, transpose, stride_group};
     if (!exchanges_.count(key)) {
-      auto tokens = exchanged(l);
-      const int gs = schedule_.group_size, n = G_ / gs;
-      for (int step = stride_group < 0 ? -1 : 0; step < (stride_group < 0 ? 0 : n); ++step) {
-        std::vector<double> b;
-        if (step < 0) {  // the whole exchange: the token matrix itself, in bytes
-          for (auto& x : tokens) x *= token_bytes_;
-          b = std::move(tokens);
-        } else {
-          b.assign(std::size_t(G_) * G_, 0.0);
-          for (int i = 0; i < G_; ++i)
-            for (int j = 0; j < G_; ++j)
-              if ((i / gs - j / gs - step + 2 * n) % n == 0) b[std::size_t(i) * G_ + j] = tokens[std::size_t(i) * G_ + j] * token_bytes_;
-        }
-        const CollectiveBytes there(std::move(b));
+      const CollectiveBytes& whole = exchanges_.at({l, false, -1});
+      const int gs = schedule_.group_size;
+      for (int step = 0; step < G_ / gs; ++step) {
+        const CollectiveBytes there = whole.group_step(std::size_t(gs), std::size_t(step));
         exchanges_[{l, false, step}] = there;
         exchanges_[{l, true, step}] = there.transposed();
       }

@@ -73,6 +73,15 @@ CollectiveBytes CollectiveBytes::transposed() const {
   return t;
 }
 
+CollectiveBytes CollectiveBytes::group_step(std::size_t group, std::size_t step) const {
+  CollectiveBytes t(*this);
+  t.side_ = std::size_t(std::llround(std::sqrt(double(size()))));
+  if (t.side_ * t.side_ != size() || transposed_ || group_ || group == 0 || t.side_ % group != 0 || step >= t.side_ / group)
+    throw std::logic_error("CollectiveBytes: a group step of a square matrix as stored, of a group that divides its side");
+  t.group_ = group, t.step_ = step;
+  return t;
+}
+
 CollectiveBytes CollectiveBytes::scaled(double factor) const {
   CollectiveBytes t(*this);
   t.scale_ *= factor;
@@ -81,7 +90,10 @@ CollectiveBytes CollectiveBytes::scaled(double factor) const {
 
 double CollectiveBytes::total() const {
   double sum = 0;
-  for (std::size_t k = 0; k < size(); ++k) sum += scale_ * stored(k);
+  if (group_)
+    for_each(side_, [&](std::size_t, std::size_t, double b) { return sum += b, true; });
+  else
+    for (std::size_t k = 0; k < size(); ++k) sum += scale_ * stored(k);
   return sum;
 }
 

@@ -49,7 +49,8 @@ const char* collective_type_name(CollectiveType t);
 
 /// A collective's byte counts, immutable and shared between copies: a layer's forward and backward
 /// all-to-alls carry the same matrices (at 4,096 GPUs one is 134 MB), its dispatch and combine the
-/// same matrix, one transposed(), and Tutel's pipeline parts it scaled().
+/// same matrix, one transposed(), Tutel's pipeline parts it scaled(), and FasterMoE's smart
+/// schedule's steps each a group_step() of it.
 class CollectiveBytes {
  public:
   CollectiveBytes() = default;
@@ -63,13 +64,23 @@ class CollectiveBytes {
   std::size_t size() const { return counts_ ? counts_->size() : values_ ? values_->size() : 0; }
   bool empty() const { return size() == 0; }
   /// Entry k of the values, row by row (a ring collective's one size: [0]).
-  double operator[](std::size_t k) const { return transposed_ ? at(k / side_, k % side_, side_) : scale_ * stored(k); }
+  double operator[](std::size_t k) const {
+    return transposed_ || group_ ? at(k / side_, k % side_, side_) : scale_ * stored(k);
+  }
   /// Entry (i, j) of the matrix, n × n.
-  double at(std::size_t i, std::size_t j, std::size_t n) const { return scale_ * stored(transposed_ ? j * n + i : i * n + j); }
+  double at(std::size_t i, std::size_t j, std::size_t n) const {
+    const std::size_t p = transposed_ ? j : i, q = transposed_ ? i : j;  // as stored
+    return kept(p, q) ? scale_ * stored(p * n + q) : 0.0;
+  }
   /// The matrix transposed, sharing these values (an all-to-all's way back).
   CollectiveBytes transposed() const;
   /// The values × factor, sharing these values.
   CollectiveBytes scaled(double factor) const;
+  /// Step `step` of FasterMoE's smart schedule, sharing these values (of a matrix not transposed):
+  /// with the n ranks in groups of `group` consecutive ones and m = n / group groups, only the
+  /// entries from group a to group (a − step) mod m; the others read as 0 and for_each() skips
+  /// them, so that a step costs n · group entries, not n².
+  CollectiveBytes group_step(std::size_t group, std::size_t step) const;
   /// f(i, j, bytes) for each entry of the n × n matrix, in the order the values are stored (the
   /// fast way through a big matrix), until f returns false.
   template <class F>
@@ -82,11 +93,18 @@ class CollectiveBytes {
   double total() const;
   /// Whether both are the same view of the same values (not merely equal values).
   bool same_view(const CollectiveBytes& o) const {
-    return values_ == o.values_ && counts_ == o.counts_ && transposed_ == o.transposed_ && scale_ == o.scale_;
+    return values_ == o.values_ && counts_ == o.counts_ && transposed_ == o.transposed_ && scale_ == o.scale_ &&
+           group_ == o.group_ && step_ == o.step_;
   }
 
  private:
   double stored(std::size_t k) const { return counts_ ? double((*counts_)[k]) * unit_ : (*values_)[k]; }
+  // The group that group a sends to in step_ (group_step()).
+  std::size_t to_group(std::size_t a) const {
+    const std::size_t m = side_ / group_;
+    return (a + m - step_) % m;
+  }
+  bool kept(std::size_t p, std::size_t q) const { return group_ == 0 || q / group_ == to_group(p / group_); }
   template <class T, class F>
   [[gnu::always_inline]] void walk(std::size_t n, const T* v, const F& f) const {
     const double scale = scale_, unit = unit_;
@@ -94,7 +112,11 @@ class CollectiveBytes {
       if constexpr (std::is_same_v<T, double>) return scale * x;
       else return scale * (double(x) * unit);
     };
-    if (transposed_) {
+    if (group_) {  // row p: only the columns of the group its group sends to
+      for (std::size_t p = 0; p < n; ++p, v += n)
+        for (std::size_t q = to_group(p / group_) * group_, end = q + group_; q < end; ++q)
+          if (!(transposed_ ? f(q, p, value(v[q])) : f(p, q, value(v[q])))) return;
+    } else if (transposed_) {
       for (std::size_t p = 0; p < n; ++p, v += n)
         for (std::size_t q = 0; q < n; ++q)
           if (!f(q, p, value(v[q]))) return;
@@ -108,7 +130,8 @@ class CollectiveBytes {
   std::shared_ptr<const std::vector<std::int32_t>> counts_;
   double unit_ = 1.0;
   bool transposed_ = false;
-  std::size_t side_ = 0;  // n, when transposed
+  std::size_t side_ = 0;  // n, when transposed or a group step
+  std::size_t group_ = 0, step_ = 0;  // group_step()'s (group_ 0: every entry)
   double scale_ = 1.0;
 };
 

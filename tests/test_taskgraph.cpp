@@ -70,3 +70,42 @@ TEST_CASE("collective byte views read as the matrices they stand for") {
   for (std::size_t k = 0; k < n * n; ++k) CHECK(plain.transposed()[k] == t[k]);
   CHECK_THROWS(CollectiveBytes{1.0, 2.0}.transposed());  // not a square matrix
 }
+
+TEST_CASE("a group step of a byte matrix keeps the entries from each group to the step's group") {
+  // 6 ranks in groups of 2 (m = 3 groups); step j: group a sends to group (a − j) mod 3.
+  const std::size_t n = 6, gs = 2;
+  std::vector<std::int32_t> counts(n * n);
+  for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = std::int32_t(k + 1);  // (i, j) = 6i + j + 1
+  const CollectiveBytes whole(counts, 10.0);
+  double sum_of_steps = 0;
+  for (std::size_t step = 0; step < 3; ++step) {
+    const CollectiveBytes s = whole.group_step(gs, step), back = s.transposed();
+    auto in_step = [&](std::size_t i, std::size_t j) { return (i / gs + 3 - step) % 3 == j / gs; };
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        const double expect = in_step(i, j) ? double(6 * i + j + 1) * 10.0 : 0.0;
+        CHECK(s.at(i, j, n) == expect);
+        CHECK(s[i * n + j] == expect);
+        CHECK(back.at(j, i, n) == expect);
+      }
+    std::size_t visited = 0, last = 0;
+    back.for_each(n, [&](std::size_t i, std::size_t j, double b) {
+      CHECK(in_step(j, i));  // only the step's entries, viewed transposed
+      CHECK(b == double(6 * j + i + 1) * 10.0);
+      CHECK(j * n + i >= last);  // in storage order
+      last = j * n + i, ++visited;
+      return true;
+    });
+    CHECK(visited == n * gs);
+    CHECK(s.total() == back.total());
+    sum_of_steps += s.total();
+    CHECK(!s.same_view(whole));
+    CHECK(s.same_view(whole.group_step(gs, step)));
+    CHECK(!s.same_view(whole.group_step(gs, (step + 1) % 3)));
+  }
+  CHECK(sum_of_steps == whole.total());  // the steps part the matrix
+  CHECK_THROWS(whole.group_step(4, 0));            // 4 does not divide 6
+  CHECK_THROWS(whole.group_step(2, 3));            // only 3 steps
+  CHECK_THROWS(whole.transposed().group_step(2, 0));
+  CHECK_THROWS(whole.group_step(2, 1).group_step(2, 1));
+}
