@@ -147,6 +147,47 @@ TEST_CASE("every policy computes each routed token-slot exactly once") {
   }
 }
 
+TEST_CASE("the all-to-alls send the routing they were built from, even once the caller changes it") {
+  // EP's exchange shares the routing's counts (expert e on GPU e); the smart schedule's steps are
+  // views of that matrix. Dispatch from s to GPU e: routing(s, e) token-slots (over every step);
+  // the combine: the same, back.
+  const test::SmallSetup t({"model.experts=16"});
+  const auto routing = t.routing(5);
+  const int G = t.cluster.num_gpus(), L = int(routing.size());
+  REQUIRE(t.model.experts() == G);
+  std::vector<std::vector<std::int32_t>> counts;  // plain copies, which no RoutingMatrix shares
+  for (const auto& R : routing) counts.push_back(R.counts());
+  for (const char* name : {"ep", "fastermoe-smart"}) {
+    INFO(name);
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    PolicyReport report;
+    auto mine = routing;  // the caller's copy, built from and then reused
+    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, mine, report});
+    for (auto& R : mine) std::fill(R.mutable_counts().begin(), R.mutable_counts().end(), 7);
+    std::vector<std::vector<double>> there(std::size_t(L), std::vector<double>(std::size_t(G) * G, 0.0)), back = there;
+    for (const auto& op : g.ops()) {
+      const auto* c = std::get_if<Collective>(&op.body);
+      if (!c || c->type != CollectiveType::all_to_all || op.label.find(".fwd.") == std::string::npos) continue;
+      const int l = std::stoi(op.label.substr(1));
+      const bool dispatch = op.label.find("a2a_dispatch") != std::string::npos || op.label.find(".fwd.S") != std::string::npos;
+      const bool combine = op.label.find("a2a_combine") != std::string::npos || op.label.find(".fwd.R") != std::string::npos;
+      for (int i = 0; i < G; ++i)
+        for (int j = 0; j < G; ++j) {
+          if (dispatch) there[std::size_t(l)][std::size_t(i) * G + j] += c->bytes.at(std::size_t(i), std::size_t(j), std::size_t(G));
+          if (combine) back[std::size_t(l)][std::size_t(j) * G + i] += c->bytes.at(std::size_t(i), std::size_t(j), std::size_t(G));
+        }
+    }
+    for (int l = 0; l < L; ++l)
+      for (int s = 0; s < G; ++s)
+        for (int e = 0; e < G; ++e) {
+          const double expect = double(counts[std::size_t(l)][std::size_t(s) * G + e]) * t.model.token_bytes();
+          CHECK(there[std::size_t(l)][std::size_t(s) * G + e] == expect);
+          CHECK(back[std::size_t(l)][std::size_t(s) * G + e] == expect);
+        }
+  }
+}
+
 TEST_CASE("the smart schedule's per-layer speedup stays under its bound and nears it") {
   // 64 GPUs = 8 DGX-A100 nodes, groups of one node: step 0 stays in the node, steps 1..7 each pair
   // a node with one other node, so no link is shared within a step (uncontended). Large messages
