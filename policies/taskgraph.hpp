@@ -48,9 +48,9 @@ enum class CollectiveType : std::uint8_t { all_to_all, all_reduce, broadcast, re
 const char* collective_type_name(CollectiveType t);
 
 /// A collective's byte counts, immutable and shared between copies: a layer's forward and backward
-/// all-to-alls carry the same matrices (at 4,096 GPUs one is 134 MB), its dispatch and combine the
-/// same matrix, one transposed(), Tutel's pipeline parts it scaled(), and FasterMoE's smart
-/// schedule's steps each a group_step() of it.
+/// all-to-alls carry the same matrices (at 4,096 GPUs one is 64 MiB of counts), its dispatch and
+/// combine the same matrix, one transposed(), Tutel's pipeline parts it scaled(), and FasterMoE's
+/// smart schedule's steps each a group_step() of it.
 class CollectiveBytes {
  public:
   CollectiveBytes() = default;
