@@ -401,6 +401,7 @@ class Builder {
       return x * (part + 1) / parts - x * part / parts;
     };
     const bool whole = from == 0 && to == G_ && parts == 1;
+    std::map<long, std::uint64_t> experts_of_size;  // ZeRO: tokens -> experts (equal GEMMs: one entry, repeated)
     for (const auto& [e, total] : computes_[l][rank]) {
       long tokens = 0;
       if (whole)  // every source's tokens for e that this GPU computes, summed once (the constructor)
@@ -409,6 +410,11 @@ class Builder {
         for (int s = from; s < to; ++s)
           if (target(l, s, e) == rank) tokens += share(s, e);
       if (tokens == 0) continue;
+      if (zero_ && !schedule_.per_source_gemms) {  // every expert on this GPU's own tokens: E of them
+        ++experts_of_size[tokens];
+        c.tokens += tokens;
+        continue;
+      }
       std::vector<Gemm> fwd;
       if (schedule_.per_source_gemms) {  // one GEMM pair per source chunk (the all-to-all layout)
         std::map<long, std::uint64_t> chunks;  // chunk size -> how many (equal chunks: one entry, repeated)
@@ -431,6 +437,11 @@ class Builder {
         computing_.push_back(e);
       }
     }
+    for (const auto& [size, count] : experts_of_size)
+      for (auto g : bwd ? backward(in_.model.expert_gemms(size)) : in_.model.expert_gemms(size)) {
+        g.repeat = count;
+        c.gemms.push_back(g);
+      }
     return c;
   }
 

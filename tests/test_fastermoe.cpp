@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <iostream>
+#include <set>
 
 #include "cost_model.hpp"
 #include "fastermoe.hpp"
@@ -185,6 +186,41 @@ TEST_CASE("the all-to-alls send the routing they were built from, even once the 
           CHECK(there[std::size_t(l)][std::size_t(s) * G + e] == expect);
           CHECK(back[std::size_t(l)][std::size_t(s) * G + e] == expect);
         }
+  }
+}
+
+TEST_CASE("ZeRO's expert op on a GPU times each expert's GEMMs on that GPU's own tokens") {
+  // Experts with equal token counts are one GEMM entry, repeated: the time must be that of the
+  // experts one by one (Σ_e of expert_gemms(R(r, e)), forward and backward).
+  const test::SmallSetup t;
+  const auto routing = t.routing(3);
+  for (const char* name : {"zero2", "zero3"}) {
+    INFO(name);
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    int checked = 0;
+    for (const auto& op : g.ops()) {
+      const bool fwd = op.label == "L1.fwd.experts", bwd = op.label == "L1.bwd.experts";
+      if (!fwd && !bwd) continue;
+      const auto& c = std::get<Compute>(op.body);
+      double expect = 0;
+      std::set<long> sizes;
+      for (int e = 0; e < t.model.experts(); ++e)
+        if (const long x = long(routing[1].at(op.rank, e)); x > 0) {
+          sizes.insert(x);
+          for (const Gemm& f : t.model.expert_gemms(x))
+            if (fwd)
+              expect += t.gpu.gemm_time(f);
+            else  // the input's and the weight's gradients
+              expect += t.gpu.gemm_time({f.m, f.k, f.n, 1}) + t.gpu.gemm_time({f.k, f.n, f.m, 1});
+        }
+      CHECK(c.seconds(t.gpu) == Approx(expect).epsilon(1e-12));
+      CHECK(c.gemms.size() == sizes.size() * (fwd ? 2 : 4));  // one entry per distinct size
+      ++checked;
+    }
+    CHECK(checked == 2 * t.cluster.num_gpus());
   }
 }
 
