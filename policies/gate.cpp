@@ -25,9 +25,11 @@ GateOutcome apply_gate(const spec::GateSpec& gate, const RoutingMatrix& R, int t
     c = std::int32_t(std::min<std::int64_t>(c, out.capacity));
   }
   out.routed = out.kept;
-  if (gate.pad_to_capacity())  // a cell holds up to 2^31 - 1 token-slots (RoutingMatrix)
-    std::fill(out.routed.mutable_counts().begin(), out.routed.mutable_counts().end(),
-              std::int32_t(std::min<std::int64_t>(out.capacity, std::numeric_limits<std::int32_t>::max())));
+  if (gate.pad_to_capacity()) {  // a cell holds up to 2^31 - 1 token-slots (RoutingMatrix)
+    auto& padded = out.routed.mutable_counts();
+    const auto cell = std::int32_t(std::min<std::int64_t>(out.capacity, std::numeric_limits<std::int32_t>::max()));
+    std::fill(padded.begin(), padded.end(), cell);
+  }
   return out;
 }
 

@@ -401,7 +401,7 @@ class Builder {
       return x * (part + 1) / parts - x * part / parts;
     };
     const bool whole = from == 0 && to == G_ && parts == 1;
-    std::map<long, std::uint64_t> experts_of_size;  // ZeRO: tokens -> experts (equal GEMMs: one entry, repeated)
+    std::map<long, std::uint64_t> experts_of_size;  // ZeRO: tokens -> how many experts have as many
     for (const auto& [e, total] : computes_[l][rank]) {
       long tokens = 0;
       if (whole)  // every source's tokens for e that this GPU computes, summed once (the constructor)
@@ -417,14 +417,10 @@ class Builder {
       }
       std::vector<Gemm> fwd;
       if (schedule_.per_source_gemms) {  // one GEMM pair per source chunk (the all-to-all layout)
-        std::map<long, std::uint64_t> chunks;  // chunk size -> how many (equal chunks: one entry, repeated)
+        std::map<long, std::uint64_t> chunks;  // chunk size -> how many
         for (int s = from; s < to; ++s)
           if (target(l, s, e) == rank && R.at(s, e) > 0) ++chunks[share(s, e)];
-        for (const auto& [size, count] : chunks)
-          for (auto g : in_.model.expert_gemms(size)) {
-            g.repeat = count;
-            fwd.push_back(g);
-          }
+        fwd = repeated_expert_gemms(chunks);
       } else {
         fwd = in_.model.expert_gemms(tokens);
       }
@@ -437,12 +433,23 @@ class Builder {
         computing_.push_back(e);
       }
     }
-    for (const auto& [size, count] : experts_of_size)
-      for (auto g : bwd ? backward(in_.model.expert_gemms(size)) : in_.model.expert_gemms(size)) {
-        g.repeat = count;
-        c.gemms.push_back(g);
-      }
+    if (!experts_of_size.empty()) {
+      const auto fwd = repeated_expert_gemms(experts_of_size);
+      const auto gemms = bwd ? backward(fwd) : fwd;
+      c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
+    }
     return c;
+  }
+
+  // The expert GEMMs of each size, run `count` times: equal GEMMs are one entry, repeated.
+  std::vector<Gemm> repeated_expert_gemms(const std::map<long, std::uint64_t>& count_of_size) const {
+    std::vector<Gemm> out;
+    for (const auto& [size, count] : count_of_size)
+      for (auto g : in_.model.expert_gemms(size)) {
+        g.repeat = count;
+        out.push_back(g);
+      }
+    return out;
   }
 
   OpId add_expert_op(int l, int rank, const std::string& label, int from, int to, bool bwd, std::vector<OpId> deps,

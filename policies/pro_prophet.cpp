@@ -340,8 +340,10 @@ class ProProphet final : public Policy {
   RoutingMatrix mean_load(std::size_t l) const {
     RoutingMatrix m = window_.front()[l];
     auto& sum = m.mutable_counts();
-    for (std::size_t j = 1; j < window_.size(); ++j)
-      for (std::size_t c = 0; c < sum.size(); ++c) sum[c] += window_[j][l].counts()[c];
+    for (std::size_t j = 1; j < window_.size(); ++j) {
+      const auto& add = window_[j][l].counts();
+      for (std::size_t c = 0; c < sum.size(); ++c) sum[c] += add[c];
+    }
     const auto h = std::int64_t(window_.size());
     for (auto& x : sum) x = (x + h / 2) / h;
     return m;

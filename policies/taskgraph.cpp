@@ -65,19 +65,25 @@ double Compute::seconds(const GpuModel& gpu) const {
   return t;
 }
 
+std::size_t CollectiveBytes::square_side(const char* what) const {
+  const auto n = std::size_t(std::llround(std::sqrt(double(size()))));
+  if (n * n != size())
+    throw std::logic_error(std::string("CollectiveBytes: ") + what + " of values that are not a square matrix");
+  return n;
+}
+
 CollectiveBytes CollectiveBytes::transposed() const {
   CollectiveBytes t(*this);
-  t.side_ = std::size_t(std::llround(std::sqrt(double(size()))));
-  if (t.side_ * t.side_ != size()) throw std::logic_error("CollectiveBytes: transposing values that are not a square matrix");
+  t.side_ = square_side("transposing");
   t.transposed_ = !transposed_;
   return t;
 }
 
 CollectiveBytes CollectiveBytes::group_step(std::size_t group, std::size_t step) const {
   CollectiveBytes t(*this);
-  t.side_ = std::size_t(std::llround(std::sqrt(double(size()))));
-  if (t.side_ * t.side_ != size() || transposed_ || group_ || group == 0 || t.side_ % group != 0 || step >= t.side_ / group)
-    throw std::logic_error("CollectiveBytes: a group step of a square matrix as stored, of a group that divides its side");
+  t.side_ = square_side("a group step");
+  if (transposed_ || group_ || group == 0 || t.side_ % group != 0 || step >= t.side_ / group)
+    throw std::logic_error("CollectiveBytes: a group step of a matrix as stored, of a group that divides its side");
   t.group_ = group, t.step_ = step;
   return t;
 }

@@ -99,6 +99,8 @@ class CollectiveBytes {
 
  private:
   double stored(std::size_t k) const { return counts_ ? double((*counts_)[k]) * unit_ : (*values_)[k]; }
+  // n, for n² values (logic_error naming `what` otherwise).
+  std::size_t square_side(const char* what) const;
   // The group that group a sends to in step_ (group_step()).
   std::size_t to_group(std::size_t a) const {
     const std::size_t m = side_ / group_;

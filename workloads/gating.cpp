@@ -181,7 +181,8 @@ class TraceSource final : public GatingSource {
       }
       const RoutingMatrix m = record_matrix(h, pending_);
       auto& acc = layers[pending_.layer()].mutable_counts();
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += m.counts()[i];
+      const auto& add = m.counts();
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += add[i];
       have_pending_ = false;
     }
     return layers;

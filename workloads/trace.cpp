@@ -48,16 +48,17 @@ void set_record_counts(spec::TraceRecord& r, const RoutingMatrix& m) {
   r.clear_dense();
   r.clear_sparse_cell();
   r.clear_sparse_count();
+  const auto& counts = m.counts();
   std::size_t nonzero = 0;
-  for (auto c : m.counts()) nonzero += c != 0;
-  if (nonzero * 3 < m.counts().size()) {
-    for (std::size_t i = 0; i < m.counts().size(); ++i)
-      if (m.counts()[i] != 0) {
+  for (auto c : counts) nonzero += c != 0;
+  if (nonzero * 3 < counts.size()) {
+    for (std::size_t i = 0; i < counts.size(); ++i)
+      if (counts[i] != 0) {
         r.add_sparse_cell(std::uint32_t(i));
-        r.add_sparse_count(m.counts()[i]);
+        r.add_sparse_count(counts[i]);
       }
   } else {
-    r.mutable_dense()->Add(m.counts().begin(), m.counts().end());
+    r.mutable_dense()->Add(counts.begin(), counts.end());
   }
 }
 

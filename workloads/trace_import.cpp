@@ -246,7 +246,8 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
           rec.set_layer(r.layer);
           rec.set_micro_batch(r.mb);
           rec.set_loss(r.loss);
-          std::fill(m.mutable_counts().begin(), m.mutable_counts().end(), 0);
+          auto& counts_of_record = m.mutable_counts();
+          std::fill(counts_of_record.begin(), counts_of_record.end(), 0);
           std::fill(seen.begin(), seen.end(), false);
           open = true;
           open_where = where;
