@@ -4,6 +4,8 @@
 #include <google/protobuf/stubs/logging.h>
 #include <fmt/format.h>
 
+#include <map>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -143,7 +145,8 @@ int cmd_trace_gen(const GenOptions& o, const std::string& out, bool quiet) {
   return 0;
 }
 
-// One row per (GPUs, size), one column per algorithm, and each algorithm's speedup over the first.
+// One table per collective, as nccl-tests prints them: a row per GPU count, size and algorithm with
+// the time, algbw and busbw, and each algorithm's speedup over the collective's first.
 int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool quiet, const CollectiveSweepFile* file) {
   const auto wall0 = std::chrono::steady_clock::now();
   const auto points = run_collective_sweep(sweep, [&](int done, int total) {
@@ -152,19 +155,21 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
     fmt::print(stderr, "\r  point {}/{}  {:.1f} s elapsed, ETA {:.1f} s   ", done, total, s, s / done * (total - done));
     if (done == total) fmt::print(stderr, "\n");
   });
-  const auto& algos = sweep.algorithms;
-  fmt::print("uniform all-to-all on {} (S bytes per GPU, S/n to each peer), simulated time in µs\n\n", sweep.platform);
-  std::string header = fmt::format("{:>6} {:>10}", "GPUs", "S");
-  for (const auto& a : algos) header += fmt::format(" {:>12}", a);
-  for (std::size_t k = 1; k < algos.size(); ++k) header += fmt::format(" {:>14}", algos[0] + "/" + algos[k]);
-  fmt::print("{}\n", header);
-  for (std::size_t i = 0; i < points.size(); i += algos.size()) {
-    std::string line = fmt::format("{:>6} {:>10}", points[i].gpus, format_size(points[i].bytes));
-    for (std::size_t k = 0; k < algos.size(); ++k) {
-      line += fmt::format(" {:>12.1f}", points[i + k].seconds * 1e6);
+  static const std::map<CollectiveType, const char*> factor = {
+      {CollectiveType::all_reduce, "2(n-1)/n"},  {CollectiveType::all_gather, "(n-1)/n"}, {CollectiveType::reduce_scatter, "(n-1)/n"},
+      {CollectiveType::all_to_all, "(n-1)/n"}, {CollectiveType::broadcast, "1"},        {CollectiveType::reduce, "1"}};
+  for (std::size_t i = 0; i < points.size();) {
+    const CollectiveType type = points[i].collective;
+    fmt::print("{}{} on {}: simulated time; algbw = S/t, busbw = algbw x {} (nccl-tests), GB/s of 1e9 B\n\n",
+               i ? "\n" : "", collective_type_name(type), sweep.platform, factor.at(type));
+    fmt::print("{:>6} {:>10}  {:<10} {:>12} {:>11} {:>11} {:>9}\n", "GPUs", "S", "algorithm", "time us", "algbw", "busbw", "speedup");
+    std::map<std::pair<int, double>, double> first;  // (GPUs, S) -> the first algorithm's time
+    for (; i < points.size() && points[i].collective == type; ++i) {
+      const auto& p = points[i];
+      const double base = first.emplace(std::make_pair(p.gpus, p.bytes), p.seconds).first->second;
+      fmt::print("{:>6} {:>10}  {:<10} {:>12.1f} {:>11.2f} {:>11.2f} {:>8.2f}x\n", p.gpus, format_size(p.bytes), p.algorithm,
+                 p.seconds * 1e6, p.algbw() / 1e9, p.busbw() / 1e9, base / p.seconds);
     }
-    for (std::size_t k = 1; k < algos.size(); ++k) line += fmt::format(" {:>13.2f}×", points[i].seconds / points[i + k].seconds);
-    fmt::print("{}\n", line);
   }
   const std::string paper = file && !file->paper.empty() ? paper_table(collective_comparisons(*file, points)) : "";
   if (!paper.empty()) fmt::print("\n{}", paper);
@@ -192,7 +197,14 @@ int cmd_platform_show(const std::string& name) {
   }
   for (int i = 0; i < c.gpus_per_node() && !c.nics().empty(); ++i)
     if (c.nic_of(i) >= 0)
-      fmt::print("    gpu{} -> {} ({:.1f} GB/s)\n", i, c.nics()[c.nic_of(i)].name, c.nics()[c.nic_of(i)].bandwidth / 1e9);
+      fmt::print("    gpu{} -> {} ({:.1f} GB/s{})\n", i, c.nics()[c.nic_of(i)].name, c.nics()[c.nic_of(i)].bandwidth / 1e9,
+                 c.nics()[c.nic_of(i)].staging_memory.empty() ? ", GPUDirect RDMA"
+                                                              : ", staged through host memory " + c.nics()[c.nic_of(i)].staging_memory);
+  std::string ring;
+  for (int g : c.ring_order()) ring += fmt::format(" {}", g);
+  fmt::print("  ring order inside a node:{}; {} ring channel(s), entering a node at", ring, c.ring_channels());
+  for (int ch = 0; ch < c.ring_channels(); ++ch) fmt::print(" gpu{}", c.ring_order()[std::size_t(c.channel_entry(ch))]);
+  fmt::print("\n");
   fmt::print("  node uplink {:.1f} GB/s; fabric: {} nodes per leaf, {} spines\n", c.node_uplink_bandwidth() / 1e9,
              s.fabric().nodes_per_leaf(), s.fabric().spines());
   return 0;
@@ -287,21 +299,30 @@ int main(int argc, char** argv) {
 
   auto* coll = app.add_subcommand(
       "collective",
-      "Time a uniform all-to-all per GPU count, size and algorithm (like nccl-tests' alltoall_perf)\n"
-      "  moesim collective --gpus 16,64,256,1024 --sizes 1M,32M,256M                 Tutel §3.4: linear vs 2DH\n"
-      "  moesim collective --platform rtx2080ti-pcie --gpus 32 --sizes 1M,64M,512M \\\n"
-      "                    --algorithms linear,1dh,2dh,pipe                           ScheMoE Fig. 9");
+      "Time each collective per algorithm, GPU count and size, with nccl-tests' algbw and busbw\n"
+      "  moesim collective --platform p4d-a100 --gpus 16 --sizes 256M              every collective, every algorithm\n"
+      "  moesim collective --collectives all_reduce --gpus 8,16,64 --sizes 1G     one collective\n"
+      "  moesim collective --gpus 16,64,256,1024 --sizes 1M,32M,256M --algorithms linear,2dh     Tutel §3.4\n"
+      "  moesim collective experiments/schemoe/fig9-alltoall.textproto             a sweep spec with a paper's claims");
   CollectiveSweep sweep;
-  std::vector<std::string> size_texts = {"1M"};
+  std::vector<std::string> size_texts = {"1M"}, collective_names;
   std::string coll_out, coll_spec;
   coll->add_option("spec", coll_spec, "A sweep spec (CollectiveSweepSpec, e.g. experiments/tutel/alltoall-crossover.textproto); "
                                       "options given on the command line override it");
   coll->add_option("--platform", sweep.platform, "Catalog platform")->capture_default_str();
   coll->add_option("--gpus", sweep.gpus, "GPU counts (whole nodes)")->delimiter(',')->capture_default_str();
-  coll->add_option("--sizes", size_texts, "S, bytes per GPU: 1K, 32M, 2G, ... (powers of 1024)")->delimiter(',')->capture_default_str();
-  coll->add_option("--algorithms", sweep.algorithms, "All-to-all algorithms (`moesim algorithms`); speedups are over the first")
+  coll->add_option("--sizes", size_texts,
+                   "S as nccl-tests sizes it (an all-reduce's buffer, all-gather's output, an all-to-all's bytes per GPU): "
+                   "1K, 32M, 2G, ... (powers of 1024)")
       ->delimiter(',')
       ->capture_default_str();
+  coll->add_option("--collectives", collective_names,
+                   "all_to_all, all_reduce, all_gather, reduce_scatter, broadcast, reduce (default: each that has one of "
+                   "--algorithms, or all)")
+      ->delimiter(',');
+  coll->add_option("--algorithms", sweep.algorithms,
+                   "Algorithms (`moesim algorithms`; default every one of each collective); speedups are over the first")
+      ->delimiter(',');
   coll->add_option("--out,-o", coll_out, "Also write DIR/collective.json");
   coll->add_flag("--quiet,-q", quiet, "No progress on stderr");
 
@@ -532,6 +553,10 @@ int main(int argc, char** argv) {
       if (coll->count("--platform")) s.platform = sweep.platform;
       if (coll->count("--gpus")) s.gpus = sweep.gpus;
       if (coll->count("--algorithms")) s.algorithms = sweep.algorithms;
+      if (coll->count("--collectives")) {
+        s.collectives.clear();
+        for (const auto& name : collective_names) s.collectives.push_back(parse_collective_type(name));
+      }
       if (!file || coll->count("--sizes")) {
         s.sizes.clear();
         for (const auto& t : size_texts) s.sizes.push_back(parse_size(t));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "textproto.hpp"
 
@@ -48,6 +49,11 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
   if (!s.platform().empty()) f.sweep.platform = s.platform();
   if (s.gpus_size()) f.sweep.gpus.assign(s.gpus().begin(), s.gpus().end());
   if (s.algorithms_size()) f.sweep.algorithms.assign(s.algorithms().begin(), s.algorithms().end());
+  for (int i = 0; i < s.collectives_size(); ++i) try {
+      f.sweep.collectives.push_back(parse_collective_type(s.collectives(i)));
+    } catch (const InputError& e) {
+      throw InputError(file.describe(fmt::format("collectives[{}]", i), e.what()));
+    }
   if (s.sizes_size()) f.sweep.sizes.clear();
   for (int i = 0; i < s.sizes_size(); ++i) try {
       f.sweep.sizes.push_back(parse_size(s.sizes(i)));
@@ -82,7 +88,7 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
 std::vector<PaperComparison> collective_comparisons(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points) {
   auto time = [&](int gpus, double bytes, const std::string& a) {
     for (const auto& p : points)
-      if (p.gpus == gpus && p.bytes == bytes && p.algorithm == a) return p.seconds;
+      if (p.collective == CollectiveType::all_to_all && p.gpus == gpus && p.bytes == bytes && p.algorithm == a) return p.seconds;
     return std::numeric_limits<double>::quiet_NaN();  // not run (the command line narrowed the sweep)
   };
   std::vector<PaperComparison> out;
@@ -90,19 +96,67 @@ std::vector<PaperComparison> collective_comparisons(const CollectiveSweepFile& f
   return out;
 }
 
+double CollectivePoint::busbw() const { return algbw() * bus_bandwidth_factor(collective, gpus); }
+
+CollectiveType parse_collective_type(const std::string& name) {
+  for (auto t : kCollectiveTypes)
+    if (name == collective_type_name(t)) return t;
+  std::string names;
+  for (auto t : kCollectiveTypes) names += (names.empty() ? "" : ", ") + std::string(collective_type_name(t));
+  throw InputError(fmt::format("no collective '{}'; use {}", name, names));
+}
+
+std::vector<std::pair<CollectiveType, std::string>> collective_cases(const CollectiveSweep& sweep) {
+  const std::vector<CollectiveType> types =
+      sweep.collectives.empty() ? std::vector<CollectiveType>(std::begin(kCollectiveTypes), std::end(kCollectiveTypes)) : sweep.collectives;
+  auto wanted = [&](const std::string& a) {
+    return sweep.algorithms.empty() || std::count(sweep.algorithms.begin(), sweep.algorithms.end(), a) > 0;
+  };
+  std::vector<std::pair<CollectiveType, std::string>> cases;
+  for (auto t : types) {
+    bool any = false;
+    for (const auto* a : collective_algorithms())
+      if (a->type == t && wanted(a->name)) cases.emplace_back(t, a->name), any = true;
+    if (!any && !sweep.collectives.empty())
+      throw InputError(fmt::format("--collectives {}: none of the --algorithms is one of its algorithms ({})",
+                                   collective_type_name(t), collective_algorithm_names(t)));
+  }
+  for (const auto& a : sweep.algorithms)
+    if (std::none_of(cases.begin(), cases.end(), [&](const auto& c) { return c.second == a; })) {
+      std::string known;
+      for (auto t : types) known += fmt::format("{}{}: {}", known.empty() ? "" : "; ", collective_type_name(t), collective_algorithm_names(t));
+      throw InputError(fmt::format("--algorithms: '{}' is no algorithm of the collectives swept ({})", a, known));
+    }
+  return cases;
+}
+
 nlohmann::json collective_json(const std::string& platform, const std::vector<CollectivePoint>& points) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& p : points)
-    rows.push_back({{"gpus", p.gpus}, {"bytes", p.bytes}, {"algorithm", p.algorithm}, {"seconds", p.seconds}});
+    rows.push_back({{"collective", collective_type_name(p.collective)},
+                    {"algorithm", p.algorithm},
+                    {"gpus", p.gpus},
+                    {"bytes", p.bytes},
+                    {"time_us", p.seconds * 1e6},
+                    {"algbw_gbps", p.algbw() / 1e9},
+                    {"busbw_gbps", p.busbw() / 1e9}});
   return {{"platform", platform}, {"points", rows}};
 }
 
 std::vector<CollectivePoint> collective_points(const nlohmann::json& j) {
   std::vector<CollectivePoint> points;
   for (const auto& p : j.at("points"))
-    points.push_back({p.at("gpus").get<int>(), p.at("bytes").get<double>(), p.at("algorithm").get<std::string>(),
-                      p.at("seconds").get<double>()});
+    points.push_back({parse_collective_type(p.at("collective").get<std::string>()), p.at("gpus").get<int>(),
+                      p.at("bytes").get<double>(), p.at("algorithm").get<std::string>(), p.at("time_us").get<double>() * 1e-6});
   return points;
+}
+
+// The collective of one point: S as nccl-tests sizes it, over ranks 0..n-1, rooted at rank 0.
+Collective sweep_collective(CollectiveType type, const std::string& algorithm, int n, double S) {
+  std::vector<int> group(static_cast<std::size_t>(n), 0);
+  std::iota(group.begin(), group.end(), 0);
+  if (type == CollectiveType::all_to_all) return {type, std::move(group), std::vector<double>(std::size_t(n) * n, S / n), algorithm};
+  return {type, std::move(group), {S}, algorithm};
 }
 
 std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, const std::function<void(int, int)>& progress) {
@@ -113,24 +167,19 @@ std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, 
     if (g < per_node || g % per_node != 0)
       throw InputError(fmt::format("--gpus {}: {} has {} GPUs per node; use whole nodes (a multiple of {})", g,
                                    sweep.platform, per_node, per_node));
-  for (const auto& a : sweep.algorithms)
-    if (!find_collective_algorithm(CollectiveType::all_to_all, a))
-      throw InputError(fmt::format("--algorithms: no all-to-all algorithm '{}'; use {}", a,
-                                   collective_algorithm_names(CollectiveType::all_to_all)));
+  const auto cases = collective_cases(sweep);
   spec.set_nodes(std::uint32_t(*std::max_element(sweep.gpus.begin(), sweep.gpus.end()) / per_node));
   const Cluster cluster(spec);
   const GpuModel gpu(spec.gpu(), spec::FP16);
   SimBackend sim(cluster, gpu);
   std::vector<CollectivePoint> points;
-  const int total = int(sweep.gpus.size() * sweep.sizes.size() * sweep.algorithms.size());
-  for (int n : sweep.gpus)
-    for (double S : sweep.sizes)
-      for (const auto& a : sweep.algorithms) {
-        Collective c{CollectiveType::all_to_all, {}, std::vector<double>(std::size_t(n) * n, S / n), a};
-        for (int r = 0; r < n; ++r) c.group.push_back(r);
+  const int total = int(sweep.gpus.size() * sweep.sizes.size() * cases.size());
+  for (const auto& [type, algorithm] : cases)
+    for (int n : sweep.gpus)
+      for (double S : sweep.sizes) {
         TaskGraph g(cluster.num_gpus());
-        g.add_collective(Stream::comm, "alltoall", std::move(c), {});
-        points.push_back({n, S, a, sim.execute(g).makespan()});
+        g.add_collective(Stream::comm, collective_type_name(type), sweep_collective(type, algorithm, n, S), {});
+        points.push_back({type, n, S, algorithm, sim.execute(g).makespan()});
         if (progress) progress(int(points.size()), total);
       }
   return points;

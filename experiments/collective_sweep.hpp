@@ -1,7 +1,10 @@
-// Collective sweeps, in the manner of nccl-tests' alltoall_perf: the simulated time of a uniform
-// all-to-all of S bytes per GPU (S/n to each peer) for each GPU count, size and algorithm, on one
-// catalog platform. Tutel §3.4 (linear vs 2DH against GPU count) and ScheMoE Fig. 9 (four
-// algorithms against message size) are such sweeps.
+// Collective sweeps, in the manner of nccl-tests (all_reduce_perf, alltoall_perf, ...): the
+// simulated time of each collective moesim lowers, with each of its algorithms, for each GPU count
+// and size S on one catalog platform, with nccl-tests' algorithm and bus bandwidths (its
+// doc/PERFORMANCE.md; S is its size: an all-reduce's or broadcast's buffer, all-gather's output,
+// reduce-scatter's input, an all-to-all's bytes per rank, S/n to each peer). Tutel §3.4 (linear vs
+// 2DH against GPU count) and ScheMoE Fig. 9 (four all-to-all algorithms against message size) are
+// such sweeps.
 #pragma once
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -9,26 +12,41 @@
 #include <vector>
 
 #include "runner.hpp"
+#include "taskgraph.hpp"
 
 namespace moesim {
 
 struct CollectiveSweep {
   std::string platform = "dgx-a100";
   std::vector<int> gpus = {16, 64, 256};      // multiples of the platform's GPUs per node
-  std::vector<double> sizes = {1 << 20};      // S, bytes per GPU
-  std::vector<std::string> algorithms = {"linear", "2dh"};
+  std::vector<double> sizes = {1 << 20};      // S
+  /// Empty: every collective that has one of `algorithms` (all of them when that is empty too).
+  std::vector<CollectiveType> collectives;
+  /// Empty: every algorithm of each collective.
+  std::vector<std::string> algorithms;
 };
 
 struct CollectivePoint {
+  CollectiveType collective = CollectiveType::all_to_all;
   int gpus = 0;
   double bytes = 0;
   std::string algorithm;
   double seconds = 0;
+  double algbw() const { return bytes / seconds; }  // nccl-tests: S / t, bytes/s
+  double busbw() const;                              // algbw × bus_bandwidth_factor(collective, gpus)
 };
 
+/// "all_reduce" -> CollectiveType::all_reduce (InputError naming the choices otherwise).
+CollectiveType parse_collective_type(const std::string& name);
+
+/// The sweep's (collective, algorithm) pairs in the order they run: collectives as given (or in
+/// their enum order), each with its algorithms in `moesim algorithms` order; InputError when an
+/// algorithm runs for none of the collectives or a collective has none of the algorithms.
+std::vector<std::pair<CollectiveType, std::string>> collective_cases(const CollectiveSweep& sweep);
+
 /// Validates the sweep (InputError naming the option) and simulates every point on one platform of
-/// max(gpus) GPUs, each all-to-all among the first `gpus` of them. `progress(done, total)` after
-/// each point.
+/// max(gpus) GPUs, each collective among the first `gpus` of them (a broadcast or reduce rooted at
+/// rank 0). `progress(done, total)` after each point.
 std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep,
                                                   const std::function<void(int, int)>& progress = {});
 
@@ -37,7 +55,7 @@ std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep,
 struct CollectiveClaim {
   int gpus = 0;
   double bytes = 0;
-  std::string algorithm, baseline;
+  std::string algorithm, baseline;  // all-to-all algorithms
   spec::PaperValue paper;
 };
 
@@ -53,7 +71,8 @@ CollectiveSweepFile load_collective_sweep(const std::string& path);
 /// paper_table().
 std::vector<PaperComparison> collective_comparisons(const CollectiveSweepFile& f, const std::vector<CollectivePoint>& points);
 
-/// collective.json: {"platform", "points": [{"gpus", "bytes", "algorithm", "seconds"}, ...]}, and back.
+/// collective.json: {"platform", "points": [{"collective", "algorithm", "gpus", "bytes", "time_us",
+/// "algbw_gbps", "busbw_gbps"}, ...]} (GB/s of 1e9 bytes, as nccl-tests prints), and back.
 nlohmann::json collective_json(const std::string& platform, const std::vector<CollectivePoint>& points);
 std::vector<CollectivePoint> collective_points(const nlohmann::json& j);
 

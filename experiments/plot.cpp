@@ -349,11 +349,17 @@ Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
     series[s][gpus] = v;
   };
   if (!in.collectives.empty()) {
+    std::vector<CollectivePoint> points;
     for (const auto& c : in.collectives)
-      for (const auto& p : c.at("points"))
-        add(fmt::format("{} {}", p.at("algorithm").get<std::string>(), format_size(p.at("bytes").get<double>())),
-            p.at("gpus").get<int>(), p.at("seconds").get<double>() * 1e3);
-    return lines_figure("scaling", order, series, "All-to-all time (ms)");
+      for (auto& p : collective_points(c)) points.push_back(std::move(p));
+    const bool one = std::all_of(points.begin(), points.end(), [&](const auto& p) { return p.collective == points.front().collective; });
+    for (const auto& p : points)
+      add(fmt::format("{}{} {}", one ? "" : std::string(collective_type_name(p.collective)) + " ", p.algorithm, format_size(p.bytes)),
+          p.gpus, p.seconds * 1e3);
+    const std::string what = one && !points.empty() && points.front().collective == CollectiveType::all_to_all ? "All-to-all"
+                             : one && !points.empty() ? collective_type_name(points.front().collective)
+                                                      : "Collective";
+    return lines_figure("scaling", order, series, what + " time (ms)");
   }
   std::map<int, double> base;  // GPUs -> the baseline's time
   for (const auto& runs : in.summaries)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <queue>
 #include <set>
 
@@ -85,6 +86,27 @@ struct Graph {
   }
 };
 
+// A GPU's route to a NIC that NCCL reaches through host memory (NicSpec.staging_memory): into the
+// memory vertex and out of it again, so that the memory link carries the bytes once each way (the
+// GPU's write and the NIC's read, or the NIC's write and the GPU's read).
+Route staged_route(const Graph& g, int gpu, int nic, const std::vector<Nic>& nics, const std::map<std::string, int>& index,
+                   const std::vector<NodeLink>& links, const std::vector<std::pair<int, int>>& ends) {
+  const std::string& memory = nics[std::size_t(nic)].staging_memory;
+  const std::string field = fmt::format("node.nics[{}].staging_memory", nic);
+  const auto at = index.find(memory);
+  require(at != index.end(), field, fmt::format("'{}' is no vertex of the node's links; link the host memory to its "
+                                                "CPU socket (e.g. `links {{ a: \"cpu0\" b: \"{}\" kind: \"memory\" }}`)",
+                                                memory, memory));
+  require(!g.endpoint[std::size_t(at->second)] && memory.rfind("gpu", 0) != 0, field,
+          fmt::format("'{}' is a GPU or a NIC; name the host-memory vertex", memory));
+  Route route = g.shortest(gpu, at->second, links, ends);
+  const Route out = g.shortest(at->second, index.at(nics[std::size_t(nic)].name), links, ends);
+  require(!route.empty() && !out.empty(), field, fmt::format("gpu{} cannot reach {} and {} through it", gpu, memory,
+                                                             nics[std::size_t(nic)].name));
+  route.insert(route.end(), out.begin(), out.end());
+  return route;
+}
+
 }  // namespace
 
 Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
@@ -112,7 +134,7 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     require(nic_names.insert(nic.name()).second, fmt::format("node.nics[{}].name", i),
             "'" + nic.name() + "' is used by two NICs");
     nics_.push_back(Nic{nic.name(), nic.gbits_per_s() * 1e9 / 8, nic.latency_us() * 1e-6,
-                        (nic.has_message_overhead_us() ? nic.message_overhead_us() : 1.0) * 1e-6});
+                        (nic.has_message_overhead_us() ? nic.message_overhead_us() : 1.0) * 1e-6, nic.staging_memory()});
   }
   auto vertex = [&](const std::string& name, const std::string& field) {
     require(!name.empty(), field, "is empty; name a vertex such as gpu0, nvswitch or nic0");
@@ -176,8 +198,56 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     }
     if (spec_.nodes() > 1)
       require(best >= 0, "node.links", fmt::format("gpu{} reaches no NIC; link it to one of the node's NICs", i));
+    if (best >= 0 && !nics_[std::size_t(best)].staging_memory.empty())
+      best_route = staged_route(g, i, best, nics_, index, links_, ends);
     nic_of_.push_back(best);
     nic_route_.push_back(std::move(best_route));
+  }
+  build_rings(node);
+}
+
+// NCCL's rings inside a node (its graph search, src/graph/search.cc, looks for rings over the fastest
+// paths): the cyclic order of the GPUs whose narrowest hop is widest, then with the fewest link
+// hops, then the first in lexicographic order; so on NVSwitch and uniform PCIe nodes GPU order, and
+// on DGX-1's hybrid cube-mesh 0 3 2 1 5 6 7 4, every hop an NVLink pair. Exhaustive up to 9 GPUs
+// per node (8! orders); a larger node keeps GPU order. Channel c enters each node at a GPU of NIC
+// c mod K, where possible one whose ring predecessor (the GPU it leaves the node from) is on the
+// same NIC (p4d: GPUs 2k+1 ... 2k), so the channels cross between nodes through different NICs.
+void Cluster::build_rings(const spec::NodeSpec& node) {
+  const int g = gpus_per_node();
+  ring_order_.resize(std::size_t(g));
+  std::iota(ring_order_.begin(), ring_order_.end(), 0);
+  if (g > 2 && g <= 9) {
+    std::vector<int> order = ring_order_, best = order;
+    auto score = [&](const std::vector<int>& o) {
+      double narrowest = kInf;
+      std::size_t hops = 0;
+      for (int p = 0; p < g; ++p) {
+        const Route& r = intra_route(o[std::size_t(p)], o[std::size_t((p + 1) % g)]);
+        narrowest = std::min(narrowest, route_bandwidth(r));
+        hops += r.size();
+      }
+      return std::make_pair(narrowest, -double(hops));
+    };
+    auto best_score = score(best);
+    while (std::next_permutation(order.begin() + 1, order.end()))
+      if (const auto s = score(order); s > best_score) best = order, best_score = s;
+    ring_order_ = best;
+  }
+  const int K = int(nics_.size());
+  require(node.ring_channels() <= 64, "node.ring_channels", "must be at most 64 (NCCL's MAXCHANNELS); 0 means one per NIC");
+  const int channels = node.ring_channels() > 0 ? int(node.ring_channels()) : std::max(1, K);
+  for (int c = 0; c < channels; ++c) {
+    int entry = -1;
+    for (int p = 0; p < g && K > 0; ++p) {
+      if (nic_of_[std::size_t(ring_order_[std::size_t(p)])] != c % K) continue;
+      if (entry < 0) entry = p;
+      if (nic_of_[std::size_t(ring_order_[std::size_t((p + g - 1) % g)])] == c % K) {
+        entry = p;
+        break;
+      }
+    }
+    channel_entry_.push_back(entry >= 0 ? entry : c * g / channels % g);
   }
 }
 

@@ -31,6 +31,7 @@ struct Nic {
   double bandwidth = 0;  // bytes/s each way
   double latency = 0;
   double message_overhead = 0;  // seconds per message
+  std::string staging_memory;   // the host-memory vertex NCCL stages its bytes through; empty: GPUDirect RDMA
 };
 
 class Cluster {
@@ -58,6 +59,12 @@ class Cluster {
   const std::vector<Nic>& nics() const { return nics_; }
   /// The NIC a GPU (by rank) sends and receives through; the cluster must have NICs.
   const Nic& rank_nic(int rank) const { return nics_[std::size_t(std::max(nic_of(local_of(rank)), 0))]; }
+  /// Rings a ring collective runs side by side (NodeSpec.ring_channels; default one per NIC).
+  int ring_channels() const { return int(channel_entry_.size()); }
+  /// The node's ring: its local GPUs in the cyclic order NCCL's rings follow inside a node.
+  const std::vector<int>& ring_order() const { return ring_order_; }
+  /// Where channel c's ring enters a node: a position in ring_order(), a GPU of the channel's NIC.
+  int channel_entry(int channel) const { return channel_entry_[std::size_t(channel)]; }
   /// Sum of the node's NIC bandwidths: the bandwidth of each node's fabric uplink.
   double node_uplink_bandwidth() const;
 
@@ -76,6 +83,8 @@ class Cluster {
   std::vector<int> nic_of_;
   std::vector<Route> nic_route_;
   std::vector<Nic> nics_;
+  std::vector<int> ring_order_, channel_entry_;
+  void build_rings(const spec::NodeSpec& node);
 };
 
 }  // namespace moesim

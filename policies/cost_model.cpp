@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "collectives/collectives.hpp"
+
 namespace moesim {
 
 // Directed link ids: [node links of every node][NICs of every node][node uplinks][leaf uplinks],
@@ -67,19 +69,27 @@ double CostModel::alltoall_time(const std::vector<double>& bytes) const {
   return max_time(load);
 }
 
+double CostModel::collective_time(const Collective& c) const {
+  double longest = 0;
+  std::vector<double> load(bandwidth_.size());
+  for (const auto& lane : lower(c, cluster_)) {
+    double t = 0;
+    for (const auto& step : lane) {
+      std::fill(load.begin(), load.end(), 0.0);
+      for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds, step.rounds);
+      t += max_time(load);
+    }
+    longest = std::max(longest, t);
+  }
+  return longest;
+}
+
 double CostModel::allreduce_time(const std::vector<int>& group, double bytes) const {
-  const std::size_t n = group.size();
-  if (n < 2) return 0;
-  std::vector<double> load(bandwidth_.size(), 0.0);
-  for (std::size_t i = 0; i < n; ++i)
-    add_route(load, group[i], group[(i + 1) % n], 2.0 * double(n - 1) / double(n) * bytes, int(2 * (n - 1)));
-  return max_time(load);
+  return collective_time({CollectiveType::all_reduce, group, {bytes}, "ring"});
 }
 
 double CostModel::broadcast_time(const std::vector<int>& group, double bytes) const {
-  std::vector<double> load(bandwidth_.size(), 0.0);
-  for (std::size_t i = 0; i + 1 < group.size(); ++i) add_route(load, group[i], group[i + 1], bytes);
-  return max_time(load);
+  return collective_time({CollectiveType::broadcast, group, {bytes}, "ring"});
 }
 
 double CostModel::expert_time(const MoeModel& model, double tokens) const {

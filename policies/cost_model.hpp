@@ -3,8 +3,10 @@
 //   compute  Lat_comp = max over workers of the time of its expert GEMMs (load-aware, Eq. 1), from
 //            the platform's GEMM-efficiency curve or, as FasterMoE does, 90% of peak;
 //   network  Lat_comm = max over directed links l of T_l / W_l (Eq. 2), with every message's bytes
-//            added to each directed link of its route; ring all-reduce 2(n−1)/n·S per ring edge,
-//            ring broadcast / reduce S per edge.
+//            added to each directed link of its route; a collective (ring all-reduce, broadcast,
+//            ...) as its algorithm lowers it, the same rings and channels the backends run
+//            (policies/collectives): 2(n−1)/n·S per ring edge for an all-reduce, S per chain edge
+//            for a broadcast, split over the channels.
 // Routes are the cluster's: inside a node its links; between nodes GPU -> NIC -> node uplink ->
 // (leaf uplinks, when the nodes are under different leaves) -> node uplink -> NIC -> GPU. Leaf
 // uplinks are one aggregate of `spines` fabric links (perfect spreading, as adaptive routing
@@ -19,6 +21,7 @@
 #include "gpu.hpp"
 #include "model.hpp"
 #include "routing.hpp"
+#include "taskgraph.hpp"
 
 namespace moesim {
 
@@ -46,7 +49,10 @@ class CostModel {
 
   /// Seconds of a set of concurrent messages: bytes[i·G + j] from GPU i to GPU j (Eq. 2).
   double alltoall_time(const std::vector<double>& bytes) const;
-  /// Ring all-reduce, broadcast and reduce of S bytes over `group` (in ring order).
+  /// A collective as its algorithm lowers it: a step lasts as long as its most loaded directed link
+  /// takes (each transfer × its rounds), a lane its steps one after another, lanes side by side.
+  double collective_time(const Collective& c) const;
+  /// Ring all-reduce of S bytes over `group`, and ring broadcast from group[0]: collective_time().
   double allreduce_time(const std::vector<int>& group, double bytes) const;
   double broadcast_time(const std::vector<int>& group, double bytes) const;
 

@@ -270,8 +270,9 @@ class Builder {
   }
 
  private:
-  // The chain of a replica's broadcast / reduce: its owner first, then holders [from, to) (all).
-  std::vector<int> ring(int l, const Replica& rep, std::size_t from = 0, std::size_t to = SIZE_MAX) const {
+  // The group of a replica's broadcast / reduce: its owner (the root) first, then holders
+  // [from, to) (all); the ring algorithm orders them into NCCL's rings (collectives/rings.cpp).
+  std::vector<int> group_of(int l, const Replica& rep, std::size_t from = 0, std::size_t to = SIZE_MAX) const {
     std::vector<int> chain{owner(l, rep.expert)};
     to = std::min(to, rep.holders.size());
     chain.insert(chain.end(), rep.holders.begin() + std::ptrdiff_t(std::min(from, to)), rep.holders.begin() + std::ptrdiff_t(to));
@@ -288,7 +289,7 @@ class Builder {
     for (int& i = trans_sent_[l]; i < end; ++i)
       if (early(reps[i]) > 0)
         bcast_[l][reps[i].expert] = g_.add_collective(stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, reps[i].expert),
-                                                      {CollectiveType::broadcast, ring(l, reps[i], 0, early(reps[i])), {expert_bytes_}, "ring"},
+                                                      {CollectiveType::broadcast, group_of(l, reps[i], 0, early(reps[i])), {expert_bytes_}, "ring"},
                                                       deps);
   }
 
@@ -299,7 +300,7 @@ class Builder {
       if (rep.late > 0)
         late_bcast_[{l, rep.expert}] = g_.add_collective(
             Stream::comm, fmt::format("L{}.fwd.replica_calibrate.e{}", l, rep.expert),
-            {CollectiveType::broadcast, ring(l, rep, early(rep)), {expert_bytes_}, "ring"}, ready_);
+            {CollectiveType::broadcast, group_of(l, rep, early(rep)), {expert_bytes_}, "ring"}, ready_);
   }
 
   // Re-materialization (hecate.md §6): layer l's copies gathered again for its backward (a second
@@ -307,7 +308,7 @@ class Builder {
   void regather_replicas(int l) {
     for (const auto& rep : plans_[l].replicas)
       regather_[{l, rep.expert}] = g_.add_collective(Stream::comm, fmt::format("L{}.bwd.replica_regather.e{}", l, rep.expert),
-                                                     {CollectiveType::broadcast, ring(l, rep), {expert_bytes_}, "ring"}, {});
+                                                     {CollectiveType::broadcast, group_of(l, rep), {expert_bytes_}, "ring"}, {});
   }
 
   // The op that brings GPU `rank` its copy of expert e of layer l for the forward or the backward
@@ -334,7 +335,7 @@ class Builder {
     for (int& i = agg_sent_[l]; i < end; ++i)
       reduces_.push_back(g_.add_collective(
           stream, fmt::format("L{}.bwd.replica_{}.e{}", l, all ? "allreduce" : "reduce", reps[i].expert),
-          {all ? CollectiveType::all_reduce : CollectiveType::reduce, ring(l, reps[i]), {expert_bytes_}, "ring"},
+          {all ? CollectiveType::all_reduce : CollectiveType::reduce, group_of(l, reps[i]), {expert_bytes_}, "ring"},
           users_[{l, reps[i].expert}]));
   }
 

@@ -46,6 +46,9 @@ struct Transfer {
 
 enum class CollectiveType : std::uint8_t { all_to_all, all_reduce, broadcast, reduce, all_gather, reduce_scatter };
 const char* collective_type_name(CollectiveType t);
+inline constexpr CollectiveType kCollectiveTypes[] = {CollectiveType::all_to_all, CollectiveType::all_reduce,
+                                                      CollectiveType::all_gather, CollectiveType::reduce_scatter,
+                                                      CollectiveType::broadcast,  CollectiveType::reduce};
 
 /// A collective's byte counts, immutable and shared between copies: a layer's forward and backward
 /// all-to-alls carry the same matrices (at 4,096 GPUs one is 64 MiB of counts), its dispatch and

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "collectives/collectives.hpp"
@@ -125,7 +126,6 @@ TEST_CASE("linear all-to-all runs NCCL's rotating rounds, p2p_peers at a time") 
   REQUIRE(l[0].size() == 1);
   CHECK(l[0][0].serial_rounds == 4);
   CHECK(l[0][0].transfers.size() == 16 * 15);  // the diagonal is not sent
-  CHECK(find_collective_algorithm(CollectiveType::all_to_all, "linear")->bytes_sent_per_rank(c) == Approx(15));
   // One node sending to another only: 8 ranks × 8 peers, at offsets 1..15 from each sender: 15 busy
   // rounds, a chain of 4; and a ring exchange (offset 1 only) is one round.
   Collective sparse = c;
@@ -177,40 +177,6 @@ TEST_CASE("an unlisted linear all-to-all step is the listed one without its list
   CHECK(lower_unlisted(c, cluster)[0][0].all_pairs == nullptr);
 }
 
-TEST_CASE("ring all-reduce puts 2(n-1)/n of the buffer on every ring edge") {
-  const Cluster cluster(test::platform("dgx-a100", 1));
-  const double S = 1 << 20;
-  const auto l = lower(Collective{CollectiveType::all_reduce, {0, 1, 2, 3, 4}, {S}, "ring"}, cluster);
-  REQUIRE(l.size() == 1);
-  REQUIRE(l[0].size() == 1);
-  const auto& step = l[0][0];
-  CHECK(step.rounds == 8);
-  REQUIRE(step.transfers.size() == 5);
-  for (const auto& t : step.transfers) {
-    CHECK(t.dst == (t.src + 1) % 5);
-    CHECK(t.bytes * step.rounds == Approx(2.0 * 4 / 5 * S));
-  }
-  CHECK(lower(Collective{CollectiveType::all_reduce, {3}, {S}, "ring"}, cluster).empty());
-}
-
-TEST_CASE("ring all-gather and reduce-scatter put (n-1)/n of the buffer on every ring edge") {
-  const Cluster cluster(test::platform("dgx-a100", 1));
-  const double S = 8e6;
-  for (auto type : {CollectiveType::all_gather, CollectiveType::reduce_scatter}) {
-    const auto l = lower(Collective{type, {2, 4, 6, 7}, {S}, "ring"}, cluster);
-    REQUIRE(l.size() == 1);
-    REQUIRE(l[0][0].transfers.size() == 4);
-    for (const auto& t : l[0][0].transfers) CHECK(t.bytes * l[0][0].rounds == Approx(3.0 / 4 * S));
-  }
-  const auto b = lower(Collective{CollectiveType::broadcast, {5, 1, 3}, {S}, "ring"}, cluster);
-  REQUIRE(b.size() == 1);
-  const auto& step = b[0][0];
-  CHECK(step.transfers.size() == 2);  // a chain from the root: 5 -> 1 -> 3, S on each edge
-  CHECK(step.transfers[0].src == 5);
-  CHECK(step.transfers[1].dst == 3);
-  CHECK(step.transfers[1].bytes == S);
-}
-
 TEST_CASE("2DH loses to linear at small scale and wins at large scale, sooner for small messages") {
   // Tutel §3.4 (Fig. 20): at 1 MiB 2DH is faster from small scales on; at 32 and 256 MiB it is
   // slower at small scale (two extra copies, more NVLink traffic) and wins as the GPU count grows
@@ -218,6 +184,7 @@ TEST_CASE("2DH loses to linear at small scale and wins at large scale, sooner fo
   CollectiveSweep sweep;
   sweep.gpus = {16, 512};
   sweep.sizes = {1 << 20, 32 << 20, 256 << 20};
+  sweep.algorithms = {"linear", "2dh"};
   const auto p = run_collective_sweep(sweep);
   REQUIRE(p.size() == 12);
   auto speedup = [&](int gpus, double bytes) {  // linear / 2DH
@@ -248,4 +215,34 @@ TEST_CASE("moesim collective runs a sweep spec, compares its claims and rejects 
   const int rc = test::run_command(std::string(MOESIM_BIN) + " collective " + bad + " -q", out);
   CHECK(rc == 2);
   CHECK_THAT(out, Catch::Matchers::Contains("bad.textproto:6: field 'paper[0]'"));
+}
+
+TEST_CASE("moesim collective times every collective with each algorithm and writes nccl-tests' figures") {
+  const auto dir = test::temp_dir("collective-all");
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " collective --platform p4d-a100 --gpus 16 --sizes 64M -q --out " + dir, out) == 0);
+  INFO(out);
+  for (const char* table : {"all_to_all on", "all_reduce on", "all_gather on", "reduce_scatter on", "broadcast on", "reduce on"})
+    CHECK_THAT(out, Catch::Matchers::Contains(table));
+  const auto j = nlohmann::json::parse(test::read_file(dir + "/collective.json"));
+  REQUIRE(j.at("points").size() == collective_algorithms().size());  // one record per collective and algorithm
+  for (const auto& p : j.at("points")) {
+    INFO(p.dump());
+    const auto type = parse_collective_type(p.at("collective").get<std::string>());
+    CHECK(find_collective_algorithm(type, p.at("algorithm").get<std::string>()) != nullptr);
+    CHECK(p.at("gpus") == 16);
+    CHECK(p.at("bytes").get<double>() == 64.0 * 1024 * 1024);
+    const double algbw = p.at("bytes").get<double>() / (p.at("time_us").get<double>() * 1e-6) / 1e9;
+    CHECK(p.at("algbw_gbps").get<double>() == Approx(algbw));
+    CHECK(p.at("busbw_gbps").get<double>() == Approx(algbw * bus_bandwidth_factor(type, 16)));
+  }
+  // Read back as the plots and the report read it.
+  const auto points = collective_points(j);
+  REQUIRE(points.size() == j.at("points").size());
+  CHECK(points.front().seconds == Approx(j.at("points")[0].at("time_us").get<double>() * 1e-6));
+  // An algorithm that no chosen collective has is refused, naming what there is.
+  CHECK(test::run_command(std::string(MOESIM_BIN) + " collective --collectives all_reduce --algorithms linear -q", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("all_reduce") && Catch::Matchers::Contains("ring"));
+  CHECK(test::run_command(std::string(MOESIM_BIN) + " collective --collectives allreduce -q", out) == 2);
+  CHECK_THAT(out, Catch::Matchers::Contains("no collective 'allreduce'"));
 }

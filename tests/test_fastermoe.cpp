@@ -75,9 +75,11 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
   CHECK(cost.alltoall_time(bytes) == Approx(50e6 / 25e9 + 1e-6));
   std::vector<int> ring(16);
   for (int r = 0; r < 16; ++r) ring[r] = r;
-  // Ring edges 7->8 and 15->0 cross nodes on 25 GB/s rails, each carrying 2·15/16·S in 30 messages.
-  CHECK(cost.allreduce_time(ring, 100e6) == Approx(2.0 * 15 / 16 * 100e6 / 25e9 + 30e-6));
-  CHECK(cost.broadcast_time(ring, 100e6) == Approx(100e6 / 25e9 + 1e-6));
+  // Eight rings (a channel per NIC), each on S/8: channel c leaves each node from GPU c-1 and enters
+  // at GPU c, so each 25 GB/s rail carries one ring edge each way, 2·15/16·S/8 in 30 messages.
+  CHECK(cost.allreduce_time(ring, 100e6) == Approx(2.0 * 15 / 16 * 100e6 / 8 / 25e9 + 30e-6));
+  // A broadcast from GPU 0: each channel's ring cut at 0 leaves and enters each node once, S/8 a rail.
+  CHECK(cost.broadcast_time(ring, 100e6) == Approx(100e6 / 8 / 25e9 + 1e-6));
   const MoeModel m(layer_model(16, 1024, 4096));
   RoutingMatrix R(16, 16);
   for (int s = 0; s < 16; ++s) R.mutable_at(s, 3) = 4096, R.mutable_at(s, 9) = 4096;

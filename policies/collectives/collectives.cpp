@@ -46,11 +46,17 @@ Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
   return lower(c, cluster);
 }
 
-double alltoall_bytes_sent_per_rank(const Collective& c) {
-  const std::size_t n = c.group.size();
-  double off_diagonal = c.total_bytes();
-  for (std::size_t i = 0; i < n; ++i) off_diagonal -= c.bytes.at(i, i, n);
-  return n ? off_diagonal / double(n) : 0;
+double bus_bandwidth_factor(CollectiveType type, int n) {
+  if (n < 2) return 0;
+  switch (type) {
+    case CollectiveType::all_reduce: return 2.0 * (n - 1) / n;
+    case CollectiveType::broadcast:
+    case CollectiveType::reduce: return 1;
+    case CollectiveType::all_gather:
+    case CollectiveType::reduce_scatter:
+    case CollectiveType::all_to_all: return double(n - 1) / n;
+  }
+  return 0;
 }
 
 bool whole_nodes(const std::vector<int>& group, const Cluster& cluster) {

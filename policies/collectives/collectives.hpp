@@ -46,8 +46,6 @@ struct CollectiveAlgorithm {
   const char* summary;
   /// The steps on `cluster` (its nodes and NCCL's send/recv concurrency matter to some algorithms).
   Lowering (*lower)(const Collective&, const Cluster&);
-  /// Bytes each rank sends in total, for the "bus bandwidth" figure of the benchmarks.
-  double (*bytes_sent_per_rank)(const Collective&);
 };
 
 /// Every algorithm moesim knows.
@@ -66,8 +64,16 @@ Lowering lower_unlisted(const Collective& c, const Cluster& cluster);
 /// The linear all-to-all's step unlisted, for lower_unlisted() (linear_alltoall.cpp).
 Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& cluster);
 
-/// Off-diagonal bytes of an all-to-all over the group size: every all-to-all algorithm's figure.
-double alltoall_bytes_sent_per_rank(const Collective& c);
+/// nccl-tests' bus bandwidth over algorithm bandwidth (its doc/PERFORMANCE.md): the factor that makes
+/// a collective's bandwidth comparable with the links' speed whatever the rank count: all-reduce
+/// 2(n−1)/n; all-gather, reduce-scatter and all-to-all (n−1)/n; broadcast and reduce 1. The size S
+/// is nccl-tests' too: the whole buffer (all-gather's output, reduce-scatter's input, an all-to-all's
+/// bytes per rank).
+double bus_bandwidth_factor(CollectiveType type, int n);
+
+/// Every channel's ring over c.group as one step of `rounds` pipelined rounds in which each edge
+/// carries S/(n·C) (the ring all-reduce, all-gather and reduce-scatter; ring_allreduce.cpp).
+Step ring_step(const Collective& c, const Cluster& cluster, int rounds);
 
 /// Whether `group` is whole nodes in rank order (position p is local GPU p mod m of one node), as
 /// the hierarchical algorithms need.
@@ -100,6 +106,12 @@ Step rotating_pairs(const std::vector<int>& group, int peers, const Bytes& bytes
   step.serial_rounds = serial_rounds(busy, peers);
   return step;
 }
+
+/// NCCL's rings over `group`, one per channel (Cluster::ring_channels(); rings.cpp): each visits the
+/// members node by node from group[0]'s node on, every node once, inside a node in the node's ring
+/// order from the channel's entry GPU, so the channels leave and enter nodes through different
+/// NICs. `rooted` (a broadcast's or a reduce's chain): each ring cut at group[0], which comes first.
+std::vector<std::vector<int>> rings(const std::vector<int>& group, const Cluster& cluster, bool rooted);
 
 /// A lowering of one lane of one step (moved, not copied: a step may hold a million transfers).
 Lowering one_step(Step step);

@@ -36,6 +36,6 @@ Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& clus
 
 extern const CollectiveAlgorithm linear_alltoall = {
     "linear", CollectiveType::all_to_all, "n-1 send/recv rounds, p2p_peers at a time (NCCL grouped send/recv)",
-    lower_linear_alltoall, alltoall_bytes_sent_per_rank};
+    lower_linear_alltoall};
 
 }  // namespace moesim

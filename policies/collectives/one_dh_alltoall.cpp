@@ -56,6 +56,6 @@ Lowering lower_1dh(const Collective& c, const Cluster& cluster) {
 
 extern const CollectiveAlgorithm one_dh_alltoall = {
     "1dh", CollectiveType::all_to_all, "HetuMoE's 1D-hierarchical: gather to a node leader, leaders exchange, scatter",
-    lower_1dh, alltoall_bytes_sent_per_rank};
+    lower_1dh};
 
 }  // namespace moesim

@@ -26,6 +26,6 @@ Lowering lower_pipe(const Collective& c, const Cluster& cluster) {
 
 extern const CollectiveAlgorithm pipe_alltoall = {
     "pipe", CollectiveType::all_to_all, "ScheMoE's Pipe-A2A: intra-node and inter-node send/recv on two concurrent streams",
-    lower_pipe, alltoall_bytes_sent_per_rank};
+    lower_pipe};
 
 }  // namespace moesim

@@ -1,33 +1,26 @@
 // Ring all-gather and ring reduce-scatter of a buffer of S bytes (each rank holds or ends with
-// S/n of it) over n ranks: n−1 rounds in which rank i sends a chunk of S/n to rank i+1, pipelined
-// into one step (rounds = n−1), so every ring edge carries (n−1)/n·S.
+// S/n of it) over n ranks: n−1 rounds in which each rank sends a chunk of S/n to its ring
+// successor, pipelined into one step (rounds = n−1), so every rank sends (n−1)/n·S; split over the
+// C rings of the channels (rings()) as the all-reduce is.
 #include "collectives/collectives.hpp"
 
 namespace moesim {
+
 namespace {
 
-Lowering lower_ring_gather(const Collective& c, const Cluster&) {
+Lowering lower_ring_gather(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
   if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
-  Step step;
-  step.rounds = int(n - 1);
-  for (std::size_t i = 0; i < n; ++i) step.transfers.push_back({c.group[i], c.group[(i + 1) % n], c.bytes[0] / double(n)});
-  return one_step(std::move(step));
+  return one_step(ring_step(c, cluster, int(n - 1)));
 }
 
-double bytes_sent_per_rank(const Collective& c) {
-  const double n = double(c.group.size());
-  return n < 2 ? 0 : (n - 1) / n * c.bytes[0];
-}
 
 }  // namespace
 
 extern const CollectiveAlgorithm ring_allgather = {
-    "ring", CollectiveType::all_gather, "n-1 rounds of S/n around a ring: (n-1)/n*S per link", lower_ring_gather,
-    bytes_sent_per_rank};
+    "ring", CollectiveType::all_gather, "n-1 rounds of S/n around C rings (channels): (n-1)/n*S per rank", lower_ring_gather};
 
 extern const CollectiveAlgorithm ring_reduce_scatter = {
-    "ring", CollectiveType::reduce_scatter, "n-1 rounds of S/n around a ring: (n-1)/n*S per link", lower_ring_gather,
-    bytes_sent_per_rank};
+    "ring", CollectiveType::reduce_scatter, "n-1 rounds of S/n around C rings (channels): (n-1)/n*S per rank", lower_ring_gather};
 
 }  // namespace moesim

@@ -95,6 +95,6 @@ Lowering lower_2dh(const Collective& c, const Cluster& cluster) {
 extern const CollectiveAlgorithm two_dh_alltoall = {
     "2dh", CollectiveType::all_to_all,
     "Tutel's 2D-hierarchical: stride copy, intra-node exchange, stride copy, inter-node exchange on one rail",
-    lower_2dh, alltoall_bytes_sent_per_rank};
+    lower_2dh};
 
 }  // namespace moesim

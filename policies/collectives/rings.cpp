@@ -1,0 +1,40 @@
+// NCCL's rings over a group (src/graph/search.cc builds them per channel; connect.cc links the
+// nodes' segments): the group's members node by node, each node entered and left once, inside a
+// node in the order of the node's ring (Cluster::ring_order()), one ring per channel, each
+// entering the nodes at its own GPU (Cluster::channel_entry()) and so crossing between nodes
+// through its own NIC. A broadcast's or reduce's chain is the ring cut at the root, as NCCL runs
+// them (the rank before the root in the ring does not forward): from the root to the exit of its
+// node, through every other node, then into the root's node again for the GPUs before the root;
+// every node is left once and entered once, each NIC carrying its channel's share once each way.
+#include <algorithm>
+#include <tuple>
+
+#include "collectives/collectives.hpp"
+
+namespace moesim {
+
+std::vector<std::vector<int>> rings(const std::vector<int>& group, const Cluster& cluster, bool rooted) {
+  const int g = cluster.gpus_per_node(), N = cluster.nodes();
+  if (group.empty()) return {};
+  std::vector<int> position(static_cast<std::size_t>(g), 0);  // of each local GPU in the node's ring
+  for (int p = 0; p < g; ++p) position[std::size_t(cluster.ring_order()[std::size_t(p)])] = p;
+  const int first_node = cluster.node_of(group.front());
+  std::vector<std::vector<int>> out;
+  std::vector<std::tuple<int, int, int>> keyed;  // (nodes after group[0]'s, position after the entry, rank)
+  keyed.reserve(group.size());
+  for (int c = 0; c < cluster.ring_channels(); ++c) {
+    keyed.clear();
+    const int entry = cluster.channel_entry(c);
+    for (const int rank : group)
+      keyed.emplace_back((cluster.node_of(rank) - first_node + N) % N,
+                         (position[std::size_t(cluster.local_of(rank))] - entry + g) % g, rank);
+    std::sort(keyed.begin(), keyed.end());
+    auto& ring = out.emplace_back();
+    ring.reserve(group.size());
+    for (const auto& k : keyed) ring.push_back(std::get<2>(k));
+    if (rooted) std::rotate(ring.begin(), std::find(ring.begin(), ring.end(), group.front()), ring.end());
+  }
+  return out;
+}
+
+}  // namespace moesim

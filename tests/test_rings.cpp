@@ -1,0 +1,266 @@
+// NCCL's rings as moesim lowers them (policies/collectives/rings.cpp): node by node from the root,
+// one ring per channel, each crossing between nodes through its own NIC; the host-staged network
+// transport of GPUs without GPUDirect RDMA; and nccl-tests' bus bandwidth.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "collective_sweep.hpp"
+#include "collectives/collectives.hpp"
+#include "cost_model.hpp"
+#include "gpu.hpp"
+#include "helpers.hpp"
+#include "simgrid_backend.hpp"
+
+using namespace moesim;
+
+namespace {
+
+// Bytes each (node, NIC, direction: 0 out, 1 in) carries in a lowering: every transfer between two
+// nodes leaves through its sender's NIC and enters through its receiver's, × the step's rounds.
+std::map<std::tuple<int, int, int>, double> nic_bytes(const Lowering& lowering, const Cluster& c) {
+  std::map<std::tuple<int, int, int>, double> load;
+  for (const auto& lane : lowering)
+    for (const auto& step : lane)
+      for (const auto& t : step.transfers)
+        if (c.node_of(t.src) != c.node_of(t.dst)) {
+          load[{c.node_of(t.src), c.nic_of(c.local_of(t.src)), 0}] += t.bytes * step.rounds;
+          load[{c.node_of(t.dst), c.nic_of(c.local_of(t.dst)), 1}] += t.bytes * step.rounds;
+        }
+  return load;
+}
+
+// Bytes each rank sends and receives in a lowering.
+std::pair<std::map<int, double>, std::map<int, double>> rank_bytes(const Lowering& lowering) {
+  std::map<int, double> sent, received;
+  for (const auto& lane : lowering)
+    for (const auto& step : lane)
+      for (const auto& t : step.transfers) sent[t.src] += t.bytes * step.rounds, received[t.dst] += t.bytes * step.rounds;
+  return {sent, received};
+}
+
+std::vector<int> iota(int n) {
+  std::vector<int> v(std::size_t(n), 0);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a node's ring follows its fastest links; each channel enters the nodes through its own NIC") {
+  // DGX-1's hybrid cube-mesh: GPU order (0 1 2 3 4 5 6 7) crosses 3-4 and 7-0 over PCIe and QPI;
+  // NCCL's ring 0 3 2 1 5 6 7 4 has a 50 GB/s NVLink pair on every hop.
+  const Cluster dgx1(test::platform("dgx1-v100", 2));
+  CHECK(dgx1.ring_order() == std::vector<int>{0, 3, 2, 1, 5, 6, 7, 4});
+  for (std::size_t p = 0; p < 8; ++p)
+    CHECK(dgx1.route_bandwidth(dgx1.intra_route(dgx1.ring_order()[p], dgx1.ring_order()[(p + 1) % 8])) == Approx(50e9));
+  CHECK(dgx1.ring_channels() == 4);  // one per NIC
+  // p4d: two GPUs per NIC; channel k enters at GPU 2k+1 and leaves from GPU 2k, both on NIC k.
+  const Cluster p4d(test::platform("p4d-a100", 2));
+  CHECK(p4d.ring_order() == iota(8));
+  REQUIRE(p4d.ring_channels() == 4);
+  for (int k = 0; k < 4; ++k) {
+    CHECK(p4d.ring_order()[std::size_t(p4d.channel_entry(k))] == 2 * k + 1);
+    CHECK(p4d.nic_of(2 * k + 1) == k);
+    CHECK(p4d.nic_of(2 * k) == k);
+  }
+  // One NIC per GPU: channel c enters at GPU c. A platform's ring_channels overrides the default.
+  const Cluster a100(test::platform("dgx-a100", 2));
+  REQUIRE(a100.ring_channels() == 8);
+  for (int c = 0; c < 8; ++c) CHECK(a100.channel_entry(c) == c);
+  auto one = test::platform("dgx-a100", 2);
+  one.mutable_node()->set_ring_channels(1);
+  CHECK(Cluster(one).ring_channels() == 1);
+  one.mutable_node()->set_ring_channels(65);
+  CHECK_THROWS_WITH(Cluster(one), Catch::Matchers::Contains("node.ring_channels"));
+}
+
+TEST_CASE("a broadcast rooted on the middle node of three leaves and enters each node once per channel") {
+  // The owner (rank 12, node 1 of 3 p4d nodes) and holders in GPU order on every node, as a
+  // replica's broadcast lists them. Chained in that order, the payload left node 1 for node 0, came
+  // back into node 1, and left it again: node 1's NICs carried it twice. As NCCL's ring cut at the
+  // root, each node is left once and entered once per channel, each channel through its own NIC.
+  const Cluster c(test::platform("p4d-a100", 3));
+  const double S = 64e6;
+  const std::vector<int> group{12, 0, 3, 9, 14, 17, 22};
+  {  // the old chain, in the group's order: node 1's NICs send the payload twice
+    Step chain;
+    for (std::size_t i = 0; i + 1 < group.size(); ++i) chain.transfers.push_back({group[i], group[i + 1], S});
+    double out_of_root_node = 0;
+    for (const auto& [key, bytes] : nic_bytes(one_step(chain), c)) out_of_root_node += std::get<0>(key) == 1 && std::get<2>(key) == 0 ? bytes : 0;
+    CHECK(out_of_root_node == Approx(2 * S));
+  }
+  for (const auto type : {CollectiveType::broadcast, CollectiveType::reduce}) {
+    INFO(collective_type_name(type));
+    const auto lowering = lower(Collective{type, group, {S}, "ring"}, c);
+    const auto load = nic_bytes(lowering, c);
+    std::map<std::pair<int, int>, double> per_node;  // (node, direction)
+    for (const auto& [key, bytes] : load) {
+      CHECK(bytes <= S * (1 + 1e-12));  // no NIC carries the payload more than once each way
+      per_node[{std::get<0>(key), std::get<2>(key)}] += bytes;
+    }
+    for (const auto& [key, bytes] : per_node) CHECK(bytes <= S * (1 + 1e-12));  // nor any node
+    // Out of the root's node (broadcast) or into it (reduce): the whole payload, spread over the NICs
+    // of the node's members (locals 1, 4 and 6: NICs 0, 2 and 3), at most half of it on one.
+    const int towards = type == CollectiveType::broadcast ? 0 : 1;
+    CHECK(per_node.at({1, towards}) == Approx(S));
+    int root_nics = 0;
+    for (const auto& [key, bytes] : load)
+      if (std::get<0>(key) == 1 && std::get<2>(key) == towards) {
+        ++root_nics;
+        CHECK(bytes <= S / 2 * (1 + 1e-12));
+      }
+    CHECK(root_nics == 3);
+    // Every member but the root receives (broadcast) or sends (reduce) the whole buffer.
+    const auto [sent, received] = rank_bytes(lowering);
+    for (int r : group)
+      if (r != 12) CHECK((type == CollectiveType::broadcast ? received.at(r) : sent.at(r)) == Approx(S));
+  }
+  // With whole nodes, each NIC carries one channel's share each way: S/4.
+  std::vector<int> all{12};
+  for (int r = 0; r < 24; ++r)
+    if (r != 12) all.push_back(r);
+  for (const auto& [key, bytes] : nic_bytes(lower(Collective{CollectiveType::broadcast, all, {S}, "ring"}, c), c)) CHECK(bytes == Approx(S / 4));
+}
+
+TEST_CASE("ring all-reduce, all-gather and reduce-scatter: each rank sends its share once, split over the channels") {
+  // 5 ranks on one DGX-A100 node (8 channels) and 24 on three p4d nodes (4 channels).
+  const double S = 1 << 20;
+  for (const auto& [name, nodes, n] : {std::tuple{"dgx-a100", 1, 5}, std::tuple{"p4d-a100", 3, 24}}) {
+    const Cluster c(test::platform(name, nodes));
+    for (const auto& [type, share] : {std::pair{CollectiveType::all_reduce, 2.0}, std::pair{CollectiveType::all_gather, 1.0},
+                                      std::pair{CollectiveType::reduce_scatter, 1.0}}) {
+      INFO(name << " " << collective_type_name(type));
+      const auto lowering = lower(Collective{type, iota(n), {S}, "ring"}, c);
+      REQUIRE(lowering.size() == 1);
+      REQUIRE(lowering[0].size() == 1);
+      const auto& step = lowering[0][0];
+      CHECK(step.rounds == int(share) * (n - 1));
+      CHECK(step.transfers.size() == std::size_t(c.ring_channels() * n));
+      for (const auto& t : step.transfers) CHECK(t.bytes == Approx(S / n / c.ring_channels()));
+      const auto [sent, received] = rank_bytes(lowering);
+      for (int r = 0; r < n; ++r) {
+        CHECK(sent.at(r) == Approx(share * (n - 1) / n * S));
+        CHECK(received.at(r) == Approx(share * (n - 1) / n * S));
+      }
+      if (nodes > 1)  // every NIC of every node carries an even share each way
+        for (const auto& [key, bytes] : nic_bytes(lowering, c)) CHECK(bytes == Approx(share * (n - 1) / n * S / 4));
+    }
+  }
+  const Cluster c(test::platform("dgx-a100", 1));
+  CHECK(lower(Collective{CollectiveType::all_reduce, {3}, {S}, "ring"}, c).empty());
+}
+
+TEST_CASE("nccl-tests' bus bandwidth: algbw = S/t times 2(n-1)/n, (n-1)/n or 1 (doc/PERFORMANCE.md)") {
+  // A made-up table: 1 GiB in 10 ms on 8 ranks is 107.374 GB/s of algorithm bandwidth.
+  const double S = 1073741824, t = 0.010, algbw = S / t;
+  const struct {
+    CollectiveType type;
+    double busbw;  // by hand
+  } rows[] = {{CollectiveType::all_reduce, algbw * 14 / 8},  {CollectiveType::all_gather, algbw * 7 / 8},
+              {CollectiveType::reduce_scatter, algbw * 7 / 8}, {CollectiveType::all_to_all, algbw * 7 / 8},
+              {CollectiveType::broadcast, algbw},              {CollectiveType::reduce, algbw}};
+  for (const auto& row : rows) {
+    INFO(collective_type_name(row.type));
+    const CollectivePoint p{row.type, 8, S, "ring", t};
+    CHECK(p.algbw() == Approx(107.3741824e9));
+    CHECK(p.busbw() == Approx(row.busbw));
+  }
+  CHECK(CollectivePoint{CollectiveType::all_reduce, 16, S, "ring", t}.busbw() == Approx(algbw * 30 / 16));
+  CHECK(bus_bandwidth_factor(CollectiveType::all_reduce, 1) == 0);
+}
+
+TEST_CASE("ring all-reduce across 2 p4d nodes reaches the nodes' four NICs, not one") {
+  // 4 × 100 Gb/s per node: a 1 GiB all-reduce's bus bandwidth is the node's 50 GB/s within 5%
+  // with a channel per NIC; one channel (one ring, one NIC) gets a quarter of it.
+  CollectiveSweep sweep;
+  sweep.platform = "p4d-a100";
+  sweep.gpus = {16};
+  sweep.sizes = {1 << 30};
+  sweep.collectives = {CollectiveType::all_reduce};
+  const auto p = run_collective_sweep(sweep);
+  REQUIRE(p.size() == 1);
+  const double node = Cluster(test::platform("p4d-a100", 2)).node_uplink_bandwidth();
+  CHECK(node == Approx(50e9));
+  CHECK(p[0].busbw() == Approx(node).epsilon(0.05));
+  CHECK(p[0].busbw() <= node);
+  // The cost model, from the same lowering, agrees; with one channel it sees one NIC's bandwidth.
+  auto spec = test::platform("p4d-a100", 2);
+  const GpuModel gpu(spec.gpu(), spec::FP16);
+  CHECK(CostModel(Cluster(spec), gpu).allreduce_time(iota(16), 1 << 30) == Approx(p[0].seconds).epsilon(0.05));
+  spec.mutable_node()->set_ring_channels(1);
+  const double one = 2.0 * 15 / 16 * (1 << 30) / CostModel(Cluster(spec), gpu).allreduce_time(iota(16), 1 << 30);
+  CHECK(one == Approx(12.5e9).epsilon(0.01));
+}
+
+TEST_CASE("ring all-reduce across 2 DGX-A100 nodes reaches the nodes' eight NICs") {
+  CollectiveSweep sweep;
+  sweep.platform = "dgx-a100";
+  sweep.gpus = {16};
+  sweep.sizes = {1 << 30};
+  sweep.collectives = {CollectiveType::all_reduce};
+  const auto p = run_collective_sweep(sweep);
+  REQUIRE(p.size() == 1);
+  const double node = Cluster(test::platform("dgx-a100", 2)).node_uplink_bandwidth();
+  CHECK(node == Approx(200e9));
+  CHECK(p[0].busbw() == Approx(node).epsilon(0.05));
+  CHECK(p[0].busbw() <= node);
+}
+
+namespace {
+
+// Two nodes of two GPUs behind one CPU socket, one 100 Gb/s NIC, and host memory of 20 GB/s each
+// way; with `staged`, NCCL's network transport goes through that memory (no GPUDirect RDMA).
+spec::ClusterSpec staged_platform(bool staged) {
+  spec::ClusterSpec s = test::platform("rtx2080ti-pcie", 2);
+  auto* node = s.mutable_node();
+  node->set_gpus(2);
+  node->clear_links();
+  auto link = [&](const char* a, const char* b, double gbytes) {
+    auto* l = node->add_links();
+    l->set_a(a), l->set_b(b), l->set_gbytes_per_s(gbytes), l->set_latency_us(0);
+  };
+  link("gpu0", "cpu0", 11);
+  link("gpu1", "cpu0", 11);
+  link("nic0", "cpu0", 15.75);
+  link("cpu0", "mem0", 20);
+  node->mutable_nics(0)->set_latency_us(0);
+  node->mutable_nics(0)->set_message_overhead_us(0);
+  node->mutable_nics(0)->set_staging_memory(staged ? "mem0" : "");
+  s.mutable_fabric()->set_latency_us(0);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("host-staged transport: inter-node bytes pass through host memory, once each way per side") {
+  // Each GPU sends 1 GB to its peer on the other node. GPUDirect RDMA: the NIC carries 2 GB each
+  // way, 2 GB / 12.5 GB/s = 0.16 s. Host-staged: each node's memory takes its GPUs' outgoing bytes
+  // (written by the GPUs, read by the NIC) and the incoming ones (written by the NIC, read by the
+  // GPUs): 4 GB each way at 20 GB/s, 0.2 s.
+  const Cluster staged(staged_platform(true));
+  REQUIRE(staged.nic_route(0).size() == 4);  // gpu0 -> cpu0 -> mem0 -> cpu0 -> nic0
+  CHECK(staged.node_links()[std::size_t(staged.nic_route(0)[1].link)].name == "cpu0-mem0");
+  CHECK(staged.nic_route(0)[1].forward != staged.nic_route(0)[2].forward);
+  CHECK(Cluster(staged_platform(false)).nic_route(0).size() == 2);
+  const GpuModel gpu(staged.spec().gpu(), spec::FP16);
+  TaskGraph g(4);
+  for (int r = 0; r < 4; ++r) g.add_transfer(Stream::comm, "x", {r, (r + 2) % 4, 1e9});
+  SimBackend sim(staged, gpu);
+  CHECK(sim.execute(g).makespan() == Approx(0.2).epsilon(1e-6));
+  // The cost model sees the same routes.
+  std::vector<double> bytes(16, 0.0);
+  for (int r = 0; r < 4; ++r) bytes[std::size_t(r) * 4 + std::size_t((r + 2) % 4)] = 1e9;
+  CHECK(CostModel(staged, gpu).alltoall_time(bytes) == Approx(0.2));
+  CHECK(CostModel(Cluster(staged_platform(false)), gpu).alltoall_time(bytes) == Approx(0.16));
+}
+
+TEST_CASE("a staging memory that is not a vertex, or is a NIC, is refused naming the field") {
+  auto s = staged_platform(true);
+  s.mutable_node()->mutable_nics(0)->set_staging_memory("ram9");
+  CHECK_THROWS_WITH(Cluster(s), Catch::Matchers::Contains("node.nics[0].staging_memory") && Catch::Matchers::Contains("ram9"));
+  s.mutable_node()->mutable_nics(0)->set_staging_memory("nic0");
+  CHECK_THROWS_WITH(Cluster(s), Catch::Matchers::Contains("is a GPU or a NIC"));
+}
