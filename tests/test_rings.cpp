@@ -41,6 +41,19 @@ std::pair<std::map<int, double>, std::map<int, double>> rank_bytes(const Lowerin
   return {sent, received};
 }
 
+// A 1 GiB all-reduce over the 16 GPUs of two nodes of `platform`, simulated (one per test case:
+// SimGrid allows one engine per process).
+CollectivePoint two_node_allreduce(const std::string& platform) {
+  CollectiveSweep sweep;
+  sweep.platform = platform;
+  sweep.gpus = {16};
+  sweep.sizes = {1 << 30};
+  sweep.collectives = {CollectiveType::all_reduce};
+  const auto points = run_collective_sweep(sweep);
+  REQUIRE(points.size() == 1);
+  return points.front();
+}
+
 std::vector<int> iota(int n) {
   std::vector<int> v(std::size_t(n), 0);
   std::iota(v.begin(), v.end(), 0);
@@ -175,38 +188,26 @@ TEST_CASE("nccl-tests' bus bandwidth: algbw = S/t times 2(n-1)/n, (n-1)/n or 1 (
 TEST_CASE("ring all-reduce across 2 p4d nodes reaches the nodes' four NICs, not one") {
   // 4 × 100 Gb/s per node: a 1 GiB all-reduce's bus bandwidth is the node's 50 GB/s within 5%
   // with a channel per NIC; one channel (one ring, one NIC) gets a quarter of it.
-  CollectiveSweep sweep;
-  sweep.platform = "p4d-a100";
-  sweep.gpus = {16};
-  sweep.sizes = {1 << 30};
-  sweep.collectives = {CollectiveType::all_reduce};
-  const auto p = run_collective_sweep(sweep);
-  REQUIRE(p.size() == 1);
+  const CollectivePoint p = two_node_allreduce("p4d-a100");
   const double node = Cluster(test::platform("p4d-a100", 2)).node_uplink_bandwidth();
   CHECK(node == Approx(50e9));
-  CHECK(p[0].busbw() == Approx(node).epsilon(0.05));
-  CHECK(p[0].busbw() <= node);
+  CHECK(p.busbw() == Approx(node).epsilon(0.05));
+  CHECK(p.busbw() <= node);
   // The cost model, from the same lowering, agrees; with one channel it sees one NIC's bandwidth.
   auto spec = test::platform("p4d-a100", 2);
   const GpuModel gpu(spec.gpu(), spec::FP16);
-  CHECK(CostModel(Cluster(spec), gpu).allreduce_time(iota(16), 1 << 30) == Approx(p[0].seconds).epsilon(0.05));
+  CHECK(CostModel(Cluster(spec), gpu).allreduce_time(iota(16), 1 << 30) == Approx(p.seconds).epsilon(0.05));
   spec.mutable_node()->set_ring_channels(1);
   const double one = 2.0 * 15 / 16 * (1 << 30) / CostModel(Cluster(spec), gpu).allreduce_time(iota(16), 1 << 30);
   CHECK(one == Approx(12.5e9).epsilon(0.01));
 }
 
 TEST_CASE("ring all-reduce across 2 DGX-A100 nodes reaches the nodes' eight NICs") {
-  CollectiveSweep sweep;
-  sweep.platform = "dgx-a100";
-  sweep.gpus = {16};
-  sweep.sizes = {1 << 30};
-  sweep.collectives = {CollectiveType::all_reduce};
-  const auto p = run_collective_sweep(sweep);
-  REQUIRE(p.size() == 1);
+  const CollectivePoint p = two_node_allreduce("dgx-a100");
   const double node = Cluster(test::platform("dgx-a100", 2)).node_uplink_bandwidth();
   CHECK(node == Approx(200e9));
-  CHECK(p[0].busbw() == Approx(node).epsilon(0.05));
-  CHECK(p[0].busbw() <= node);
+  CHECK(p.busbw() == Approx(node).epsilon(0.05));
+  CHECK(p.busbw() <= node);
 }
 
 namespace {

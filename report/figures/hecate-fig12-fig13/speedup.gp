@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.687]
+set yrange [0:6.024]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000
-"fastermoe" 3.1243
-"smartmoe" 0.9579
-"flexmoe" 2.7319
-"hecate" 2.8220
-"hecate-rm" 2.5225
+"fastermoe" 5.1047
+"smartmoe" 0.9572
+"flexmoe" 2.8360
+"hecate" 3.4998
+"hecate-rm" 3.4998
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -18,16 +18,16 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:6.882]
+set yrange [0:7.752]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate" "hecate-rm"
-"b1" 1.0000 2.2849 0.9428 1.7926 2.5162 2.4330
-"b2" 1.0000 3.0631 0.9444 1.9045 3.4905 3.2533
-"b3" 1.0000 3.6806 0.8822 1.9691 4.3691 3.8040
-"b4" 1.0000 4.2132 0.8998 1.9795 4.9683 4.2828
-"b5" 1.0000 4.6853 0.9807 1.9869 5.5687 4.8346
-"b6" 1.0000 5.0196 0.9489 1.9993 5.8321 4.7312
+"b1" 1.0000 2.6515 0.9428 1.7973 2.5678 2.5678
+"b2" 1.0000 3.3759 0.9444 1.9045 3.6279 3.6279
+"b3" 1.0000 4.0927 0.8822 1.9691 4.7079 4.5947
+"b4" 1.0000 4.6124 0.8998 1.9795 5.3939 5.2898
+"b5" 1.0000 5.0812 0.9807 1.9869 6.0062 5.9105
+"b6" 1.0000 5.4459 0.9489 1.9993 6.5692 6.3289
 EOD
 set style data histograms
 set style histogram clustered gap 1

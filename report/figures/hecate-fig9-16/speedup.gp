@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.421]
+set yrange [0:3.549]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.6865 1.0794 2.0791 2.8989
-"gpt-l" 1.0000 2.3894 1.0833 2.0165 2.3709
-"bert" 1.0000 2.6444 1.0878 2.1667 2.0156
-"bert-deep" 1.0000 2.6960 1.0508 2.0301 2.0057
+"gpt-s" 1.0000 2.8192 1.0794 2.0791 3.0078
+"gpt-l" 1.0000 2.6010 1.0833 2.0200 2.3963
+"bert" 1.0000 2.9780 1.0878 2.1815 2.0264
+"bert-deep" 1.0000 2.9834 1.0508 2.0353 2.0112
 EOD
 set style data histograms
 set style histogram clustered gap 1

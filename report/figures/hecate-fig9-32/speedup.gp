@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.119]
+set yrange [0:4.281]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 3.0631 0.9444 1.9045 3.4905
-"gpt-l" 1.0000 2.6981 0.9581 1.9260 2.5843
-"bert" 1.0000 2.9482 0.9471 1.9591 2.0469
-"bert-deep" 1.0000 2.9225 0.9217 1.9063 1.9597
+"gpt-s" 1.0000 3.3759 0.9444 1.9045 3.6279
+"gpt-l" 1.0000 3.1431 0.9581 1.9277 2.6328
+"bert" 1.0000 3.5003 0.9471 1.9676 2.0540
+"bert-deep" 1.0000 3.4707 0.9217 1.9110 1.9779
 EOD
 set style data histograms
 set style histogram clustered gap 1

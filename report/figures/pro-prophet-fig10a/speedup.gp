@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.386]
+set yrange [0:2.609]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 1.9599 1.8833
-"M" 1.0000 1.7768 1.5988
-"L" 1.0000 1.6028 1.3686
-"DS" 1.0000 2.0224 1.9385
-"DM" 1.0000 1.8509 1.6507
+"S" 1.0000 2.1161 2.1401
+"M" 1.0000 1.9742 1.8493
+"L" 1.0000 1.7839 1.6242
+"DS" 1.0000 2.1644 2.2111
+"DM" 1.0000 1.9990 1.8710
 EOD
 set style data histograms
 set style histogram clustered gap 1

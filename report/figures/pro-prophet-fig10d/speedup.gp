@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:3.308]
+set yrange [0:3.870]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 2.6443 2.4905
-"M" 1.0000 2.3284 2.1046
-"L" 1.0000 2.1852 1.8745
-"DS" 1.0000 2.8036 2.6626
-"DM" 1.0000 2.4693 2.2450
+"S" 1.0000 3.1187 2.8715
+"M" 1.0000 2.7826 2.5391
+"L" 1.0000 2.5478 2.2630
+"DS" 1.0000 3.2793 3.0855
+"DM" 1.0000 2.9369 2.6658
 EOD
 set style data histograms
 set style histogram clustered gap 1

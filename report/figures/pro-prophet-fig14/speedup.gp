@@ -18,12 +18,12 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over baseline (x)'
-set yrange [0:2.032]
+set yrange [0:2.338]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" "planner" "scheduler" "full"
-"k1" 1.0000 1.3774 1.6359 1.5988
-"k2" 1.0000 1.4059 1.7199 1.7218
+"k1" 1.0000 1.5533 1.8391 1.8493
+"k2" 1.0000 1.6089 1.9812 1.9810
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,20 +18,20 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over planner (x)'
-set yrange [0:1.411]
+set yrange [0:1.394]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" "fastermoe"
-"S-k1" 1.0000 1.1870
-"S-k2" 1.0000 1.1551
-"M-k1" 1.0000 1.1549
-"M-k2" 1.0000 1.1204
-"L-k1" 1.0000 1.1043
-"L-k2" 1.0000 1.0776
-"DS-k1" 1.0000 1.1959
-"DS-k2" 1.0000 1.1684
-"DM-k1" 1.0000 1.1482
-"DM-k2" 1.0000 1.1285
+"S-k1" 1.0000 1.1543
+"S-k2" 1.0000 1.1509
+"M-k1" 1.0000 1.1248
+"M-k2" 1.0000 1.1168
+"L-k1" 1.0000 1.0772
+"L-k2" 1.0000 1.0630
+"DS-k1" 1.0000 1.1639
+"DS-k2" 1.0000 1.1817
+"DM-k1" 1.0000 1.1268
+"DM-k2" 1.0000 1.1207
 EOD
 set style data histograms
 set style histogram clustered gap 1

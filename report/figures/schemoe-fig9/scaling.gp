@@ -18,100 +18,100 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 $s0 << EOD
-32 0.118787
+32 0.119187
 EOD
 $s1 << EOD
-32 0.0193722
+32 0.128076
 EOD
 $s2 << EOD
-32 0.0368649
+32 0.412501
 EOD
 $s3 << EOD
-32 0.118787
+32 2.46771
 EOD
 $s4 << EOD
-32 0.127676
+32 18.9094
 EOD
 $s5 << EOD
-32 0.0478181
+32 58.8392
 EOD
 $s6 << EOD
-32 0.0481753
+32 188.024
 EOD
 $s7 << EOD
-32 0.127676
+32 601.414
 EOD
 $s8 << EOD
-32 0.412101
+32 0.0372649
 EOD
 $s9 << EOD
-32 0.958088
+32 0.0485753
 EOD
 $s10 << EOD
-32 0.410106
+32 0.410506
 EOD
 $s11 << EOD
-32 0.412101
+32 3.02575
 EOD
 $s12 << EOD
-32 2.46731
+32 23.9477
 EOD
 $s13 << EOD
-32 7.53552
+32 74.7582
 EOD
 $s14 << EOD
-32 3.02535
-EOD
-$s15 << EOD
-32 2.46731
-EOD
-$s16 << EOD
-32 18.909
-EOD
-$s17 << EOD
-32 60.155
-EOD
-$s18 << EOD
-32 23.9473
-EOD
-$s19 << EOD
-32 18.909
-EOD
-$s20 << EOD
-32 58.8388
-EOD
-$s21 << EOD
-32 187.945
-EOD
-$s22 << EOD
-32 74.7578
-EOD
-$s23 << EOD
-32 58.8388
-EOD
-$s24 << EOD
-32 188.023
-EOD
-$s25 << EOD
-32 601.384
-EOD
-$s26 << EOD
 32 239.145
 EOD
+$s15 << EOD
+32 765.183
+EOD
+$s16 << EOD
+32 0.119187
+EOD
+$s17 << EOD
+32 0.128076
+EOD
+$s18 << EOD
+32 0.412501
+EOD
+$s19 << EOD
+32 2.46771
+EOD
+$s20 << EOD
+32 18.9094
+EOD
+$s21 << EOD
+32 58.8392
+EOD
+$s22 << EOD
+32 188.024
+EOD
+$s23 << EOD
+32 601.414
+EOD
+$s24 << EOD
+32 0.0197722
+EOD
+$s25 << EOD
+32 0.0482181
+EOD
+$s26 << EOD
+32 0.958488
+EOD
 $s27 << EOD
-32 188.023
+32 7.53592
 EOD
 $s28 << EOD
-32 601.414
+32 60.1554
 EOD
 $s29 << EOD
-32 1924.39
+32 187.945
 EOD
 $s30 << EOD
-32 765.182
+32 601.384
 EOD
 $s31 << EOD
-32 601.414
+32 1924.39
 EOD
 set logscale x 2
 set logscale y 10
@@ -119,4 +119,4 @@ set xlabel 'GPUs'
 set ylabel "All-to-all time (ms)"
 set key top left Left reverse opaque font ',7'
 set format y '%g'
-plot $s0 using 1:2 with linespoints lt 1 title "linear 1 KiB", $s1 using 1:2 with linespoints lt 2 title "1dh 1 KiB", $s2 using 1:2 with linespoints lt 3 title "2dh 1 KiB", $s3 using 1:2 with linespoints lt 4 title "pipe 1 KiB", $s4 using 1:2 with linespoints lt 5 title "linear 32 KiB", $s5 using 1:2 with linespoints lt 6 title "1dh 32 KiB", $s6 using 1:2 with linespoints lt 7 title "2dh 32 KiB", $s7 using 1:2 with linespoints lt 8 title "pipe 32 KiB", $s8 using 1:2 with linespoints lt 1 title "linear 1 MiB", $s9 using 1:2 with linespoints lt 2 title "1dh 1 MiB", $s10 using 1:2 with linespoints lt 3 title "2dh 1 MiB", $s11 using 1:2 with linespoints lt 4 title "pipe 1 MiB", $s12 using 1:2 with linespoints lt 5 title "linear 8 MiB", $s13 using 1:2 with linespoints lt 6 title "1dh 8 MiB", $s14 using 1:2 with linespoints lt 7 title "2dh 8 MiB", $s15 using 1:2 with linespoints lt 8 title "pipe 8 MiB", $s16 using 1:2 with linespoints lt 1 title "linear 64 MiB", $s17 using 1:2 with linespoints lt 2 title "1dh 64 MiB", $s18 using 1:2 with linespoints lt 3 title "2dh 64 MiB", $s19 using 1:2 with linespoints lt 4 title "pipe 64 MiB", $s20 using 1:2 with linespoints lt 5 title "linear 200 MiB", $s21 using 1:2 with linespoints lt 6 title "1dh 200 MiB", $s22 using 1:2 with linespoints lt 7 title "2dh 200 MiB", $s23 using 1:2 with linespoints lt 8 title "pipe 200 MiB", $s24 using 1:2 with linespoints lt 1 title "linear 640 MiB", $s25 using 1:2 with linespoints lt 2 title "1dh 640 MiB", $s26 using 1:2 with linespoints lt 3 title "2dh 640 MiB", $s27 using 1:2 with linespoints lt 4 title "pipe 640 MiB", $s28 using 1:2 with linespoints lt 5 title "linear 2 GiB", $s29 using 1:2 with linespoints lt 6 title "1dh 2 GiB", $s30 using 1:2 with linespoints lt 7 title "2dh 2 GiB", $s31 using 1:2 with linespoints lt 8 title "pipe 2 GiB"
+plot $s0 using 1:2 with linespoints lt 1 title "linear 1 KiB", $s1 using 1:2 with linespoints lt 2 title "linear 32 KiB", $s2 using 1:2 with linespoints lt 3 title "linear 1 MiB", $s3 using 1:2 with linespoints lt 4 title "linear 8 MiB", $s4 using 1:2 with linespoints lt 5 title "linear 64 MiB", $s5 using 1:2 with linespoints lt 6 title "linear 200 MiB", $s6 using 1:2 with linespoints lt 7 title "linear 640 MiB", $s7 using 1:2 with linespoints lt 8 title "linear 2 GiB", $s8 using 1:2 with linespoints lt 1 title "2dh 1 KiB", $s9 using 1:2 with linespoints lt 2 title "2dh 32 KiB", $s10 using 1:2 with linespoints lt 3 title "2dh 1 MiB", $s11 using 1:2 with linespoints lt 4 title "2dh 8 MiB", $s12 using 1:2 with linespoints lt 5 title "2dh 64 MiB", $s13 using 1:2 with linespoints lt 6 title "2dh 200 MiB", $s14 using 1:2 with linespoints lt 7 title "2dh 640 MiB", $s15 using 1:2 with linespoints lt 8 title "2dh 2 GiB", $s16 using 1:2 with linespoints lt 1 title "pipe 1 KiB", $s17 using 1:2 with linespoints lt 2 title "pipe 32 KiB", $s18 using 1:2 with linespoints lt 3 title "pipe 1 MiB", $s19 using 1:2 with linespoints lt 4 title "pipe 8 MiB", $s20 using 1:2 with linespoints lt 5 title "pipe 64 MiB", $s21 using 1:2 with linespoints lt 6 title "pipe 200 MiB", $s22 using 1:2 with linespoints lt 7 title "pipe 640 MiB", $s23 using 1:2 with linespoints lt 8 title "pipe 2 GiB", $s24 using 1:2 with linespoints lt 1 title "1dh 1 KiB", $s25 using 1:2 with linespoints lt 2 title "1dh 32 KiB", $s26 using 1:2 with linespoints lt 3 title "1dh 1 MiB", $s27 using 1:2 with linespoints lt 4 title "1dh 8 MiB", $s28 using 1:2 with linespoints lt 5 title "1dh 64 MiB", $s29 using 1:2 with linespoints lt 6 title "1dh 200 MiB", $s30 using 1:2 with linespoints lt 7 title "1dh 640 MiB", $s31 using 1:2 with linespoints lt 8 title "1dh 2 GiB"

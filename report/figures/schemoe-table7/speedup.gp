@@ -22,10 +22,10 @@ set yrange [0:1.939]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "tutel" "fastermoe" "schemoe"
-"x12" 1.0000 1.0009 1.6432
-"x16" 1.0000 1.0009 1.6434
-"x20" 1.0000 1.0009 1.6434
-"x24" 1.0000 1.0009 1.6435
+"x12" 1.0000 1.0004 1.6433
+"x16" 1.0000 1.0004 1.6434
+"x20" 1.0000 1.0004 1.6435
+"x24" 1.0000 1.0004 1.6435
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -24,28 +24,28 @@ $s0 << EOD
 1024 1.06162
 EOD
 $s1 << EOD
-16 0.0321012
-64 0.0538298
-256 0.082262
-1024 0.179245
-EOD
-$s2 << EOD
 16 0.682589
 64 1.23391
 256 1.55223
 1024 2.35169
 EOD
-$s3 << EOD
-16 0.856737
-64 1.36605
-256 1.51638
-1024 1.64384
-EOD
-$s4 << EOD
+$s2 << EOD
 16 5.38021
 64 9.45474
 256 10.6539
 1024 11.6735
+EOD
+$s3 << EOD
+16 0.0321012
+64 0.0538298
+256 0.082262
+1024 0.179245
+EOD
+$s4 << EOD
+16 0.856737
+64 1.36605
+256 1.51638
+1024 1.64384
 EOD
 $s5 << EOD
 16 6.8154
@@ -59,4 +59,4 @@ set xlabel 'GPUs'
 set ylabel "All-to-all time (ms)"
 set key top left Left reverse opaque font ',7'
 set format y '%g'
-plot $s0 using 1:2 with linespoints lt 1 title "linear 1 MiB", $s1 using 1:2 with linespoints lt 2 title "2dh 1 MiB", $s2 using 1:2 with linespoints lt 3 title "linear 32 MiB", $s3 using 1:2 with linespoints lt 4 title "2dh 32 MiB", $s4 using 1:2 with linespoints lt 5 title "linear 256 MiB", $s5 using 1:2 with linespoints lt 6 title "2dh 256 MiB"
+plot $s0 using 1:2 with linespoints lt 1 title "linear 1 MiB", $s1 using 1:2 with linespoints lt 2 title "linear 32 MiB", $s2 using 1:2 with linespoints lt 3 title "linear 256 MiB", $s3 using 1:2 with linespoints lt 4 title "2dh 1 MiB", $s4 using 1:2 with linespoints lt 5 title "2dh 32 MiB", $s5 using 1:2 with linespoints lt 6 title "2dh 256 MiB"

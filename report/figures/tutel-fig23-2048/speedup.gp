@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over fairseq (x)'
-set yrange [0:3.751]
+set yrange [0:3.916]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fairseq" 1.0000
-"kernels" 1.2173
-"pipelining" 1.2522
-"flex" 3.1791
-"full" 3.1791
+"kernels" 1.2224
+"pipelining" 1.2583
+"flex" 3.3188
+"full" 3.3188
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

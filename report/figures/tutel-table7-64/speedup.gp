@@ -22,14 +22,14 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "adaptive" 1.0000
-"linear-1" 0.8738
+"linear-1" 0.8673
 "linear-2" 1.0000
-"linear-4" 0.9886
-"linear-8" 0.9667
-"2dh-1" 0.8269
-"2dh-2" 0.9292
-"2dh-4" 0.9273
-"2dh-8" 0.9235
+"linear-4" 0.9880
+"linear-8" 0.9647
+"2dh-1" 0.8184
+"2dh-2" 0.9253
+"2dh-4" 0.9233
+"2dh-8" 0.9193
 EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7
