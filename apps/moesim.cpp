@@ -155,13 +155,10 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
     fmt::print(stderr, "\r  point {}/{}  {:.1f} s elapsed, ETA {:.1f} s   ", done, total, s, s / done * (total - done));
     if (done == total) fmt::print(stderr, "\n");
   });
-  static const std::map<CollectiveType, const char*> factor = {
-      {CollectiveType::all_reduce, "2(n-1)/n"},  {CollectiveType::all_gather, "(n-1)/n"}, {CollectiveType::reduce_scatter, "(n-1)/n"},
-      {CollectiveType::all_to_all, "(n-1)/n"}, {CollectiveType::broadcast, "1"},        {CollectiveType::reduce, "1"}};
   for (std::size_t i = 0; i < points.size();) {
     const CollectiveType type = points[i].collective;
     fmt::print("{}{} on {}: simulated time; algbw = S/t, busbw = algbw x {} (nccl-tests), GB/s of 1e9 B\n\n",
-               i ? "\n" : "", collective_type_name(type), sweep.platform, factor.at(type));
+               i ? "\n" : "", collective_type_name(type), sweep.platform, bus_bandwidth_formula(type));
     fmt::print("{:>6} {:>10}  {:<10} {:>12} {:>11} {:>11} {:>9}\n", "GPUs", "S", "algorithm", "time us", "algbw", "busbw", "speedup");
     std::map<std::pair<int, double>, double> first;  // (GPUs, S) -> the first algorithm's time
     for (; i < points.size() && points[i].collective == type; ++i) {
@@ -196,10 +193,11 @@ int cmd_platform_show(const std::string& name) {
     fmt::print("\n");
   }
   for (int i = 0; i < c.gpus_per_node() && !c.nics().empty(); ++i)
-    if (c.nic_of(i) >= 0)
-      fmt::print("    gpu{} -> {} ({:.1f} GB/s{})\n", i, c.nics()[c.nic_of(i)].name, c.nics()[c.nic_of(i)].bandwidth / 1e9,
-                 c.nics()[c.nic_of(i)].staging_memory.empty() ? ", GPUDirect RDMA"
-                                                              : ", staged through host memory " + c.nics()[c.nic_of(i)].staging_memory);
+    if (c.nic_of(i) >= 0) {
+      const Nic& nic = c.nics()[std::size_t(c.nic_of(i))];
+      fmt::print("    gpu{} -> {} ({:.1f} GB/s{})\n", i, nic.name, nic.bandwidth / 1e9,
+                 nic.staging_memory.empty() ? ", GPUDirect RDMA" : ", staged through host memory " + nic.staging_memory);
+    }
   std::string ring;
   for (int g : c.ring_order()) ring += fmt::format(" {}", g);
   fmt::print("  ring order inside a node:{}; {} ring channel(s), entering a node at", ring, c.ring_channels());

@@ -46,6 +46,18 @@ Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
   return lower(c, cluster);
 }
 
+const char* bus_bandwidth_formula(CollectiveType type) {
+  switch (type) {
+    case CollectiveType::all_reduce: return "2(n-1)/n";
+    case CollectiveType::broadcast:
+    case CollectiveType::reduce: return "1";
+    case CollectiveType::all_gather:
+    case CollectiveType::reduce_scatter:
+    case CollectiveType::all_to_all: return "(n-1)/n";
+  }
+  return "?";
+}
+
 double bus_bandwidth_factor(CollectiveType type, int n) {
   if (n < 2) return 0;
   switch (type) {

@@ -70,10 +70,13 @@ Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& clus
 /// is nccl-tests' too: the whole buffer (all-gather's output, reduce-scatter's input, an all-to-all's
 /// bytes per rank).
 double bus_bandwidth_factor(CollectiveType type, int n);
+/// The same factor as text, for tables: "2(n-1)/n", "(n-1)/n" or "1".
+const char* bus_bandwidth_formula(CollectiveType type);
 
-/// Every channel's ring over c.group as one step of `rounds` pipelined rounds in which each edge
-/// carries S/(n·C) (the ring all-reduce, all-gather and reduce-scatter; ring_allreduce.cpp).
-Step ring_step(const Collective& c, const Cluster& cluster, int rounds);
+/// Every channel's ring over c.group as one step of passes·(n−1) pipelined rounds in which each
+/// edge carries S/(n·C) (the ring all-reduce: 2 passes; all-gather and reduce-scatter: 1;
+/// ring_allreduce.cpp); nothing for fewer than 2 ranks or no bytes.
+Lowering lower_rings(const Collective& c, const Cluster& cluster, int passes);
 
 /// Whether `group` is whole nodes in rank order (position p is local GPU p mod m of one node), as
 /// the hierarchical algorithms need.

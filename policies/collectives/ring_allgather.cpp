@@ -8,11 +8,7 @@ namespace moesim {
 
 namespace {
 
-Lowering lower_ring_gather(const Collective& c, const Cluster& cluster) {
-  const std::size_t n = c.group.size();
-  if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
-  return one_step(ring_step(c, cluster, int(n - 1)));
-}
+Lowering lower_ring_gather(const Collective& c, const Cluster& cluster) { return lower_rings(c, cluster, 1); }
 
 
 }  // namespace

@@ -7,24 +7,21 @@
 
 namespace moesim {
 
-Step ring_step(const Collective& c, const Cluster& cluster, int rounds) {
+Lowering lower_rings(const Collective& c, const Cluster& cluster, int passes) {
   const std::size_t n = c.group.size();
+  if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
   Step step;
-  step.rounds = rounds;
+  step.rounds = passes * int(n - 1);
   const auto all = rings(c.group, cluster, false);
   const double chunk = c.bytes[0] / double(n) / double(all.size());
   for (const auto& ring : all)
     for (std::size_t i = 0; i < n; ++i) step.transfers.push_back({ring[i], ring[(i + 1) % n], chunk});
-  return step;
+  return one_step(std::move(step));
 }
 
 namespace {
 
-Lowering lower_ring_allreduce(const Collective& c, const Cluster& cluster) {
-  const std::size_t n = c.group.size();
-  if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) return {};
-  return one_step(ring_step(c, cluster, int(2 * (n - 1))));
-}
+Lowering lower_ring_allreduce(const Collective& c, const Cluster& cluster) { return lower_rings(c, cluster, 2); }
 
 
 }  // namespace
