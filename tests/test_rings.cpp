@@ -42,8 +42,9 @@ std::pair<std::map<int, double>, std::map<int, double>> rank_bytes(const Lowerin
 }
 
 // A 1 GiB all-reduce over the 16 GPUs of two nodes of `platform`, simulated (one per test case:
-// SimGrid allows one engine per process).
-CollectivePoint two_node_allreduce(const std::string& platform) {
+// SimGrid allows one engine per process): its bus bandwidth must be the node's summed NIC
+// bandwidth, `node_bandwidth`, within 5% and not above it.
+CollectivePoint two_node_allreduce(const std::string& platform, double node_bandwidth) {
   CollectiveSweep sweep;
   sweep.platform = platform;
   sweep.gpus = {16};
@@ -51,6 +52,10 @@ CollectivePoint two_node_allreduce(const std::string& platform) {
   sweep.collectives = {CollectiveType::all_reduce};
   const auto points = run_collective_sweep(sweep);
   REQUIRE(points.size() == 1);
+  const double node = Cluster(test::platform(platform, 2)).node_uplink_bandwidth();
+  CHECK(node == Approx(node_bandwidth));
+  CHECK(points.front().busbw() == Approx(node).epsilon(0.05));
+  CHECK(points.front().busbw() <= node);
   return points.front();
 }
 
@@ -188,11 +193,7 @@ TEST_CASE("nccl-tests' bus bandwidth: algbw = S/t times 2(n-1)/n, (n-1)/n or 1 (
 TEST_CASE("ring all-reduce across 2 p4d nodes reaches the nodes' four NICs, not one") {
   // 4 × 100 Gb/s per node: a 1 GiB all-reduce's bus bandwidth is the node's 50 GB/s within 5%
   // with a channel per NIC; one channel (one ring, one NIC) gets a quarter of it.
-  const CollectivePoint p = two_node_allreduce("p4d-a100");
-  const double node = Cluster(test::platform("p4d-a100", 2)).node_uplink_bandwidth();
-  CHECK(node == Approx(50e9));
-  CHECK(p.busbw() == Approx(node).epsilon(0.05));
-  CHECK(p.busbw() <= node);
+  const CollectivePoint p = two_node_allreduce("p4d-a100", 50e9);
   // The cost model, from the same lowering, agrees; with one channel it sees one NIC's bandwidth.
   auto spec = test::platform("p4d-a100", 2);
   const GpuModel gpu(spec.gpu(), spec::FP16);
@@ -203,11 +204,7 @@ TEST_CASE("ring all-reduce across 2 p4d nodes reaches the nodes' four NICs, not 
 }
 
 TEST_CASE("ring all-reduce across 2 DGX-A100 nodes reaches the nodes' eight NICs") {
-  const CollectivePoint p = two_node_allreduce("dgx-a100");
-  const double node = Cluster(test::platform("dgx-a100", 2)).node_uplink_bandwidth();
-  CHECK(node == Approx(200e9));
-  CHECK(p.busbw() == Approx(node).epsilon(0.05));
-  CHECK(p.busbw() <= node);
+  two_node_allreduce("dgx-a100", 200e9);  // 8 × 200 Gb/s
 }
 
 namespace {
