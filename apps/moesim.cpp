@@ -159,13 +159,15 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
     const CollectiveType type = points[i].collective;
     fmt::print("{}{} on {}: simulated time; algbw = S/t, busbw = algbw x {} (nccl-tests), GB/s of 1e9 B\n\n",
                i ? "\n" : "", collective_type_name(type), sweep.platform, bus_bandwidth_formula(type));
-    fmt::print("{:>6} {:>10}  {:<10} {:>12} {:>11} {:>11} {:>9}\n", "GPUs", "S", "algorithm", "time us", "algbw", "busbw", "speedup");
+    const bool picks = type == CollectiveType::all_reduce;
+    fmt::print("{:>6} {:>10}  {:<10} {:>12} {:>11} {:>11} {:>9}{}\n", "GPUs", "S", "algorithm", "time us", "algbw", "busbw",
+               "speedup", picks ? "  NCCL would run" : "");
     std::map<std::pair<int, double>, double> first;  // (GPUs, S) -> the first algorithm's time
     for (; i < points.size() && points[i].collective == type; ++i) {
       const auto& p = points[i];
       const double base = first.emplace(std::make_pair(p.gpus, p.bytes), p.seconds).first->second;
-      fmt::print("{:>6} {:>10}  {:<10} {:>12.1f} {:>11.2f} {:>11.2f} {:>8.2f}x\n", p.gpus, format_size(p.bytes), p.algorithm,
-                 p.seconds * 1e6, p.algbw() / 1e9, p.busbw() / 1e9, base / p.seconds);
+      fmt::print("{:>6} {:>10}  {:<10} {:>12.1f} {:>11.2f} {:>11.2f} {:>8.2f}x{}\n", p.gpus, format_size(p.bytes), p.algorithm,
+                 p.seconds * 1e6, p.algbw() / 1e9, p.busbw() / 1e9, base / p.seconds, picks ? "  " + p.nccl_pick : "");
     }
   }
   const std::string paper = file && !file->paper.empty() ? paper_table(collective_comparisons(*file, points)) : "";

@@ -11,6 +11,7 @@
 
 #include "cluster.hpp"
 #include "collectives/collectives.hpp"
+#include "cost_model.hpp"
 #include "errors.hpp"
 #include "gpu.hpp"
 #include "simgrid_backend.hpp"
@@ -147,7 +148,7 @@ std::vector<CollectivePoint> collective_points(const nlohmann::json& j) {
   std::vector<CollectivePoint> points;
   for (const auto& p : j.at("points"))
     points.push_back({parse_collective_type(p.at("collective").get<std::string>()), p.at("gpus").get<int>(),
-                      p.at("bytes").get<double>(), p.at("algorithm").get<std::string>(), p.at("time_us").get<double>() * 1e-6});
+                      p.at("bytes").get<double>(), p.at("algorithm").get<std::string>(), p.at("time_us").get<double>() * 1e-6, ""});
   return points;
 }
 
@@ -172,14 +173,21 @@ std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, 
   const Cluster cluster(spec);
   const GpuModel gpu(spec.gpu(), spec::FP16);
   SimBackend sim(cluster, gpu);
+  const CostModel cost(cluster, gpu);
   std::vector<CollectivePoint> points;
   const int total = int(sweep.gpus.size() * sweep.sizes.size() * cases.size());
   for (const auto& [type, algorithm] : cases)
     for (int n : sweep.gpus)
       for (double S : sweep.sizes) {
         TaskGraph g(cluster.num_gpus());
-        g.add_collective(Stream::comm, collective_type_name(type), sweep_collective(type, algorithm, n, S), {});
-        points.push_back({type, n, S, algorithm, sim.execute(g).makespan()});
+        Collective c = sweep_collective(type, algorithm, n, S);
+        std::string pick;
+        if (type == CollectiveType::all_reduce) {
+          const NcclChoice choice = nccl_all_reduce_choice(cost.nccl_tuner_input(c.group), S);
+          pick = choice.algorithm + "/" + nccl_protocol_name(choice.protocol);
+        }
+        g.add_collective(Stream::comm, collective_type_name(type), std::move(c), {});
+        points.push_back({type, n, S, algorithm, sim.execute(g).makespan(), pick});
         if (progress) progress(int(points.size()), total);
       }
   return points;

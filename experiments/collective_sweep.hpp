@@ -32,6 +32,9 @@ struct CollectivePoint {
   double bytes = 0;
   std::string algorithm;
   double seconds = 0;
+  /// An all-reduce's: what NCCL's tuner would run for this size and group ("tree/LL128"; CostModel::
+  /// nccl_tuner_input()); empty for the other collectives.
+  std::string nccl_pick;
   double algbw() const { return bytes / seconds; }  // nccl-tests: S / t, bytes/s
   double busbw() const;                              // algbw × bus_bandwidth_factor(collective, gpus)
 };

@@ -25,6 +25,8 @@ void validate_gpu(const spec::GpuSpec& gpu) {
   require(!gpu.model().empty(), "gpu.model", "is empty; name the GPU model");
   require(gpu.memory_gib() > 0, "gpu.memory_gib", "must be > 0");
   require(gpu.memory_gbytes_per_s() > 0, "gpu.memory_gbytes_per_s", "must be > 0");
+  require(gpu.compute_capability() == 0 || (gpu.compute_capability() >= 30 && gpu.compute_capability() <= 200),
+          "gpu.compute_capability", "must be the CUDA compute capability times 10 (80 for an A100), or 0 if unknown");
   require(gpu.memory_efficiency() >= 0 && gpu.memory_efficiency() <= 1, "gpu.memory_efficiency",
           "must be in (0, 1] (0 means 1)");
   require(gpu.peak_size() > 0, "gpu.peak", "is empty; give at least one `peak { dtype: ... tflops: ... }`");
@@ -116,6 +118,8 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
   const auto& node = spec_.node();
   const int gpus = int(node.gpus());
   require(gpus >= 1, "node.gpus", "must be >= 1");
+  require(node.cpu_vendor().empty() || node.cpu_vendor() == "intel" || node.cpu_vendor() == "amd", "node.cpu_vendor",
+          "'" + node.cpu_vendor() + "' is not \"intel\" or \"amd\"");
 
   // Vertices: gpu0..gpuN-1 first, then every other name in link order.
   Graph g;
@@ -131,6 +135,7 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     require(!nic.name().empty(), fmt::format("node.nics[{}].name", i), "is empty");
     require(nic.gbits_per_s() > 0, fmt::format("node.nics[{}].gbits_per_s", i), "must be > 0");
     require(nic.latency_us() >= 0, fmt::format("node.nics[{}].latency_us", i), "must be >= 0");
+    require(nic.nccl_latency_us() >= 0, fmt::format("node.nics[{}].nccl_latency_us", i), "must be >= 0");
     require(nic_names.insert(nic.name()).second, fmt::format("node.nics[{}].name", i),
             "'" + nic.name() + "' is used by two NICs");
     nics_.push_back(Nic{nic.name(), nic.gbits_per_s() * 1e9 / 8, nic.latency_us() * 1e-6,

@@ -69,15 +69,17 @@ double CostModel::alltoall_time(const std::vector<double>& bytes) const {
   return max_time(load);
 }
 
-double CostModel::collective_time(const Collective& c) const {
+double CostModel::collective_time(const Collective& c) const { return lowering_time(lower(c, cluster_), true); }
+
+double CostModel::lowering_time(const Lowering& lowering, bool floors) const {
   double longest = 0;
   std::vector<double> load(bandwidth_.size());
-  for (const auto& lane : lower(c, cluster_)) {
+  for (const auto& lane : lowering) {
     double t = 0;
     for (const auto& step : lane) {
       std::fill(load.begin(), load.end(), 0.0);
       for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds, step.rounds);
-      t += max_time(load);
+      t += std::max(max_time(load), floors ? step.min_seconds : 0.0);
     }
     longest = std::max(longest, t);
   }
@@ -85,7 +87,49 @@ double CostModel::collective_time(const Collective& c) const {
 }
 
 double CostModel::allreduce_time(const std::vector<int>& group, double bytes) const {
-  return collective_time({CollectiveType::all_reduce, group, {bytes}, "ring"});
+  return collective_time({CollectiveType::all_reduce, group, {bytes}, nccl_all_reduce(group, bytes)});
+}
+
+NcclTunerInput CostModel::nccl_tuner_input(const std::vector<int>& group) const {
+  NcclTunerInput in;
+  in.ranks = int(group.size());
+  std::vector<int> nodes;
+  for (const int r : group) nodes.push_back(cluster_.node_of(r));
+  std::sort(nodes.begin(), nodes.end());
+  in.nodes = int(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+  in.channels = cluster_.ring_channels();
+  if (in.ranks < 2) return in;
+  const double S = double(1 << 30), n = in.ranks, C = in.channels;
+  // The links' bandwidth, as NCCL's search measures it: without the Tree kernels' cap, which the
+  // tuner applies itself.
+  const double ring = collective_time({CollectiveType::all_reduce, group, {S}, "ring"});
+  const double tree = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "tree"}, cluster_), false);
+  in.ring_bw = ring > 0 ? 2 * (n - 1) / n * S / ring / 1e9 / C : 0;
+  in.tree_bw = tree > 0 ? 2 * S / tree / 1e9 / C : 0;
+  const auto& spec = cluster_.spec();
+  in.compute_capability = spec.gpu().compute_capability() ? int(spec.gpu().compute_capability()) : 70;
+  in.amd_cpu = spec.node().cpu_vendor() == "amd";
+  // NVLink inside the node when every hop of the node's ring runs over NVLink or NVSwitch links
+  // (NCCL: graph->typeIntra == LINK_NVL).
+  const auto& order = cluster_.ring_order();
+  in.nvlink = order.size() > 1;
+  for (std::size_t p = 0; in.nvlink && p < order.size(); ++p)
+    for (const Hop& h : cluster_.intra_route(order[p], order[(p + 1) % order.size()])) {
+      const auto& kind = cluster_.node_links()[std::size_t(h.link)].kind;
+      in.nvlink = in.nvlink && (kind == "nvlink" || kind == "nvswitch");
+    }
+  const int k = cluster_.nic_of(cluster_.local_of(group.front()));
+  const auto& nic_spec = k >= 0 ? spec.node().nics(k) : spec::NicSpec::default_instance();
+  // LL128: NCCL enables it over NVLink inside nodes and a NIC the GPU reaches directly (tuning.cc:518-536).
+  in.ll128 = in.compute_capability >= 70 && in.nvlink && (in.nodes == 1 || nic_spec.staging_memory().empty());
+  in.simple_only = in.nodes > 1 && nic_spec.simple_protocol_only();
+  in.net_latency_us = in.nodes > 1 ? nic_spec.nccl_latency_us() : 0;
+  return in;
+}
+
+std::string CostModel::nccl_all_reduce(const std::vector<int>& group, double bytes) const {
+  if (group.size() < 2) return "ring";
+  return nccl_all_reduce_choice(nccl_tuner_input(group), bytes).algorithm;
 }
 
 double CostModel::broadcast_time(const std::vector<int>& group, double bytes) const {

@@ -18,8 +18,10 @@
 #include <vector>
 
 #include "cluster.hpp"
+#include "collectives/collectives.hpp"
 #include "gpu.hpp"
 #include "model.hpp"
+#include "nccl_tuner.hpp"
 #include "routing.hpp"
 #include "taskgraph.hpp"
 
@@ -52,9 +54,18 @@ class CostModel {
   /// A collective as its algorithm lowers it: a step lasts as long as its most loaded directed link
   /// takes (each transfer × its rounds), a lane its steps one after another, lanes side by side.
   double collective_time(const Collective& c) const;
-  /// Ring all-reduce of S bytes over `group`, and ring broadcast from group[0]: collective_time().
+  /// All-reduce of S bytes over `group` with the algorithm NCCL would pick (nccl_all_reduce()), and
+  /// ring broadcast from group[0]: collective_time().
   double allreduce_time(const std::vector<int>& group, double bytes) const;
   double broadcast_time(const std::vector<int>& group, double bytes) const;
+
+  /// NCCL's tuner's view of an all-reduce over `group` (nccl_tuner.hpp): the channels and platform
+  /// facts from the cluster, and each algorithm's per-channel bandwidth from this model's own lowering
+  /// of it (a 1 GiB all-reduce: Ring's bus bandwidth / C, Tree's 2 · algorithm bandwidth / C, the
+  /// quantities NCCL's topology search gives as graph->bwIntra/bwInter).
+  NcclTunerInput nccl_tuner_input(const std::vector<int>& group) const;
+  /// The all-reduce algorithm NCCL would run for `bytes` over `group`: "ring" or "tree".
+  std::string nccl_all_reduce(const std::vector<int>& group, double bytes) const;
 
   /// Seconds of `tokens` tokens through one expert, one forward pass (2 GEMMs).
   double expert_time(const MoeModel& model, double tokens) const;
@@ -69,6 +80,8 @@ class CostModel {
   std::size_t num_links() const { return bandwidth_.size(); }
 
  private:
+  // collective_time() of a lowering; `floors`: with its steps' min_seconds.
+  double lowering_time(const Lowering& lowering, bool floors) const;
   // Adds `bytes`, sent as `messages` messages (each with its NIC's overhead), to every directed link
   // on the route from GPU i to GPU j.
   void add_route(std::vector<double>& load, int i, int j, double bytes, int messages = 1) const;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <tuple>
 
+#include "cost_model.hpp"
 #include "memory_model.hpp"
 
 namespace moesim {
@@ -256,7 +257,9 @@ class Builder {
     before_ar.insert(before_ar.end(), reduces_.begin(), reduces_.end());
     const OpId allreduce = g_.add_collective(
         Stream::comm, "allreduce.dense",
-        {CollectiveType::all_reduce, everyone_, {dense_params * in_.model.dtype_bytes()}, ar_}, before_ar);
+        {CollectiveType::all_reduce, everyone_, {dense_params * in_.model.dtype_bytes()},
+         all_reduce_algorithm(everyone_, dense_params * in_.model.dtype_bytes())},
+        before_ar);
     // Adam with fp32 master weights and moments: read p, m, v (fp32) and g; write p, m, v and the
     // low-precision copy.
     const double params = dense_params + double(E_) / G_ * L * in_.model.expert_params();  // E/G experts, or 1/s of one
@@ -270,6 +273,11 @@ class Builder {
   }
 
  private:
+  // The spec's all-reduce algorithm; "nccl" (the default): the one NCCL's tuner would pick for these
+  // bytes over this group (CostModel::nccl_all_reduce()).
+  std::string all_reduce_algorithm(const std::vector<int>& group, double bytes) const {
+    return ar_ == "nccl" ? cost_.nccl_all_reduce(group, bytes) : ar_;
+  }
   // The group of a replica's broadcast / reduce: its owner (the root) first, then holders
   // [from, to) (all); the ring algorithm orders them into NCCL's rings (collectives/rings.cpp).
   std::vector<int> group_of(int l, const Replica& rep, std::size_t from = 0, std::size_t to = SIZE_MAX) const {
@@ -332,11 +340,14 @@ class Builder {
     const auto& reps = plans_[l].replicas;
     const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
     const bool all = schedule_.persistent_replicas;  // every copy keeps the summed gradient
-    for (int& i = agg_sent_[l]; i < end; ++i)
+    for (int& i = agg_sent_[l]; i < end; ++i) {
+      auto group = group_of(l, reps[i]);
+      const std::string algorithm = all ? all_reduce_algorithm(group, expert_bytes_) : "ring";  // reduce: ring only
       reduces_.push_back(g_.add_collective(
           stream, fmt::format("L{}.bwd.replica_{}.e{}", l, all ? "allreduce" : "reduce", reps[i].expert),
-          {all ? CollectiveType::all_reduce : CollectiveType::reduce, group_of(l, reps[i]), {expert_bytes_}, "ring"},
+          {all ? CollectiveType::all_reduce : CollectiveType::reduce, std::move(group), {expert_bytes_}, algorithm},
           users_[{l, reps[i].expert}]));
+    }
   }
 
   // Block-wise schedule, between a layer's dispatch and combine (under its experts): the next
@@ -672,6 +683,7 @@ class Builder {
   }
 
   const IterationInput& in_;
+  const CostModel cost_{in_.cluster, in_.gpu};
   const std::vector<LayerPlan>& plans_;
   ScheduleOptions schedule_;
   int G_, E_;

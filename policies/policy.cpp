@@ -67,10 +67,11 @@ std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec) {
 std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType type) {
   const bool a2a = type == CollectiveType::all_to_all;
   std::string name = a2a ? spec.all_to_all() : spec.all_reduce();
-  if (name.empty()) name = a2a ? "linear" : "ring";
-  if (!find_collective_algorithm(type, name))
+  if (name.empty()) name = a2a ? "linear" : "nccl";
+  if (!find_collective_algorithm(type, name) && !(!a2a && name == "nccl"))
     throw FieldError(a2a ? "policy.all_to_all" : "policy.all_reduce",
-                     "unknown algorithm '" + name + "'; known: " + collective_algorithm_names(type));
+                     "unknown algorithm '" + name + "'; known: " + collective_algorithm_names(type) +
+                         (a2a ? "" : ", nccl (Ring or Tree per call, as NCCL's tuner picks)"));
   return name;
 }
 

@@ -68,8 +68,9 @@ std::vector<std::string> policy_names();
 /// Checks what every E/G-per-GPU placement needs: E a multiple of G, known collective algorithms.
 void validate_expert_placement(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec);
 
-/// The collective algorithm the spec selects for a type ("linear" / "ring" when unset); FieldError
-/// "policy.all_to_all" / "policy.all_reduce" for an unknown one.
+/// The collective algorithm the spec selects for a type ("linear" / "nccl" when unset; "nccl", for an
+/// all-reduce, is resolved per call by CostModel::nccl_all_reduce()); FieldError "policy.all_to_all" /
+/// "policy.all_reduce" for an unknown one.
 std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType type);
 
 }  // namespace moesim

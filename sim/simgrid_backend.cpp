@@ -729,6 +729,15 @@ struct SimBackend::Impl {
             last->add_successor(f);
             ends.push_back(keep(f));
           }
+          // A kernel's throughput limit: the step also waits for a gate that a timer opens
+          // min_seconds after the step starts (floors, completed()); a timer, not an activity,
+          // takes nothing from what else runs.
+          if (step.min_seconds > 0 && step.sends()) {
+            auto gate = marker(op.rank);
+            all.push_back(gate);  // started by its timer, not here
+            floors[last.get()].push_back({gate, step.min_seconds});
+            ends.push_back(gate);
+          }
           if (ends.size() == 1) {
             last = ends.front();
             continue;
@@ -782,6 +791,8 @@ struct SimBackend::Impl {
   std::vector<Alone> alone;                              // by rank
   std::vector<int> loading;                              // by rank: execs that compute, running
   std::unordered_map<const sg4::Activity*, int> loads;   // such an exec -> its rank, until it ends
+  // A step's start activity -> the gates of its min_seconds, each with its delay (issue()).
+  std::unordered_map<const sg4::Activity*, std::vector<std::pair<sg4::ExecPtr, double>>> floors;
 
   void issue_op(OpId id) {
     const double now = sg4::Engine::get_clock();
@@ -821,6 +832,11 @@ struct SimBackend::Impl {
   }
 
   void completed(const sg4::Activity& a) {
+    if (const auto it = floors.find(&a); it != floors.end()) {
+      for (auto& [gate, seconds] : it->second)
+        simgrid::kernel::timer::Timer::set(sg4::Engine::get_clock() + seconds, [gate = gate] { gate->start(); });
+      floors.erase(it);
+    }
     if (const auto it = loads.find(&a); it != loads.end()) {
       --loading[std::size_t(it->second)];
       loads.erase(it);

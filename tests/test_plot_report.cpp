@@ -71,7 +71,7 @@ TEST_CASE("plot: every figure type renders to a PDF and a PNG of one paper colum
   std::vector<CollectivePoint> points;
   for (int gpus : {16, 64, 256})
     for (const char* a : {"linear", "2dh"})
-      points.push_back({CollectiveType::all_to_all, gpus, 1 << 20, a, 1e-4 * gpus * (a[0] == 'l' ? 1.0 : 0.5)});
+      points.push_back({CollectiveType::all_to_all, gpus, 1 << 20, a, 1e-4 * gpus * (a[0] == 'l' ? 1.0 : 0.5), ""});
   test::write_file(dir + "/collective.json", collective_json("dgx-a100", points).dump());
   test::write_file(dir + "/t.csv",
                    "# model: test, top_k=1, num_experts=3\niter,layer,src,e0,e1,e2\n"

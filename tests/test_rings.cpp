@@ -1,6 +1,7 @@
 // NCCL's rings as moesim lowers them (policies/collectives/rings.cpp): node by node from the root,
-// one ring per channel, each crossing between nodes through its own NIC; the host-staged network
-// transport of GPUs without GPUDirect RDMA; and nccl-tests' bus bandwidth.
+// one ring per channel, each crossing between nodes through its own NIC; NCCL's double binary tree
+// (tree_allreduce.cpp); the host-staged network transport of GPUs without GPUDirect RDMA; and
+// nccl-tests' bus bandwidth.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -50,6 +51,7 @@ CollectivePoint two_node_allreduce(const std::string& platform, double node_band
   sweep.gpus = {16};
   sweep.sizes = {1 << 30};
   sweep.collectives = {CollectiveType::all_reduce};
+  sweep.algorithms = {"ring"};
   const auto points = run_collective_sweep(sweep);
   REQUIRE(points.size() == 1);
   const double node = Cluster(test::platform(platform, 2)).node_uplink_bandwidth();
@@ -182,11 +184,11 @@ TEST_CASE("nccl-tests' bus bandwidth: algbw = S/t times 2(n-1)/n, (n-1)/n or 1 (
               {CollectiveType::broadcast, algbw},              {CollectiveType::reduce, algbw}};
   for (const auto& row : rows) {
     INFO(collective_type_name(row.type));
-    const CollectivePoint p{row.type, 8, S, "ring", t};
+    const CollectivePoint p{row.type, 8, S, "ring", t, ""};
     CHECK(p.algbw() == Approx(107.3741824e9));
     CHECK(p.busbw() == Approx(row.busbw));
   }
-  CHECK(CollectivePoint{CollectiveType::all_reduce, 16, S, "ring", t}.busbw() == Approx(algbw * 30 / 16));
+  CHECK(CollectivePoint{CollectiveType::all_reduce, 16, S, "ring", t, ""}.busbw() == Approx(algbw * 30 / 16));
   CHECK(bus_bandwidth_factor(CollectiveType::all_reduce, 1) == 0);
 }
 
@@ -197,14 +199,108 @@ TEST_CASE("ring all-reduce across 2 p4d nodes reaches the nodes' four NICs, not 
   // The cost model, from the same lowering, agrees; with one channel it sees one NIC's bandwidth.
   auto spec = test::platform("p4d-a100", 2);
   const GpuModel gpu(spec.gpu(), spec::FP16);
-  CHECK(CostModel(Cluster(spec), gpu).allreduce_time(iota(16), 1 << 30) == Approx(p.seconds).epsilon(0.05));
+  const Collective ring{CollectiveType::all_reduce, iota(16), {1 << 30}, "ring"};
+  CHECK(CostModel(Cluster(spec), gpu).collective_time(ring) == Approx(p.seconds).epsilon(0.05));
   spec.mutable_node()->set_ring_channels(1);
-  const double one = 2.0 * 15 / 16 * (1 << 30) / CostModel(Cluster(spec), gpu).allreduce_time(iota(16), 1 << 30);
+  const double one = 2.0 * 15 / 16 * (1 << 30) / CostModel(Cluster(spec), gpu).collective_time(ring);
   CHECK(one == Approx(12.5e9).epsilon(0.01));
+}
+
+TEST_CASE("tree all-reduce across 2 p4d nodes, simulated: NCCL's pick there, at its kernels' cap") {
+  // The links allow S / 50 GB/s (S per node each way over 4 × 12.5 GB/s); NCCL's Tree kernels carry
+  // at most 23.6 GB/s of bus bandwidth per channel (tuning.cc perChMaxTreeBws, Ampere, 2 nodes):
+  // algbw 4 × 23.6 / 2 = 47.2 GB/s, busbw 47.2 × 30/16 = 88.5 GB/s, which the simulation reaches.
+  CollectiveSweep sweep;
+  sweep.platform = "p4d-a100";
+  sweep.gpus = {16};
+  sweep.sizes = {1 << 30};
+  sweep.collectives = {CollectiveType::all_reduce};
+  sweep.algorithms = {"tree"};
+  const auto points = run_collective_sweep(sweep);
+  REQUIRE(points.size() == 1);
+  CHECK(points.front().algbw() == Approx(47.2e9).epsilon(0.001));
+  CHECK(points.front().busbw() == Approx(88.5e9).epsilon(0.001));
+  CHECK(points.front().nccl_pick == "tree/Simple");
 }
 
 TEST_CASE("ring all-reduce across 2 DGX-A100 nodes reaches the nodes' eight NICs") {
   two_node_allreduce("dgx-a100", 200e9);  // 8 × 200 Gb/s
+}
+
+TEST_CASE("NCCL's double binary tree: ncclGetDtree's trees, each node inner in at most one of them") {
+  // trees.cc's illustration of 14 ranks: 0 -> 8; 8 -> 4, 12; 4 -> 2, 6; 12 -> 10, 13; 2 -> 1, 3.
+  CHECK(double_binary_tree(14, 0, 0).up == -1);
+  CHECK(double_binary_tree(14, 0, 0).down[1] == 8);
+  CHECK(double_binary_tree(14, 8, 0).down[0] == 4);
+  CHECK(double_binary_tree(14, 8, 0).down[1] == 12);
+  CHECK(double_binary_tree(14, 12, 0).down[0] == 10);
+  CHECK(double_binary_tree(14, 12, 0).down[1] == 13);
+  CHECK(double_binary_tree(14, 13, 0).up == 12);
+  CHECK(double_binary_tree(14, 3, 0).up == 2);
+  CHECK(double_binary_tree(14, 3, 0).child_type == 1);  // 3 > 2: the second child
+  CHECK(double_binary_tree(14, 1, 0).child_type == 0);
+  // The second tree: mirrored for an even count (its root is 13 = 14 - 1 - 0), shifted for odd (1).
+  CHECK(double_binary_tree(14, 13, 1).up == -1);
+  CHECK(double_binary_tree(14, 5, 1).up == 14 - 1 - double_binary_tree(14, 8, 0).up);
+  CHECK(double_binary_tree(13, 1, 1).up == -1);
+  CHECK(double_binary_tree(13, 9, 1).up == 1);
+  for (int n = 1; n <= 40; ++n)
+    for (int tree = 0; tree < 2; ++tree) {
+      int roots = 0;
+      for (int k = 0; k < n; ++k) {
+        const auto t = double_binary_tree(n, k, tree);
+        roots += t.up < 0;
+        for (const int d : t.down)
+          if (d >= 0) CHECK(double_binary_tree(n, d, tree).up == k);  // children name their parent
+        int hops = 0;  // and every node reaches the root
+        for (int u = k; double_binary_tree(n, u, tree).up >= 0 && hops <= n; ++hops) u = double_binary_tree(n, u, tree).up;
+        CHECK(hops < n);
+      }
+      CHECK(roots == 1);
+    }
+  // What makes it a double tree: a node has at most two children over both trees (even counts; odd
+  // counts give one node three), so no node's NIC carries more than about twice the others'.
+  for (int n = 2; n <= 40; ++n) {
+    int most = 0;
+    for (int k = 0; k < n; ++k) {
+      int children = 0;
+      for (int tree = 0; tree < 2; ++tree)
+        for (const int d : double_binary_tree(n, k, tree).down) children += d >= 0;
+      most = std::max(most, children);
+    }
+    CHECK(most <= (n % 2 == 0 ? 2 : 3));
+  }
+}
+
+TEST_CASE("tree all-reduce: S per node each way on 2 nodes (half a ring's), about a ring's on 4") {
+  const double S = 1 << 30;
+  for (const int nodes : {2, 4}) {
+    const Cluster c(test::platform("p4d-a100", nodes));
+    const int n = 8 * nodes;
+    const auto tree = nic_bytes(lower(Collective{CollectiveType::all_reduce, iota(n), {S}, "tree"}, c), c);
+    const auto ring = nic_bytes(lower(Collective{CollectiveType::all_reduce, iota(n), {S}, "ring"}, c), c);
+    std::map<std::pair<int, int>, double> node_total;  // (node, direction)
+    double most = 0;
+    for (const auto& [key, bytes] : tree) {
+      node_total[{std::get<0>(key), std::get<2>(key)}] += bytes;
+      most = std::max(most, bytes);
+    }
+    double ring_most = 0;
+    for (const auto& [key, bytes] : ring) ring_most = std::max(ring_most, bytes);
+    CHECK(ring_most == Approx(2.0 * (n - 1) / n * S / 4));  // a ring: 2(n-1)/n·S over 4 NICs
+    if (nodes == 2) {
+      // Each tree edge carries the data once each way; the two trees split S: S out and S in per
+      // node, S/4 on each of the four NICs.
+      for (const auto& [key, bytes] : node_total) CHECK(bytes == Approx(S));
+      CHECK(most == Approx(S / 4));
+    } else {
+      // Trees 0-2, 2-1, 2-3 and 3-1, 1-2, 1-0: nodes 1 and 2 have three links in one tree and one in
+      // the other (4 · S/2 out), nodes 0 and 3 one in each (S out).
+      for (int node = 0; node < 4; ++node)
+        for (int dir = 0; dir < 2; ++dir) CHECK(node_total[{node, dir}] == Approx(node == 1 || node == 2 ? 2 * S : S));
+      CHECK(most == Approx(S / 2));
+    }
+  }
 }
 
 namespace {

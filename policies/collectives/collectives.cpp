@@ -10,6 +10,7 @@ extern const CollectiveAlgorithm two_dh_alltoall;
 extern const CollectiveAlgorithm pipe_alltoall;
 extern const CollectiveAlgorithm one_dh_alltoall;
 extern const CollectiveAlgorithm ring_allreduce;
+extern const CollectiveAlgorithm tree_allreduce;
 extern const CollectiveAlgorithm ring_broadcast;
 extern const CollectiveAlgorithm ring_reduce;
 extern const CollectiveAlgorithm ring_allgather;
@@ -17,7 +18,7 @@ extern const CollectiveAlgorithm ring_reduce_scatter;
 
 const std::vector<const CollectiveAlgorithm*>& collective_algorithms() {
   static const std::vector<const CollectiveAlgorithm*> all = {
-      &linear_alltoall, &two_dh_alltoall, &pipe_alltoall,  &one_dh_alltoall,    &ring_allreduce,
+      &linear_alltoall, &two_dh_alltoall, &pipe_alltoall, &one_dh_alltoall,    &ring_allreduce, &tree_allreduce,
       &ring_broadcast,  &ring_reduce,     &ring_allgather, &ring_reduce_scatter};
   return all;
 }

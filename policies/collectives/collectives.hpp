@@ -32,6 +32,9 @@ struct Step {
   std::vector<Copy> copies;
   int rounds = 1;
   int serial_rounds = 1;
+  /// The step lasts at least this many seconds whatever its links allow: a kernel's throughput
+  /// limit (NCCL's per-channel Tree cap, tree_allreduce.cpp). 0: none.
+  double min_seconds = 0;
   /// Set by lower_unlisted() instead of `transfers`: the step sends from every group[i] to every
   /// group[j], i ≠ j, the bytes[i·n + j] > 0 of this all-to-all (rotating_pairs()'s transfers).
   const Collective* all_pairs = nullptr;
@@ -115,6 +118,16 @@ Step rotating_pairs(const std::vector<int>& group, int peers, const Bytes& bytes
 /// order from the channel's entry GPU, so the channels leave and enter nodes through different
 /// NICs. `rooted` (a broadcast's or a reduce's chain): each ring cut at group[0], which comes first.
 std::vector<std::vector<int>> rings(const std::vector<int>& group, const Cluster& cluster, bool rooted);
+
+/// A node's links in one of the two trees of NCCL's double binary tree over `nodes` nodes
+/// (src/graph/trees.cc ncclGetDtree; tree_allreduce.cpp): its parent and children (−1: none), and
+/// child_type 0 when it is its parent's first child (a lower index), 1 otherwise.
+struct TreeLinks {
+  int up = -1;
+  int down[2] = {-1, -1};
+  int child_type = 0;
+};
+TreeLinks double_binary_tree(int nodes, int node, int tree);
 
 /// A lowering of one lane of one step (moved, not copied: a step may hold a million transfers).
 Lowering one_step(Step step);
