@@ -46,6 +46,8 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
   const ParsedFile file = parse_file(path, s);
   CollectiveSweepFile f;
   f.name = s.name();
+  if (!f.name.empty())
+    if (const auto problem = path_name_problem(f.name); !problem.empty()) throw InputError(file.describe("name", problem));
   f.description = s.description();
   if (!s.platform().empty()) f.sweep.platform = s.platform();
   if (s.gpus_size()) f.sweep.gpus.assign(s.gpus().begin(), s.gpus().end());

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -186,12 +187,22 @@ std::string style() {
   return s;
 }
 
-std::string quoted(const std::string& s) {  // a string in gnuplot (and data blocks): double quotes
+// A string from the inputs (a run's, an experiment's or a file's name) as a gnuplot string literal in
+// the script: single quotes, inside which gnuplot substitutes nothing (no `backquote` command, no
+// escapes; a quote is written twice). A control character becomes '?': a newline would end the
+// command and start another.
+std::string gp_string(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("''") : std::string(1, std::iscntrl(static_cast<unsigned char>(c)) ? '?' : c);
+  return q + "'";
+}
+
+// The same string as a field of an inline data block ($data << EOD): double-quoted, since data
+// fields know no other quotes; a double quote inside becomes ' and a control character '?', so
+// that no name can end its field or the block (a line "EOD" would make the rest commands).
+std::string data_string(const std::string& s) {
   std::string q = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    q += c;
-  }
+  for (char c : s) q += c == '"' ? '\'' : std::iscntrl(static_cast<unsigned char>(c)) ? '?' : c;
   return q + "\"";
 }
 
@@ -211,10 +222,10 @@ std::string render(const Figure& f, const std::string& format, const fs::path& o
   std::ofstream(script) << "# moesim plot: " << f.name << " (run `gnuplot " << script.filename().string()
                         << "` to render it again)\n"
                         << terminal(format)
-                        << fmt::format("set output (exists('outfile') ? outfile : {})\n", quoted(figure.filename().string()))
+                        << fmt::format("set output (exists('outfile') ? outfile : {})\n", gp_string(figure.filename().string()))
                         << style() << f.body;
   const std::string cmd = fmt::format("cd {} && {} -e {} {} 2>{}", shell_quoted(out.string()), gnuplot,
-                                      shell_quoted("outfile=" + quoted(tmp.filename().string())),
+                                      shell_quoted("outfile=" + gp_string(tmp.filename().string())),
                                       shell_quoted(script.filename().string()), shell_quoted(log.filename().string()));
   const int rc = std::system(cmd.c_str());
   std::stringstream err;
@@ -271,12 +282,12 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
   for (const auto& g : groups)
     for (const auto& n : names)
       if (const auto x = speedup(g, n)) top = std::max(top, *x);
-  std::string body = fmt::format("set ylabel 'Speedup over {} (x)'\nset yrange [0:{:.3f}]\n", baseline, top * 1.18);
+  std::string body = fmt::format("set ylabel {}\nset yrange [0:{:.3f}]\n", gp_string("Speedup over " + baseline + " (x)"), top * 1.18);
   body += "set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front\n";
   if (groups.size() == 1) {  // one bar per run, named on the axis, its value above it
     body += "$bars << EOD\n";
     for (const auto& n : names)
-      if (const auto x = speedup(groups[0], n)) body += fmt::format("{} {:.4f}\n", quoted(n), *x);
+      if (const auto x = speedup(groups[0], n)) body += fmt::format("{} {:.4f}\n", data_string(n), *x);
     const bool many = names.size() > 8;  // steeper, smaller names and values
     body += fmt::format("EOD\nset xtics rotate by {} right{}\nset boxwidth 0.7\nset xrange [-0.6:*]\n", many ? 45 : 30,
                         many ? " font ',7'" : "");
@@ -285,10 +296,10 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
     return {"speedup", body};
   }
   body += "$data << EOD\ngroup";  // a row per group, a column per run name
-  for (const auto& n : names) body += " " + quoted(n);
+  for (const auto& n : names) body += " " + data_string(n);
   body += "\n";
   for (const auto& g : groups) {
-    body += quoted(g);
+    body += data_string(g);
     for (const auto& n : names) {
       const auto x = speedup(g, n);
       body += x ? fmt::format(" {:.4f}", *x) : " ?";
@@ -308,7 +319,7 @@ Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
   const auto runs = all_runs(in);
   std::string body = "$data << EOD\n";
   for (const auto& r : runs) {
-    body += quoted(label(r));
+    body += data_string(label(r));
     for (double s : r.breakdown) body += fmt::format(" {:.6f}", s * 1e3);
     body += "\n";
   }
@@ -318,7 +329,7 @@ Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
   body += "plot ";
   for (int c = 0; c < kNumCategories; ++c)
     body += fmt::format("{}$data using {}{} title {} lt {}", c ? ", " : "", c + 2, c ? "" : ":xtic(1)",
-                        quoted(kCategoryTitle[c]), c + 1);
+                        gp_string(kCategoryTitle[c]), c + 1);
   return {"breakdown", body + "\n"};
 }
 
@@ -333,10 +344,10 @@ Figure lines_figure(const std::string& name, const std::vector<std::string>& ord
     body += fmt::format("$s{} << EOD\n", k);
     for (const auto& [gpus, v] : series.at(s)) body += fmt::format("{} {:.6g}\n", gpus, v);
     body += "EOD\n";
-    plot += fmt::format("{}$s{} using 1:2 with linespoints lt {} title {}", k ? ", " : "", k, k % 8 + 1, quoted(s));
+    plot += fmt::format("{}$s{} using 1:2 with linespoints lt {} title {}", k ? ", " : "", k, k % 8 + 1, gp_string(s));
     ++k;
   }
-  body += "set logscale x 2\nset logscale y 10\nset xlabel 'GPUs'\nset ylabel " + quoted(ylabel) +
+  body += "set logscale x 2\nset logscale y 10\nset xlabel 'GPUs'\nset ylabel " + gp_string(ylabel) +
           "\nset key top left Left reverse opaque font ',7'\nset format y '%g'\n" + plot + "\n";
   return {name, body};
 }
@@ -389,10 +400,10 @@ Figure load_figure(const Inputs& in, const PlotOptions& o) {
   const std::size_t gpus = base->gpu_load.size();
   const int every = gpus > 32 ? 8 : gpus > 8 ? 4 : 1;
   std::string body = "$data << EOD\ngpu";
-  for (const auto* r : shown) body += " " + quoted(r->name);
+  for (const auto* r : shown) body += " " + data_string(r->name);
   body += "\n";
   for (std::size_t g = 0; g < gpus; ++g) {
-    body += fmt::format("{}", g % std::size_t(every) == 0 ? quoted(std::to_string(g)) : "\"\"");
+    body += fmt::format("{}", g % std::size_t(every) == 0 ? data_string(std::to_string(g)) : "\"\"");
     for (const auto* r : shown) body += fmt::format(" {:.3f}", g < r->gpu_load.size() ? r->gpu_load[g] / 1e3 : 0.0);
     body += "\n";
   }
@@ -421,7 +432,7 @@ Figure heatmap_of(const std::vector<std::pair<double, std::vector<double>>>& col
   body += "set palette defined (0 '#440154', 0.25 '#3B528B', 0.5 '#21918C', 0.75 '#5EC962', 1 '#FDE725')\n"
           "set xlabel 'Iteration'\nset ylabel 'Expert'\nset cblabel 'Load / mean expert load'\nunset grid\n"
           "set autoscale xfix\nset autoscale yfix\nset tics out\n";
-  body += fmt::format("set cbrange [0:{:.3f}]\nset title {} font ',8'\n", top, quoted(what));
+  body += fmt::format("set cbrange [0:{:.3f}]\nset title {} font ',8'\n", top, gp_string(what));
   if (columns.size() <= 12) body += "set xtics 1\n";
   body += "plot $data using 1:2:3 with image\n";
   return {"heatmap", body};
@@ -476,7 +487,7 @@ Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
   for (int row : rows) {
     const int at = int(y.size());
     y[row] = at;
-    ytics += fmt::format("{}{} {}", at ? ", " : "", quoted(fmt::format("GPU{} {}", row / kNumStreams, stream_name(Stream(row % kNumStreams)))), at);
+    ytics += fmt::format("{}{} {}", at ? ", " : "", gp_string(fmt::format("GPU{} {}", row / kNumStreams, stream_name(Stream(row % kNumStreams)))), at);
   }
   std::string body, plot = "plot ";
   int k = 0;
@@ -487,7 +498,7 @@ Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
     for (const auto& b : it->second) body += fmt::format("{:.6f} {:.6f} {:.2f} {:.2f}\n", b.t0, b.t1, y[b.row] - 0.38, y[b.row] + 0.38);
     body += "EOD\n";
     plot += fmt::format("{}$c{} using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror fs solid 0.9 noborder lt {} title {}",
-                        k++ ? ", " : "", c, c + 1, quoted(kCategoryTitle[c]));
+                        k++ ? ", " : "", c, c + 1, gp_string(kCategoryTitle[c]));
   }
   body += ytics + ") font ',6'\n" + fmt::format("set yrange [{}:-0.6]\n", double(y.size()) - 0.4);
   body += fmt::format("set xrange [0:{:.6f}]\nset xlabel 'Time (ms)'\nunset grid\nset grid xtics lc rgb '#d9d9d9' lw 0.5\n"

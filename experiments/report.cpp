@@ -140,6 +140,7 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
     const bool collective = message == "CollectiveSweepSpec";
     ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
     if (e.claims.empty()) continue;  // held out, or no paper numbers
+    if (e.name.empty()) throw InputError(path + ": name is not set; the report keeps each experiment's results under its name");
     const bool ran = count_claims(e.claims).not_run < int(e.claims.size());
     if (!ran && o.run) {  // in a child process: one SimGrid engine per process
       if (progress) progress("running " + path);

@@ -7,7 +7,10 @@
 #include "gating.hpp"
 #include "gpu.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <fmt/format.h>
 #include <functional>
@@ -64,6 +67,37 @@ std::string demo_trace_path() {
   return "";
 }
 
+namespace {
+
+// A name for an error message: control characters as '?', at most 60 characters.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (char c : s.substr(0, 60)) out += std::iscntrl(static_cast<unsigned char>(c)) ? '?' : c;
+  return s.size() > 60 ? out + "..." : out;
+}
+
+// Whether `s` is text that results (JSON) can hold: the JSON library's own check.
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)nlohmann::json(s).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::string path_name_problem(const std::string& name) {
+  if (name.size() > 100) return "is longer than 100 characters";
+  const bool ok = !name.empty() && std::isalnum(static_cast<unsigned char>(name[0])) &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '+' || c == '-';
+                  });
+  return ok ? "" : "'" + printable(name) + "' cannot name a results folder: use letters, digits and . _ + - (starting "
+                                          "with a letter or digit)";
+}
+
 Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides,
                            const std::string& overrides_dir) {
   Experiment ex;
@@ -91,6 +125,9 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   };
 
   auto& s = ex.spec;
+  if (!s.name().empty())
+    if (const auto problem = path_name_problem(s.name()); !problem.empty()) throw in_spec("name", problem);
+  if (!valid_utf8(s.description())) throw in_spec("description", "is not valid UTF-8");
   // Paths written in a spec file are relative to it; paths given with --set to overrides_dir (a
   // sweep's directory) if the file is there, else to the current directory.
   auto relative_to_spec = [&](std::string* value, const std::string& field) {
@@ -164,6 +201,9 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     const std::string where = fmt::format("variants[{}]", i);
     if (v.name().empty() || !names.insert(v.name()).second)
       throw in_spec(where + ".name", "variants need distinct, non-empty names");
+    if (std::any_of(v.name().begin(), v.name().end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); }))
+      throw in_spec(where + ".name", "'" + printable(v.name()) + "' holds a control character; a variant's name is a label");
+    if (!valid_utf8(v.name())) throw in_spec(where + ".name", "is not valid UTF-8");
     spec::ExperimentSpec run = s;
     run.clear_variants();
     run.clear_paper();

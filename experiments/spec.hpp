@@ -37,6 +37,11 @@ std::string demo_trace_path();
 Experiment load_experiment(const std::optional<std::string>& path, const std::vector<std::string>& overrides,
                            const std::string& overrides_dir = "");
 
+/// What is wrong with `name` as the name of an experiment, sweep or collective sweep, which becomes a
+/// folder (results/NAME), file names (NAME-shard-3.db) and a word in Slurm scripts: "" when it is
+/// letters, digits and . _ + - only, starting with a letter or digit, at most 100 characters.
+std::string path_name_problem(const std::string& name);
+
 /// Reads a platform by catalog name or .textproto path (InputError with file:line:field).
 spec::ClusterSpec load_platform(const std::string& name_or_path, ParsedFile* where = nullptr);
 

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -96,6 +98,8 @@ Sweep load_sweep(const std::string& path) {
     throw InputError(file.describe(e.field(), e.message()));
   }
   if (sw.spec.base().empty()) throw InputError(file.describe("base", "is not set; name the experiment spec to vary"));
+  if (const auto problem = path_name_problem(sw.spec.name()); !problem.empty())
+    throw InputError(file.describe("name", sw.spec.name().empty() ? "is not set; it names the sweep's databases" : problem));
   sw.base = (fs::path(path).parent_path() / sw.spec.base()).lexically_normal().string();
   if (!fs::exists(sw.base)) throw InputError(file.describe("base", sw.base + ": no such file"));
   for (const auto& a : sw.spec.axis()) sw.fields.push_back(a.field());
@@ -113,6 +117,13 @@ Sweep load_sweep(const std::string& path) {
 }
 
 namespace {
+
+// A word for a POSIX shell: single-quoted, a quote inside as '\''; a newline stays literal inside.
+std::string shell_word(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
 
 // What identifies a sweep in its database: its spec and its base spec's text.
 std::string sweep_identity(const Sweep& sw) {
@@ -206,20 +217,26 @@ int run_sweep(const Sweep& sw, const SweepOptions& o, const std::function<void(c
 
 std::string slurm_script(const Sweep& sw, int shards, int cpus, const std::string& moesim) {
   if (shards < 1) throw InputError("--shards must be >= 1");
-  const std::string spec = fs::absolute(sw.path).lexically_normal().string();
+  if (cpus < 1) throw InputError("--cpus must be >= 1");
+  // The sweep's name is a plain word (load_sweep: path_name_problem()); the paths are quoted for
+  // the shell, which reads them as they are whatever they hold.
+  const std::string name = sw.spec.name(), spec = shell_word(fs::absolute(sw.path).lexically_normal().string());
+  const std::string bin = shell_word(moesim);
+  for (const auto& path : {sw.path, moesim})
+    if (std::any_of(path.begin(), path.end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); }))
+      throw InputError("--emit-slurm: a path with a control character cannot go into a job script: " + path);
   std::string s = "#!/bin/bash\n";
-  s += fmt::format("# moesim sweep '{}': {} points in {} shards, one Slurm array task each.\n", sw.spec.name(),
-                   sw.points.size(), shards);
-  s += "#   sbatch " + sw.spec.name() + ".slurm        # submit (from the directory the databases should go to)\n";
-  s += fmt::format("#   {} results merge results.db {}-shard-*.db   # when every task has finished\n", moesim, sw.spec.name());
+  s += fmt::format("# moesim sweep {}: {} points in {} shards, one Slurm array task each.\n", name, sw.points.size(), shards);
+  s += "#   sbatch " + name + ".slurm        # submit (from the directory the databases should go to)\n";
+  s += fmt::format("#   {} results merge results.db {}-shard-*.db   # when every task has finished\n", bin, name);
   s += "# A task that is requeued or rerun resumes its shard: finished points are kept.\n";
   s += fmt::format("#SBATCH --job-name=moesim-{}\n#SBATCH --array=0-{}\n#SBATCH --ntasks=1\n#SBATCH --cpus-per-task={}\n",
-                   sw.spec.name(), shards - 1, cpus);
-  s += fmt::format("#SBATCH --output=moesim-{}-%a.log\n", sw.spec.name());
+                   name, shards - 1, cpus);
+  s += fmt::format("#SBATCH --output=moesim-{}-%a.log\n", name);
   s += "set -euo pipefail\n";
   s += fmt::format("{} sweep {} --shard \"${{SLURM_ARRAY_TASK_ID}}/{}\" --jobs \"${{SLURM_CPUS_PER_TASK:-{}}}\" \\\n"
                    "  --db \"{}-shard-${{SLURM_ARRAY_TASK_ID}}.db\" --resume\n",
-                   moesim, spec, shards, cpus, sw.spec.name());
+                   bin, spec, shards, cpus, name);
   return s;
 }
 

@@ -159,7 +159,7 @@ TEST_CASE("sweep: --emit-slurm writes a job array over the shards that resumes a
   CHECK_THAT(script, Contains("#SBATCH --cpus-per-task=4\n"));
   CHECK_THAT(script, Contains("--shard \"${SLURM_ARRAY_TASK_ID}/6\""));
   CHECK_THAT(script, Contains("--resume"));
-  CHECK_THAT(script, Contains("/opt/moesim results merge results.db small-shard-*.db"));
+  CHECK_THAT(script, Contains("'/opt/moesim' results merge results.db small-shard-*.db"));
   CHECK_THAT(script, Contains(fs::absolute(dir + "/sweep.textproto").lexically_normal().string()));
 }
 
