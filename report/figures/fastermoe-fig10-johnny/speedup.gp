@@ -1,6 +1,6 @@
 # moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
 set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
-set output (exists('outfile') ? outfile : "speedup.png")
+set output (exists('outfile') ? outfile : 'speedup.png')
 set border 3 lw 1
 set tics nomirror out scale 0.5
 set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
@@ -18,13 +18,13 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:4.441]
+set yrange [0:4.631]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "zero3" 1.0000
-"zero2" 1.3437
-"fastmoe" 1.9586
-"fastermoe" 3.7633
+"zero2" 1.3506
+"fastmoe" 1.9869
+"fastermoe" 3.9249
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

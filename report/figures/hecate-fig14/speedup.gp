@@ -1,6 +1,6 @@
 # moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
 set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
-set output (exists('outfile') ? outfile : "speedup.png")
+set output (exists('outfile') ? outfile : 'speedup.png')
 set border 3 lw 1
 set tics nomirror out scale 0.5
 set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
@@ -22,7 +22,7 @@ set yrange [0:7.752]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate" "hecate-rm"
-"b1" 1.0000 2.6515 0.9428 1.7973 2.5678 2.5678
+"b1" 1.0000 2.6515 0.9428 1.7978 2.5678 2.5678
 "b2" 1.0000 3.3759 0.9444 1.9045 3.6279 3.6279
 "b3" 1.0000 4.0927 0.8822 1.9691 4.7079 4.5947
 "b4" 1.0000 4.6124 0.8998 1.9795 5.3939 5.2898

@@ -1,6 +1,6 @@
 # moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
 set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
-set output (exists('outfile') ? outfile : "speedup.png")
+set output (exists('outfile') ? outfile : 'speedup.png')
 set border 3 lw 1
 set tics nomirror out scale 0.5
 set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.549]
+set yrange [0:3.600]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.8192 1.0794 2.0791 3.0078
-"gpt-l" 1.0000 2.6010 1.0833 2.0200 2.3963
-"bert" 1.0000 2.9780 1.0878 2.1815 2.0264
-"bert-deep" 1.0000 2.9834 1.0508 2.0353 2.0112
+"gpt-s" 1.0000 2.8559 1.0800 2.0950 3.0510
+"gpt-l" 1.0000 2.6507 1.0844 2.0469 2.4362
+"bert" 1.0000 3.0351 1.0887 2.2224 2.0464
+"bert-deep" 1.0000 3.0423 1.0513 2.0718 2.0312
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -1,6 +1,6 @@
 # moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
 set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
-set output (exists('outfile') ? outfile : "speedup.png")
+set output (exists('outfile') ? outfile : 'speedup.png')
 set border 3 lw 1
 set tics nomirror out scale 0.5
 set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
@@ -23,9 +23,9 @@ set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555'
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
 "gpt-s" 1.0000 3.3759 0.9444 1.9045 3.6279
-"gpt-l" 1.0000 3.1431 0.9581 1.9277 2.6328
-"bert" 1.0000 3.5003 0.9471 1.9676 2.0540
-"bert-deep" 1.0000 3.4707 0.9217 1.9110 1.9779
+"gpt-l" 1.0000 3.1431 0.9581 1.9283 2.6328
+"bert" 1.0000 3.5003 0.9471 1.9710 2.0540
+"bert-deep" 1.0000 3.4707 0.9217 1.9134 1.9779
 EOD
 set style data histograms
 set style histogram clustered gap 1

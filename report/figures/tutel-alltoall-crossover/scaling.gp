@@ -1,6 +1,6 @@
 # moesim plot: scaling (run `gnuplot scaling.gp` to render it again)
 set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
-set output (exists('outfile') ? outfile : "scaling.png")
+set output (exists('outfile') ? outfile : 'scaling.png')
 set border 3 lw 1
 set tics nomirror out scale 0.5
 set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
@@ -56,7 +56,7 @@ EOD
 set logscale x 2
 set logscale y 10
 set xlabel 'GPUs'
-set ylabel "All-to-all time (ms)"
+set ylabel 'All-to-all time (ms)'
 set key top left Left reverse opaque font ',7'
 set format y '%g'
-plot $s0 using 1:2 with linespoints lt 1 title "linear 1 MiB", $s1 using 1:2 with linespoints lt 2 title "linear 32 MiB", $s2 using 1:2 with linespoints lt 3 title "linear 256 MiB", $s3 using 1:2 with linespoints lt 4 title "2dh 1 MiB", $s4 using 1:2 with linespoints lt 5 title "2dh 32 MiB", $s5 using 1:2 with linespoints lt 6 title "2dh 256 MiB"
+plot $s0 using 1:2 with linespoints lt 1 title 'linear 1 MiB', $s1 using 1:2 with linespoints lt 2 title 'linear 32 MiB', $s2 using 1:2 with linespoints lt 3 title 'linear 256 MiB', $s3 using 1:2 with linespoints lt 4 title '2dh 1 MiB', $s4 using 1:2 with linespoints lt 5 title '2dh 32 MiB', $s5 using 1:2 with linespoints lt 6 title '2dh 256 MiB'

@@ -1,6 +1,6 @@
 # moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
 set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
-set output (exists('outfile') ? outfile : "speedup.png")
+set output (exists('outfile') ? outfile : 'speedup.png')
 set border 3 lw 1
 set tics nomirror out scale 0.5
 set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1

@@ -1,6 +1,6 @@
 # moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
 set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
-set output (exists('outfile') ? outfile : "speedup.png")
+set output (exists('outfile') ? outfile : 'speedup.png')
 set border 3 lw 1
 set tics nomirror out scale 0.5
 set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over fairseq (x)'
-set yrange [0:3.916]
+set yrange [0:4.125]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fairseq" 1.0000
-"kernels" 1.2224
-"pipelining" 1.2583
-"flex" 3.3188
-"full" 3.3188
+"kernels" 1.2284
+"pipelining" 1.2654
+"flex" 3.4958
+"full" 3.4958
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7
