@@ -42,23 +42,29 @@ std::pair<std::map<int, double>, std::map<int, double>> rank_bytes(const Lowerin
   return {sent, received};
 }
 
-// A 1 GiB all-reduce over the 16 GPUs of two nodes of `platform`, simulated (one per test case:
-// SimGrid allows one engine per process): its bus bandwidth must be the node's summed NIC
-// bandwidth, `node_bandwidth`, within 5% and not above it.
-CollectivePoint two_node_allreduce(const std::string& platform, double node_bandwidth) {
+// A 1 GiB all-reduce with `algorithm` over the 16 GPUs of two nodes of `platform`, simulated (one
+// per test case: SimGrid allows one engine per process).
+CollectivePoint simulated_allreduce(const std::string& platform, const std::string& algorithm) {
   CollectiveSweep sweep;
   sweep.platform = platform;
   sweep.gpus = {16};
   sweep.sizes = {1 << 30};
   sweep.collectives = {CollectiveType::all_reduce};
-  sweep.algorithms = {"ring"};
+  sweep.algorithms = {algorithm};
   const auto points = run_collective_sweep(sweep);
   REQUIRE(points.size() == 1);
+  return points.front();
+}
+
+// The ring's: its bus bandwidth must be the node's summed NIC bandwidth, `node_bandwidth`, within
+// 5% and not above it.
+CollectivePoint two_node_allreduce(const std::string& platform, double node_bandwidth) {
+  const auto p = simulated_allreduce(platform, "ring");
   const double node = Cluster(test::platform(platform, 2)).node_uplink_bandwidth();
   CHECK(node == Approx(node_bandwidth));
-  CHECK(points.front().busbw() == Approx(node).epsilon(0.05));
-  CHECK(points.front().busbw() <= node);
-  return points.front();
+  CHECK(p.busbw() == Approx(node).epsilon(0.05));
+  CHECK(p.busbw() <= node);
+  return p;
 }
 
 std::vector<int> iota(int n) {
@@ -210,17 +216,10 @@ TEST_CASE("tree all-reduce across 2 p4d nodes, simulated: NCCL's pick there, at 
   // The links allow S / 50 GB/s (S per node each way over 4 × 12.5 GB/s); NCCL's Tree kernels carry
   // at most 23.6 GB/s of bus bandwidth per channel (tuning.cc perChMaxTreeBws, Ampere, 2 nodes):
   // algbw 4 × 23.6 / 2 = 47.2 GB/s, busbw 47.2 × 30/16 = 88.5 GB/s, which the simulation reaches.
-  CollectiveSweep sweep;
-  sweep.platform = "p4d-a100";
-  sweep.gpus = {16};
-  sweep.sizes = {1 << 30};
-  sweep.collectives = {CollectiveType::all_reduce};
-  sweep.algorithms = {"tree"};
-  const auto points = run_collective_sweep(sweep);
-  REQUIRE(points.size() == 1);
-  CHECK(points.front().algbw() == Approx(47.2e9).epsilon(0.001));
-  CHECK(points.front().busbw() == Approx(88.5e9).epsilon(0.001));
-  CHECK(points.front().nccl_pick == "tree/Simple");
+  const auto p = simulated_allreduce("p4d-a100", "tree");
+  CHECK(p.algbw() == Approx(47.2e9).epsilon(0.001));
+  CHECK(p.busbw() == Approx(88.5e9).epsilon(0.001));
+  CHECK(p.nccl_pick == "tree/Simple");
 }
 
 TEST_CASE("ring all-reduce across 2 DGX-A100 nodes reaches the nodes' eight NICs") {
