@@ -145,8 +145,9 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     throw in_spec("warmup_iterations", fmt::format("{} warm-up iterations leave none of the {} to measure; use fewer, or more "
                                                    "iterations", s.warmup_iterations(), s.iterations()));
   if (s.gating().source_case() == spec::GatingSpec::SOURCE_NOT_SET) s.mutable_gating()->mutable_uniform();
-  if (s.gate().has_capacity_factor() && !std::isfinite(s.gate().capacity_factor()))
-    throw in_spec("gate.capacity_factor", "must be a finite number (> 0 fixed, 0 dropless, < 0 capped dynamic)");
+  if (s.gate().has_capacity_factor() && !(std::abs(s.gate().capacity_factor()) <= 1e4))
+    throw in_spec("gate.capacity_factor", "must be a number in [-1e4, 1e4] (> 0 fixed, 0 dropless, < 0 capped dynamic; "
+                                          "a factor of E/k already keeps every token)");
   if (s.cluster().platform().empty()) throw in_spec("cluster.platform", "is not set; the catalog has: " + known_platforms());
 
   // The cluster: catalog or file, then the experiment's node count.

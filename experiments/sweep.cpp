@@ -56,8 +56,13 @@ std::vector<SweepPoint> expand_sweep(const spec::SweepSpec& s) {
     }
     if (d.size) dims.push_back(d);
   }
+  constexpr int kMaxPoints = 1'000'000;  // each point is a whole experiment; far beyond a useful grid
   int total = 1;
-  for (const auto& d : dims) total *= d.size;
+  for (const auto& d : dims) {
+    if (std::int64_t(total) * d.size > kMaxPoints)
+      throw FieldError("axis", fmt::format("the grid has more than {} points; split it into several sweeps", kMaxPoints));
+    total *= d.size;
+  }
   std::vector<SweepPoint> points;
   for (int index = 0; index < total; ++index) {
     SweepPoint p;

@@ -21,21 +21,32 @@ void require(bool ok, const std::string& field, const std::string& message) {
   if (!ok) throw FieldError(field, message);
 }
 
+// A finite number in [lo, hi] (or (lo, hi] with `open_low`): the ranges within which every figure
+// the model computes from it stays finite and meaningful (NaN and infinity fail every test).
+void require_in(double x, double lo, double hi, const std::string& field, const std::string& unit, bool open_low = false) {
+  const bool ok = std::isfinite(x) && (open_low ? x > lo : x >= lo) && x <= hi;
+  require(ok, field, fmt::format("must be in {}{:g}, {:g}] {}, got {}", open_low ? "(" : "[", lo, hi, unit, x));
+}
+
+// Ranges: well beyond any hardware, short of what overflows or stalls the model.
+constexpr double kMaxGBps = 1e6, kMaxLatencyUs = 1e6, kMaxTflops = 1e6, kMaxGib = 1e6;
+constexpr std::uint32_t kMaxNodes = 1u << 16, kMaxGpusPerNode = 1024;
+
 void validate_gpu(const spec::GpuSpec& gpu) {
   require(!gpu.model().empty(), "gpu.model", "is empty; name the GPU model");
-  require(gpu.memory_gib() > 0, "gpu.memory_gib", "must be > 0");
-  require(gpu.memory_gbytes_per_s() > 0, "gpu.memory_gbytes_per_s", "must be > 0");
+  require_in(gpu.memory_gib(), 0, kMaxGib, "gpu.memory_gib", "GiB", true);
+  require_in(gpu.memory_gbytes_per_s(), 0, kMaxGBps, "gpu.memory_gbytes_per_s", "GB/s", true);
   require(gpu.compute_capability() == 0 || (gpu.compute_capability() >= 30 && gpu.compute_capability() <= 200),
           "gpu.compute_capability", "must be the CUDA compute capability times 10 (80 for an A100), or 0 if unknown");
   require(gpu.memory_efficiency() >= 0 && gpu.memory_efficiency() <= 1, "gpu.memory_efficiency",
           "must be in (0, 1] (0 means 1)");
   require(gpu.peak_size() > 0, "gpu.peak", "is empty; give at least one `peak { dtype: ... tflops: ... }`");
   for (int i = 0; i < gpu.peak_size(); ++i)
-    require(gpu.peak(i).tflops() > 0, fmt::format("gpu.peak[{}].tflops", i), "must be > 0");
+    require_in(gpu.peak(i).tflops(), 0, kMaxTflops, fmt::format("gpu.peak[{}].tflops", i), "TFLOP/s", true);
   double last = 0;
   for (int i = 0; i < gpu.gemm_efficiency_size(); ++i) {
     const auto& p = gpu.gemm_efficiency(i);
-    require(p.gflops() > last, fmt::format("gpu.gemm_efficiency[{}].gflops", i),
+    require(std::isfinite(p.gflops()) && p.gflops() > last, fmt::format("gpu.gemm_efficiency[{}].gflops", i),
             "must be > 0 and increase from point to point");
     require(p.efficiency() > 0 && p.efficiency() <= 1, fmt::format("gpu.gemm_efficiency[{}].efficiency", i),
             "must be in (0, 1]");
@@ -113,11 +124,11 @@ Route staged_route(const Graph& g, int gpu, int nic, const std::vector<Nic>& nic
 
 Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
   require(!spec_.name().empty(), "name", "is empty; name the cluster");
-  require(spec_.nodes() >= 1, "nodes", "must be >= 1");
+  require(spec_.nodes() >= 1 && spec_.nodes() <= kMaxNodes, "nodes", fmt::format("must be in [1, {}]", kMaxNodes));
   validate_gpu(spec_.gpu());
   const auto& node = spec_.node();
   const int gpus = int(node.gpus());
-  require(gpus >= 1, "node.gpus", "must be >= 1");
+  require(node.gpus() >= 1 && node.gpus() <= kMaxGpusPerNode, "node.gpus", fmt::format("must be in [1, {}]", kMaxGpusPerNode));
   require(node.cpu_vendor().empty() || node.cpu_vendor() == "intel" || node.cpu_vendor() == "amd", "node.cpu_vendor",
           "'" + node.cpu_vendor() + "' is not \"intel\" or \"amd\"");
 
@@ -133,9 +144,11 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
   for (int i = 0; i < node.nics_size(); ++i) {
     const auto& nic = node.nics(i);
     require(!nic.name().empty(), fmt::format("node.nics[{}].name", i), "is empty");
-    require(nic.gbits_per_s() > 0, fmt::format("node.nics[{}].gbits_per_s", i), "must be > 0");
-    require(nic.latency_us() >= 0, fmt::format("node.nics[{}].latency_us", i), "must be >= 0");
-    require(nic.nccl_latency_us() >= 0, fmt::format("node.nics[{}].nccl_latency_us", i), "must be >= 0");
+    require_in(nic.gbits_per_s(), 0, 8 * kMaxGBps, fmt::format("node.nics[{}].gbits_per_s", i), "Gb/s", true);
+    require_in(nic.latency_us(), 0, kMaxLatencyUs, fmt::format("node.nics[{}].latency_us", i), "µs");
+    require_in(nic.nccl_latency_us(), 0, kMaxLatencyUs, fmt::format("node.nics[{}].nccl_latency_us", i), "µs");
+    if (nic.has_message_overhead_us())
+      require_in(nic.message_overhead_us(), 0, kMaxLatencyUs, fmt::format("node.nics[{}].message_overhead_us", i), "µs");
     require(nic_names.insert(nic.name()).second, fmt::format("node.nics[{}].name", i),
             "'" + nic.name() + "' is used by two NICs");
     nics_.push_back(Nic{nic.name(), nic.gbits_per_s() * 1e9 / 8, nic.latency_us() * 1e-6,
@@ -158,11 +171,17 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     const std::string f = fmt::format("node.links[{}]", i);
     const int a = vertex(l.a(), f + ".a"), b = vertex(l.b(), f + ".b");
     require(a != b, f + ".b", "a link must join two different vertices");
-    require(l.gbytes_per_s() > 0, f + ".gbytes_per_s", "must be > 0 (bandwidth in GB/s per direction)");
-    require(l.latency_us() >= 0, f + ".latency_us", "must be >= 0");
+    for (std::size_t j = 0; j < ends.size(); ++j)
+      require(ends[j] != std::make_pair(a, b) && ends[j] != std::make_pair(b, a), f,
+              fmt::format("joins {} and {}, as node.links[{}] does; give one link with the summed bandwidth", l.a(), l.b(), j));
+    require_in(l.gbytes_per_s(), 0, kMaxGBps, f + ".gbytes_per_s", "GB/s per direction", true);
+    require_in(l.latency_us(), 0, kMaxLatencyUs, f + ".latency_us", "µs");
     links_.push_back(NodeLink{l.a() + "-" + l.b(), l.kind(), l.gbytes_per_s() * 1e9, l.latency_us() * 1e-6});
     ends.emplace_back(a, b);
   }
+  for (int i = 0; i < node.nics_size(); ++i)
+    require(index.count(node.nics(i).name()) > 0, fmt::format("node.nics[{}].name", i),
+            fmt::format("'{}' is in no link; link it to the PCIe switch or GPU it hangs off", node.nics(i).name()));
   g.adj.resize(g.names.size());
   for (size_t l = 0; l < ends.size(); ++l) {
     g.adj[ends[l].first].emplace_back(ends[l].second, int(l));
@@ -178,12 +197,17 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
               fmt::format("gpu{} cannot reach gpu{} (routes never pass through a third GPU); add a link", i, j));
     }
 
+  if (spec_.nodes() == 1 && spec_.fabric().nodes_per_leaf() == 0) {  // no fabric to speak of: one switch
+    spec_.mutable_fabric()->set_nodes_per_leaf(1);
+    spec_.mutable_fabric()->set_spines(std::max(1u, spec_.fabric().spines()));
+  }
+  const auto& fabric = spec_.fabric();  // checked with one node too: the cost model divides by it
+  require(fabric.nodes_per_leaf() >= 1 && fabric.nodes_per_leaf() <= kMaxNodes, "fabric.nodes_per_leaf",
+          fmt::format("must be in [1, {}]", kMaxNodes));
+  require(fabric.spines() >= 1 && fabric.spines() <= kMaxNodes, "fabric.spines", fmt::format("must be in [1, {}]", kMaxNodes));
+  require_in(fabric.latency_us(), 0, kMaxLatencyUs, "fabric.latency_us", "µs");
   if (spec_.nodes() > 1) {
     require(!nics_.empty(), "node.nics", "a cluster of more than one node needs at least one NIC per node");
-    const auto& fabric = spec_.fabric();
-    require(fabric.nodes_per_leaf() >= 1, "fabric.nodes_per_leaf", "must be >= 1");
-    require(fabric.spines() >= 1, "fabric.spines", "must be >= 1");
-    require(fabric.latency_us() >= 0, "fabric.latency_us", "must be >= 0");
     require(spec_.nodes() <= fabric.nodes_per_leaf() || spec_.nodes() % fabric.nodes_per_leaf() == 0, "nodes",
             fmt::format("{} nodes do not fit a fat-tree of {} nodes per leaf switch; use at most {} nodes or a "
                         "multiple of {}",

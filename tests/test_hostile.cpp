@@ -1,18 +1,26 @@
-// Specs, results and sweeps from strangers: no name in them runs a command (gnuplot scripts, Slurm
-// scripts) or becomes a path outside the output folder. Each vector is tried with a payload that
-// would `touch` a marker file; the marker must never appear.
+// Specs, platforms, traces, results and sweeps from strangers: no name in them runs a command
+// (gnuplot scripts, Slurm scripts) or becomes a path outside the output folder (each vector tried
+// with a payload that would `touch` a marker file, which must never appear); no value hangs,
+// crashes or silently overflows (each refused naming its field, or computed correctly).
 #include <catch2/catch.hpp>
+
+#include <google/protobuf/text_format.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "cost_model.hpp"
 #include "errors.hpp"
+#include "gpu.hpp"
 #include "helpers.hpp"
 #include "plot.hpp"
 #include "results.hpp"
 #include "spec.hpp"
 #include "sweep.hpp"
+#include "trace_import.hpp"
 
 using namespace moesim;
 using Catch::Matchers::Contains;
@@ -137,4 +145,95 @@ TEST_CASE("hostile: the Slurm script quotes every path and refuses a sweep name 
   // A name with a command in it never gets that far.
   test::write_file(sweep, "base: \"base.textproto\"\nname: \"t$(touch ran)\"\naxis { field: \"seed\" values: \"1\" }\n");
   CHECK_THROWS_WITH(load_sweep(sweep), Contains("name"));
+}
+
+TEST_CASE("hostile: a popularity so skewed that redrawing would never end still routes k distinct experts") {
+  // Zipf 30: the second most popular expert has 2^-30 of the first's mass; 1e300: every expert but
+  // the first underflows to 0. The sampler draws exactly once redrawing stops paying.
+  for (const double s : {30.0, 1e300}) {
+    INFO(s);
+    spec::GatingSpec g;
+    g.mutable_zipf()->set_exponent(s);
+    const int sources = 4, experts = 16, tokens = 256, k = 4;
+    const auto R = generate_routing(g, sources, experts, tokens, k, 1, 0, 0);
+    for (int src = 0; src < sources; ++src) {
+      std::int64_t row = 0;
+      for (int e = 0; e < experts; ++e) {
+        const auto c = R.counts()[std::size_t(src * experts + e)];
+        CHECK(c <= tokens);  // an expert at most once per token
+        row += c;
+      }
+      CHECK(row == std::int64_t(tokens) * k);
+    }
+  }
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"gating.zipf.exponent=inf"}), Contains("finite"));
+}
+
+TEST_CASE("hostile: platform values that hung, crashed or aborted SimGrid are refused naming the field") {
+  auto check = [](const std::function<void(spec::ClusterSpec&)>& edit, const std::string& field) {
+    auto s = test::platform("p4d-a100", 2);
+    edit(s);
+    INFO(field);
+    try {
+      Cluster c(s);
+      FAIL("accepted");
+    } catch (const FieldError& e) {
+      CHECK(e.field() == field);
+    }
+  };
+  constexpr double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  check([&](auto& s) { s.mutable_node()->mutable_links(0)->set_latency_us(inf); }, "node.links[0].latency_us");
+  check([&](auto& s) { s.mutable_node()->mutable_links(0)->set_gbytes_per_s(1e308); }, "node.links[0].gbytes_per_s");
+  check([&](auto& s) { s.mutable_node()->mutable_nics(0)->set_message_overhead_us(nan); }, "node.nics[0].message_overhead_us");
+  check([&](auto& s) { s.mutable_node()->mutable_nics(0)->set_message_overhead_us(-1); }, "node.nics[0].message_overhead_us");
+  check([&](auto& s) { *s.mutable_node()->add_links() = s.node().links(0); }, "node.links[" + std::to_string(test::platform("p4d-a100", 2).node().links_size()) + "]");
+  check([&](auto& s) { s.mutable_node()->add_nics()->CopyFrom(s.node().nics(0)), s.mutable_node()->mutable_nics(4)->set_name("nic9"); },
+        "node.nics[4].name");
+  check([&](auto& s) { s.mutable_fabric()->set_nodes_per_leaf(0); }, "fabric.nodes_per_leaf");
+  check([&](auto& s) { s.mutable_gpu()->set_memory_gib(inf); }, "gpu.memory_gib");
+  // One node without a fabric (nodes_per_leaf 0 divided the cost model's node count): one switch.
+  auto one = test::platform("p4d-a100", 1);
+  one.clear_fabric();
+  const Cluster c(one);
+  const GpuModel gpu(one.gpu(), spec::FP16);
+  CHECK(CostModel(c, gpu).allreduce_time({0, 1, 2, 3}, 1 << 20) > 0);
+}
+
+TEST_CASE("hostile: model and gate values that overflowed are refused with their range") {
+  for (const auto& [set, field] : std::vector<std::pair<std::string, std::string>>{
+           {"model.tokens_per_gpu=2147483648", "tokens_per_gpu"},
+           {"model.d_model=4000000000", "d_model"},
+           {"model.experts=1000000000", "experts"},
+           {"model.layers=100000", "layers"},
+           {"gate.capacity_factor=1e308", "capacity_factor"}}) {
+    INFO(set);
+    CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {set}), Contains(field));
+  }
+  const auto dir = test::temp_dir("hostile-model");
+  std::string text = test::read_file(test::kBaseSpec);
+  REQUIRE(text.find("model {") != std::string::npos);
+  text.replace(text.find("model {"), 7, "model {\n  extra_dense_gemms { m: 1152921504606846976 n: 1 k: 1 }");
+  test::write_file(dir + "/g.textproto", text);
+  CHECK_THROWS_WITH(load_experiment(dir + "/g.textproto", {}), Contains("extra_dense_gemms[0]"));
+  // A grid of 2^32 points (four axes of 256 values) is refused, not wrapped to 0 points.
+  std::string axes;
+  for (const char* f : {"seed", "iterations", "model.layers", "cluster.nodes"}) {
+    axes += std::string("axis { field: \"") + f + "\"";
+    for (int v = 1; v <= 256; ++v) axes += " values: \"" + std::to_string(v) + "\"";
+    axes += " }\n";
+  }
+  spec::SweepSpec grid;
+  REQUIRE(google::protobuf::TextFormat::ParseFromString(axes, &grid));
+  CHECK_THROWS_WITH(expand_sweep(grid), Contains("more than"));
+}
+
+TEST_CASE("hostile: CSV traces with a huge comment or numbers beyond 64 bits are input errors, not crashes") {
+  const auto dir = test::temp_dir("hostile-csv");
+  const std::string rows = "iter,layer,src,e0,e1\n0,0,0,1,1\n";
+  test::write_file(dir + "/long.csv", "# model: x, top_k=1, num_experts=2 " + std::string(30000, 'a') + "\n" + rows);
+  CHECK(import_csv(dir + "/long.csv", dir + "/long.trace", {}).top_k() == 1);
+  test::write_file(dir + "/big.csv", "# top_k=99999999999999999999999\n" + rows);
+  CHECK_THROWS_WITH(import_csv(dir + "/big.csv", dir + "/big.trace", {}), Contains("beyond 64 bits"));
+  test::write_file(dir + "/k.csv", "# top_k=5000000000\n" + rows);
+  CHECK_THROWS_WITH(import_csv(dir + "/k.csv", dir + "/k.trace", {}), Contains("at most"));
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <optional>
 
@@ -200,8 +201,8 @@ class TraceSource final : public GatingSource {
 }  // namespace
 
 void validate_gating(const spec::GatingSpec& g, const MoeModel& model, int iterations) {
-  if (g.has_zipf() && !(g.zipf().exponent() >= 0))
-    throw FieldError("gating.zipf.exponent", "must be >= 0 (0 is uniform popularity)");
+  if (g.has_zipf() && !(g.zipf().exponent() >= 0 && std::isfinite(g.zipf().exponent())))
+    throw FieldError("gating.zipf.exponent", "must be a finite number >= 0 (0 is uniform popularity)");
   if (g.has_generator()) {
     try {
       resolve_generator(g.generator());

@@ -12,14 +12,20 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
   auto require = [](bool ok, const char* field, const std::string& message) {
     if (!ok) throw FieldError(field, message);
   };
-  require(spec_.layers() >= 1, "layers", "must be >= 1");
-  require(spec_.d_model() >= 1, "d_model", "must be >= 1");
-  require(spec_.d_ffn() >= 1, "d_ffn", "must be >= 1");
-  require(spec_.experts() >= 1, "experts", "must be >= 1");
-  require(spec_.top_k() >= 1 && spec_.top_k() <= spec_.experts(), "top_k",
-          fmt::format("must be between 1 and the number of experts ({})", spec_.experts()));
-  require(spec_.tokens_per_gpu() >= 1, "tokens_per_gpu", "must be >= 1");
-  require(spec_.seq_len() >= 1, "seq_len", "must be >= 1");
+  // Ranges: beyond any model trained, short of overflowing a token count (int32) or a GEMM's FLOPs.
+  auto in = [&](std::uint32_t v, std::uint32_t lo, std::uint32_t hi, const char* field) {
+    require(v >= lo && v <= hi, field, fmt::format("must be in [{}, {}], got {}", lo, hi, v));
+  };
+  in(spec_.layers(), 1, 10'000, "layers");
+  in(spec_.d_model(), 1, 1u << 20, "d_model");
+  in(spec_.d_ffn(), 1, 1u << 22, "d_ffn");
+  in(spec_.experts(), 1, 1u << 16, "experts");
+  require(spec_.top_k() >= 1 && spec_.top_k() <= spec_.experts() && spec_.top_k() <= 1024, "top_k",
+          fmt::format("must be between 1 and the number of experts ({}), at most 1024", spec_.experts()));
+  in(spec_.tokens_per_gpu(), 1, 1u << 24, "tokens_per_gpu");
+  in(spec_.seq_len(), 1, 1u << 24, "seq_len");
+  require(std::uint64_t(spec_.tokens_per_gpu()) * spec_.top_k() < (1ull << 31), "top_k",
+          "times tokens_per_gpu must be below 2^31 (token-slots per GPU are counted in 32 bits)");
   require(spec_.tokens_per_gpu() % spec_.seq_len() == 0, "tokens_per_gpu",
           fmt::format("{} is not a multiple of seq_len {} (tokens per GPU = micro-batch × seq_len)",
                       spec_.tokens_per_gpu(), spec_.seq_len()));
@@ -28,8 +34,10 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
   require(spec_.dtype() != spec::DTYPE_UNSPECIFIED, "dtype", "is not set; use FP32, TF32, FP16 or BF16");
   for (int i = 0; i < spec_.extra_dense_gemms_size(); ++i) {
     const auto& g = spec_.extra_dense_gemms(i);
-    if (g.m() == 0 || g.n() == 0 || g.k() == 0)
-      throw FieldError(fmt::format("extra_dense_gemms[{}]", i), "m, n and k must all be >= 1");
+    constexpr std::uint64_t kMaxDim = 1ull << 24, kMaxBatch = 1ull << 20;
+    if (g.m() == 0 || g.n() == 0 || g.k() == 0 || g.m() > kMaxDim || g.n() > kMaxDim || g.k() > kMaxDim || g.batch() > kMaxBatch)
+      throw FieldError(fmt::format("extra_dense_gemms[{}]", i),
+                       fmt::format("m, n and k must be in [1, {}] and batch at most {}", kMaxDim, kMaxBatch));
   }
 }
 

@@ -140,6 +140,32 @@ std::vector<double> expert_popularity(const spec::GatingSpec& gating, int expert
   return p;
 }
 
+namespace {
+
+// Redraws of an already chosen expert before sample_routing() draws exactly (draw_excluding()):
+// at any popularity a real model's gate would learn, 64 redraws in a row never happen.
+constexpr int kRedraws = 64;
+
+// An expert drawn in proportion to `popularity` among those not in chosen[0, j): by its cumulative
+// mass; when that mass is 0 (popularities too small to sum), the most popular of them.
+int draw_excluding(const std::vector<double>& popularity, const std::vector<int>& chosen, int j, Rng& rng) {
+  auto taken = [&](int x) { return std::find(chosen.begin(), chosen.begin() + j, x) != chosen.begin() + j; };
+  double mass = 0;
+  int best = -1;
+  for (int x = 0; x < int(popularity.size()); ++x)
+    if (!taken(x)) {
+      mass += popularity[std::size_t(x)];
+      if (best < 0 || popularity[std::size_t(x)] > popularity[std::size_t(best)]) best = x;
+    }
+  if (!(mass > 0)) return best;
+  double u = rng.uniform() * mass;
+  for (int x = 0; x < int(popularity.size()); ++x)
+    if (!taken(x) && (u -= popularity[std::size_t(x)]) < 0) return x;
+  return best;  // u ran past the end by rounding
+}
+
+}  // namespace
+
 RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng) {
   const int experts = int(popularity.size());
   std::vector<std::int32_t> counts;
@@ -153,14 +179,15 @@ RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources,
     std::fill(row.begin(), row.end(), 0);
     for (int t = 0; t < tokens; ++t) {
       for (int j = 0; j < top_k; ++j) {
-        int e;
-        bool repeat;
-        do {  // without replacement: redraw an expert this token already chose
-          e = int(table.draw(rng));
-          repeat = false;
-          for (int i = 0; i < j; ++i) repeat |= chosen[i] == e;
-        } while (repeat);
-        chosen[j] = e;
+        int e = -1;
+        auto taken = [&](int x) { return std::find(chosen.begin(), chosen.begin() + j, x) != chosen.begin() + j; };
+        // Without replacement: redraw an expert this token already chose. A skewed enough popularity
+        // (the first choices hold nearly all the mass) would redraw for ever: after kRedraws the
+        // draw is exact from the experts not chosen yet, renormalized.
+        for (int tries = 0; tries < kRedraws && e < 0; ++tries)
+          if (const int x = int(table.draw(rng)); !taken(x)) e = x;
+        if (e < 0) e = draw_excluding(popularity, chosen, j, rng);
+        chosen[std::size_t(j)] = e;
         ++row[std::size_t(e)];
       }
     }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <filesystem>
 #include <limits>
@@ -52,13 +53,25 @@ bool parse_count(std::string_view s, std::int64_t& out) {
   return true;
 }
 
-// `key=value` integers in metadata comments ("top_k=2, num_experts=32").
-std::map<std::string, std::int64_t> metadata_numbers(const std::vector<std::string>& comments) {
-  static const std::regex kv(R"(([A-Za-z_]+)=([0-9]+))");
+// `key=value` integers in metadata comments ("top_k=2, num_experts=32"), scanned by hand (a regex
+// over a comment line of some 30,000 letters overflowed the stack). A value beyond 64 bits is an
+// input error.
+std::map<std::string, std::int64_t> metadata_numbers(const std::vector<std::string>& comments, const std::string& name) {
+  auto key_char = [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) || ch == '_'; };
   std::map<std::string, std::int64_t> out;
   for (const auto& c : comments)
-    for (std::sregex_iterator it(c.begin(), c.end(), kv), end; it != end; ++it)
-      out.emplace((*it)[1].str(), std::stoll((*it)[2].str()));
+    for (std::size_t eq = c.find('='); eq != std::string::npos; eq = c.find('=', eq + 1)) {
+      std::size_t k = eq, v = eq + 1;
+      while (k > 0 && key_char(c[k - 1])) --k;
+      while (v < c.size() && std::isdigit(static_cast<unsigned char>(c[v]))) ++v;
+      if (k == eq || v == eq + 1) continue;
+      const std::string key = c.substr(k, eq - k);
+      std::int64_t value = 0;
+      if (std::from_chars(c.data() + eq + 1, c.data() + v, value).ec != std::errc())
+        throw InputError(name + ": metadata " + key + "=" + c.substr(eq + 1, std::min<std::size_t>(v - eq - 1, 30)) +
+                         "...: the number is beyond 64 bits");
+      out.emplace(key, value);
+    }
   return out;
 }
 
@@ -70,8 +83,13 @@ std::uint32_t stride_of(const std::vector<std::uint64_t>& iterations) {
 }
 
 int resolve_top_k(const ImportOptions& options, const std::map<std::string, std::int64_t>& meta, const std::string& name) {
+  constexpr std::int64_t kMaxTopK = 1024;
   if (options.top_k > 0) return options.top_k;
-  if (auto it = meta.find("top_k"); it != meta.end() && it->second > 0) return int(it->second);
+  if (auto it = meta.find("top_k"); it != meta.end() && it->second > 0) {
+    if (it->second > kMaxTopK)
+      throw InputError(fmt::format("{}: top_k={} in the metadata; a top-k is at most {}", name, it->second, kMaxTopK));
+    return int(it->second);
+  }
   throw InputError(name + ": top_k is not in the file's metadata (`# ... top_k=2`); pass --top-k K");
 }
 
@@ -202,7 +220,7 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
         if (iterations.empty() || iterations.back() != r.iter) iterations.push_back(r.iter);
       });
   if (iterations.empty()) throw InputError(csv_path + ": no data rows");
-  const auto meta = metadata_numbers(comments);
+  const auto meta = metadata_numbers(comments, csv_path);
   h.set_experts(std::uint32_t(layout.experts));
   h.set_top_k(std::uint32_t(resolve_top_k(options, meta, csv_path)));
   h.set_layers(layers);
@@ -274,7 +292,13 @@ spec::TraceHeader import_smartmoe_logs(const std::string& dir, const std::string
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, name_re)) files[std::stoull(m[1])][std::uint32_t(std::stoul(m[2]))] = entry.path();
+    if (!std::regex_match(name, m, name_re)) continue;
+    std::uint64_t iteration = 0, rank = 0;
+    const std::string it_text = m[1], rank_text = m[2];
+    if (std::from_chars(it_text.data(), it_text.data() + it_text.size(), iteration).ec != std::errc() ||
+        std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank).ec != std::errc() || rank >= (1u << 20))
+      throw InputError(entry.path().string() + ": the iteration must fit 64 bits and the rank be below 2^20");
+    files[iteration][std::uint32_t(rank)] = entry.path();
   }
   if (ec) throw InputError(dir + ": cannot list the directory (" + ec.message() + ")");
   if (files.empty()) throw InputError(dir + ": no table_iter{I}_rank{R}.log files");
