@@ -514,9 +514,15 @@ int main(int argc, char** argv) {
         db.export_csv(std::cout, export_iterations);
       } else {
         const std::string tmp = export_out + ".tmp";
-        {
+        try {
           std::ofstream f(tmp);
+          if (!f) throw InputError("-o " + export_out + ": cannot write there (does its folder exist?)");
           db.export_csv(f, export_iterations);
+          if (!f.flush()) throw InputError("-o " + export_out + ": writing failed (disk full?)");
+        } catch (...) {
+          std::error_code ec;
+          std::filesystem::remove(tmp, ec);  // nothing half-written
+          throw;
         }
         std::filesystem::rename(tmp, export_out);
       }

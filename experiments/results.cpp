@@ -1,6 +1,7 @@
 #include "results.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -200,22 +201,39 @@ std::string paper_table(const std::vector<PaperComparison>& rows) {
 }
 
 void write_results(const std::string& dir, const Experiment& ex, const ExperimentResult& r) {
+  // Every file is written in full into a private folder beside DIR first, so that an error (a full
+  // disk) leaves DIR as it was; then the folder becomes DIR (new) or its files move in, each rename
+  // atomic, summary.json last: a summary always describes the timeline beside it.
+  fs::path out = fs::absolute(dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  const fs::path stage = out.parent_path() / fmt::format(".{}.writing-{}", out.filename().string(), ::getpid());
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  fs::remove_all(stage, ec);
+  fs::create_directories(stage, ec);
   if (ec) throw InputError(dir + ": cannot create the output directory: " + ec.message());
-  write_atomically(fs::path(dir) / "summary.json", summary_json(ex, r).dump(2) + "\n");
-  {
-    const fs::path path = fs::path(dir) / "timeline.json", tmp = path.string() + ".tmp";
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw InputError(tmp.string() + ": cannot write (check --out and its permissions)");
-    write_timeline(out, r);
-    if (!out.flush()) throw InputError(tmp.string() + ": write failed (disk full?)");
-    out.close();
-    fs::rename(tmp, path);
+  try {
+    std::ofstream timeline(stage / "timeline.json", std::ios::binary);
+    if (!timeline) throw InputError(dir + ": cannot write (check --out and its permissions)");
+    write_timeline(timeline, r);
+    if (!timeline.flush()) throw InputError(dir + ": writing timeline.json failed (disk full?)");
+    timeline.close();
+    if (!r.paper.empty())
+      write_atomically((stage / "paper.md").string(),
+                       "# " + ex.spec.name() + "\n\n" + ex.spec.description() + "\n\n" + paper_table(r.paper));
+    write_atomically((stage / "summary.json").string(), summary_json(ex, r).dump(2) + "\n");
+    if (!fs::exists(out)) {
+      fs::rename(stage, out);
+      return;
+    }
+    if (!fs::is_directory(out)) throw InputError(dir + ": exists and is not a directory");
+    for (const char* name : {"timeline.json", "paper.md", "summary.json"})
+      if (fs::exists(stage / name)) fs::rename(stage / name, out / name);
+      else fs::remove(out / name);  // a paper table of an earlier run would describe another
+    fs::remove_all(stage, ec);
+  } catch (...) {
+    fs::remove_all(stage, ec);
+    throw;
   }
-  if (!r.paper.empty())
-    write_atomically(fs::path(dir) / "paper.md", "# " + ex.spec.name() + "\n\n" + ex.spec.description() + "\n\n" +
-                                                    paper_table(r.paper));
 }
 
 namespace {

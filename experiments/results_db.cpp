@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -89,8 +90,30 @@ std::vector<double> breakdown_values(const json& b) {
 }  // namespace
 
 ResultsDb::ResultsDb(const std::string& path, bool create) : path_(path) {
-  if (!create && !fs::exists(path)) throw InputError(path + ": no such results database");
-  const int flags = create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READWRITE;
+  std::error_code ec;
+  if (create && !fs::exists(path, ec)) {
+    // A new database appears whole: made with its tables under another name, then renamed, so that
+    // a reader never finds the file without them.
+    const std::string tmp = fmt::format("{}.new-{}", path, ::getpid());
+    fs::remove(tmp, ec);
+    sqlite3* db = nullptr;
+    char* err = nullptr;
+    const bool ok = sqlite3_open_v2(tmp.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) == SQLITE_OK &&
+                    sqlite3_exec(db, (std::string("PRAGMA journal_mode=WAL;") + kSchema).c_str(), nullptr, nullptr, &err) == SQLITE_OK;
+    const std::string why = err ? err : db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    if (!ok || (fs::rename(tmp, path, ec), ec)) {
+      fs::remove(tmp, ec);
+      throw InputError(path + ": cannot create the results database: " + (ok ? ec.message() : why));
+    }
+  }
+  const bool exists = fs::exists(path, ec);
+  if (!create && !exists) throw InputError(path + ": no such results database");
+  if (exists && !fs::is_regular_file(path, ec)) throw InputError(path + ": not a file; name a results database");
+  // Read-only unless writing; an existing file is checked before anything is written to it (another
+  // program's SQLite file, an empty file: neither becomes a moesim database).
+  const int flags = create ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY;
   if (sqlite3_open_v2(path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
     const std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
     sqlite3_close(db_);
@@ -98,11 +121,19 @@ ResultsDb::ResultsDb(const std::string& path, bool create) : path_(path) {
   }
   sqlite3_busy_timeout(db_, 10000);
   try {
-    exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
-    exec(kSchema);
+    {
+      Statement s(db_, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('meta', 'points', 'runs', "
+                       "'iterations')");
+      if (!s.step() || s.integer(0) != 4) throw std::runtime_error("it lacks moesim's tables");
+    }
+    if (create) {
+      exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
+      exec(kSchema);
+    }
   } catch (const std::exception& e) {
     sqlite3_close(db_);
-    throw InputError(path + ": not a moesim results database (" + e.what() + ")");
+    db_ = nullptr;
+    throw InputError(path + ": not a moesim results database (" + e.what() + "); nothing was written to it");
   }
 }
 
@@ -176,18 +207,23 @@ void ResultsDb::insert(const StoredPoint& p) {
 std::vector<StoredPoint> ResultsDb::points() const {
   std::vector<StoredPoint> out;
   Statement s(db_, "SELECT id, label, overrides, spec, summary, wall_s FROM points ORDER BY id");
-  while (s.step())
-    out.push_back({int(s.integer(0)), s.text(1), json::parse(s.text(2)), s.text(3), json::parse(s.text(4)), s.real(5)});
+  while (s.step()) try {
+      out.push_back({int(s.integer(0)), s.text(1), json::parse(s.text(2)), s.text(3), json::parse(s.text(4)), s.real(5)});
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("{}: point {}: its stored JSON is corrupt ({})", path_, s.integer(0), e.what()));
+    }
   return out;
 }
 
 void ResultsDb::export_csv(std::ostream& out, bool iterations) const {
   std::vector<std::string> fields;
-  if (const auto f = meta("fields"); !f.empty()) fields = json::parse(f).get<std::vector<std::string>>();
   std::map<std::int64_t, json> overrides;
-  {
+  try {
+    if (const auto f = meta("fields"); !f.empty()) fields = json::parse(f).get<std::vector<std::string>>();
     Statement s(db_, "SELECT id, overrides FROM points");
     while (s.step()) overrides[s.integer(0)] = json::parse(s.text(1));
+  } catch (const json::exception& e) {
+    throw InputError(path_ + ": the stored sweep fields or overrides are corrupt JSON (" + e.what() + ")");
   }
   const std::string table = iterations ? "iterations" : "runs";
   const std::vector<std::string> columns =

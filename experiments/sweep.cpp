@@ -1,6 +1,8 @@
 #include "sweep.hpp"
 
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -158,6 +160,16 @@ int run_sweep(const Sweep& sw, const SweepOptions& o, const std::function<void(c
   if (fs::exists(o.db) && !o.resume)
     throw InputError(o.db + ": exists; add --resume to continue that sweep, or remove it (or --db another file)");
   ResultsDb db(o.db, true);
+  // One sweep writes a database at a time: a second one on it (two --resume, or two shards given
+  // one --db) stops at once, exit 2, instead of running every point again and failing at the end.
+  struct Lock {
+    int fd = -1;
+    ~Lock() {
+      if (fd >= 0) ::close(fd);
+    }
+  } lock{::open(o.db.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (lock.fd < 0 || ::flock(lock.fd, LOCK_EX | LOCK_NB) != 0)
+    throw InputError(o.db + ": another sweep is writing this database; wait for it to finish, or --db another file");
   const std::string identity = sweep_identity(sw);
   if (const auto stored = db.meta("sweep_spec"); !stored.empty() && stored != identity)
     throw InputError(o.db + ": holds another sweep ('" + db.meta("sweep") +
@@ -183,7 +195,13 @@ int run_sweep(const Sweep& sw, const SweepOptions& o, const std::function<void(c
   while (next < pending.size() || !running.empty()) {
     while (next < pending.size() && int(running.size()) < jobs) {
       const SweepPoint& p = pending[next++];
-      running.emplace(fork_worker([&] { run_point(sw, p, work); }, (work / fmt::format("point-{}.err", p.index)).string()), p);
+      running.emplace(fork_worker(
+                          [&] {
+                            ::close(lock.fd);  // the lock is the sweep's: a worker outliving a killed sweep must not hold it
+                            run_point(sw, p, work);
+                          },
+                          (work / fmt::format("point-{}.err", p.index)).string()),
+                      p);
     }
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, 0);

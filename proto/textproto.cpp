@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <fstream>
+#include <charconv>
 #include <sstream>
 
 namespace moesim {
@@ -32,7 +33,8 @@ std::vector<std::pair<std::string, int>> split_path(const std::string& path) {
   while (std::getline(ss, item, '.')) {
     int index = -1;
     if (auto open = item.find('['); open != std::string::npos) {
-      index = std::stoi(item.substr(open + 1));
+      const char* first = item.data() + open + 1;
+      if (std::from_chars(first, item.data() + item.size(), index).ec != std::errc()) index = -1;
       item = item.substr(0, open);
     }
     parts.emplace_back(item, index);
@@ -104,6 +106,9 @@ void apply_override(pb::Message& msg, const std::string& assignment) {
     throw InputError("--set " + assignment + ": expected field.path=value, e.g. --set cluster.nodes=4");
   const std::string path = assignment.substr(0, eq);
   std::string value = assignment.substr(eq + 1);
+  if (path.find_first_of("[]") != std::string::npos)
+    throw InputError("--set " + assignment + ": a field path names fields only, without [index]; set the fields of a "
+                     "repeated message in the spec file");
 
   // Build "a { b { c: value } }" and merge it: the text-format parser then checks names and types.
   const pb::Descriptor* type = msg.GetDescriptor();

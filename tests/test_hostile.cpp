@@ -4,7 +4,12 @@
 // crashes or silently overflows (each refused naming its field, or computed correctly).
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <google/protobuf/text_format.h>
+#include <sqlite3.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,10 +19,12 @@
 
 #include "cost_model.hpp"
 #include "errors.hpp"
+#include "gating.hpp"
 #include "gpu.hpp"
 #include "helpers.hpp"
 #include "plot.hpp"
 #include "results.hpp"
+#include "results_db.hpp"
 #include "spec.hpp"
 #include "sweep.hpp"
 #include "trace_import.hpp"
@@ -236,4 +243,110 @@ TEST_CASE("hostile: CSV traces with a huge comment or numbers beyond 64 bits are
   CHECK_THROWS_WITH(import_csv(dir + "/big.csv", dir + "/big.trace", {}), Contains("beyond 64 bits"));
   test::write_file(dir + "/k.csv", "# top_k=5000000000\n" + rows);
   CHECK_THROWS_WITH(import_csv(dir + "/k.csv", dir + "/k.trace", {}), Contains("at most"));
+}
+
+TEST_CASE("hostile: results databases: read-only commands write nothing, a foreign file stays as it was") {
+  const auto dir = test::temp_dir("hostile-db");
+  // Another program's SQLite file, and an empty file.
+  sqlite3* other = nullptr;
+  REQUIRE(sqlite3_open((dir + "/other.db").c_str(), &other) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(other, "CREATE TABLE t(x); INSERT INTO t VALUES(1);", nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(other);
+  const std::string before = test::read_file(dir + "/other.db");
+  test::write_file(dir + "/empty.db", "");
+  for (const bool create : {false, true})
+    for (const std::string name : {"other.db", "empty.db"}) {
+      INFO(name << (create ? " opened to write" : " opened to read"));
+      CHECK_THROWS_WITH(ResultsDb(dir + "/" + name, create), Contains("not a moesim results database"));
+    }
+  CHECK(test::read_file(dir + "/other.db") == before);
+  CHECK(fs::file_size(dir + "/empty.db") == 0);
+  CHECK_FALSE(fs::exists(dir + "/other.db-wal"));
+  // The command line: exit 2, and nothing half-written where -o points into no folder.
+  std::string out;
+  CHECK(test::run_command(std::string(MOESIM_BIN) + " results export " + dir + "/other.db", out) == 2);
+  CHECK(test::read_file(dir + "/other.db") == before);
+  // Corrupt JSON in a moesim database is an input error naming the point, not a crash.
+  {
+    ResultsDb db(dir + "/ours.db", true);
+    db.set_meta("fields", "[\"seed\"]");
+  }
+  REQUIRE(sqlite3_open((dir + "/ours.db").c_str(), &other) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(other, "INSERT INTO points(id, label, overrides, spec, summary, wall_s) VALUES(3, 'x', '{not json', '', '{}', 0)",
+                       nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(other);
+  CHECK_THROWS_WITH(ResultsDb(dir + "/ours.db", false).points(), Contains("point 3") && Contains("corrupt"));
+  CHECK(test::run_command(std::string(MOESIM_BIN) + " results export " + dir + "/ours.db -o " + dir + "/no/such/x.csv", out) == 2);
+  CHECK_FALSE(fs::exists(dir + "/no"));
+}
+
+TEST_CASE("hostile: a second sweep on a database another sweep is writing stops at once") {
+  const auto dir = test::temp_dir("hostile-lock");
+  const std::string base = dir + "/base.textproto";
+  test::write_file(base, test::read_file(test::kBaseSpec));
+  test::write_file(dir + "/s.textproto", "base: \"base.textproto\"\nname: \"grid\"\nset: \"cluster.nodes=2\" "
+                                         "set: \"model.layers=2\" set: \"model.experts=16\" set: \"iterations=2\"\n"
+                                         "axis { field: \"seed\" values: [\"1\", \"2\"] }\n");
+  const auto sw = load_sweep(dir + "/s.textproto");
+  SweepOptions o;
+  o.db = dir + "/r.db";
+  o.jobs = 1;
+  { ResultsDb create(o.db, true); }
+  const int held = ::open(o.db.c_str(), O_RDONLY);  // the other sweep
+  REQUIRE(::flock(held, LOCK_EX) == 0);
+  o.resume = true;
+  CHECK_THROWS_WITH(run_sweep(sw, o), Contains("another sweep"));
+  ::close(held);
+  CHECK(run_sweep(sw, o) == 0);
+  CHECK(ResultsDb(o.db, false).finished().size() == 2);
+}
+
+TEST_CASE("hostile: a run's results appear whole: written aside, then moved in, summary last") {
+  const auto dir = test::temp_dir("hostile-out");
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=16", "iterations=2"});
+  const auto result = run_experiment(ex);
+  write_results(dir + "/out", ex, result);  // new: the staged folder renamed
+  test::write_file(dir + "/out/mine.txt", "kept");
+  write_results(dir + "/out/", ex, result);  // existing: the files moved in, the folder's others kept
+  CHECK(fs::exists(dir + "/out/summary.json"));
+  CHECK(fs::exists(dir + "/out/timeline.json"));
+  CHECK(test::read_file(dir + "/out/mine.txt") == "kept");
+  test::write_file(dir + "/file", "not a folder");
+  CHECK_THROWS_WITH(write_results(dir + "/file", ex, result), Contains("not a directory"));
+  CHECK(test::read_file(dir + "/file") == "not a folder");
+  for (const auto& f : fs::directory_iterator(dir))  // no staging folder left behind
+    CHECK(f.path().filename().string().find(".writing-") == std::string::npos);
+}
+
+TEST_CASE("hostile: imported CSV traces are cached in a private per-user folder, keyed on content") {
+  const auto dir = test::temp_dir("hostile-cache");
+  const char* saved = std::getenv("XDG_CACHE_HOME");
+  const std::string restore = saved ? saved : "";
+  ::setenv("XDG_CACHE_HOME", (dir + "/cache").c_str(), 1);
+  test::write_file(dir + "/t.csv", "# model: x, top_k=1, num_experts=2\niter,layer,src,e0,e1\n0,0,0,1,1\n");
+  const std::string cached = replay_trace_path(dir + "/t.csv");
+  CHECK(cached.rfind(dir + "/cache/moesim/", 0) == 0);
+  struct stat st {};
+  REQUIRE(::lstat((dir + "/cache/moesim").c_str(), &st) == 0);
+  CHECK((st.st_mode & 077) == 0);
+  CHECK(replay_trace_path(dir + "/t.csv") == cached);  // the same content: the same entry
+  test::write_file(dir + "/t.csv", "# model: x, top_k=1, num_experts=2\niter,layer,src,e0,e1\n0,0,0,2,0\n");
+  CHECK(replay_trace_path(dir + "/t.csv") != cached);  // edited: imported again
+  // A cache folder that is a link (someone else's folder) is not used.
+  fs::remove_all(dir + "/cache/moesim");
+  fs::create_directories(dir + "/elsewhere");
+  fs::create_directory_symlink(dir + "/elsewhere", dir + "/cache/moesim");
+  const std::string aside = replay_trace_path(dir + "/t.csv");
+  CHECK(aside.rfind(dir + "/cache/", 0) != 0);
+  CHECK(fs::is_empty(dir + "/elsewhere"));
+  fs::remove_all(fs::path(aside).parent_path());  // its private mkdtemp folder
+  if (saved) ::setenv("XDG_CACHE_HOME", restore.c_str(), 1);
+  else ::unsetenv("XDG_CACHE_HOME");
+}
+
+TEST_CASE("hostile: --set with an index or a bad one is an input error, not an internal one") {
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"model[x].experts=3"}), Contains("without [index]"));
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"variants[0].name=z"}), Contains("without [index]"));
+  std::string out;
+  CHECK(test::run_command(std::string(MOESIM_BIN) + " run " + test::kBaseSpec + " --set 'model[x].experts=3'", out) == 2);
 }

@@ -1,9 +1,14 @@
 #include "gating.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <numeric>
 #include <optional>
 
@@ -85,15 +90,56 @@ RoutingMatrix map_sources(const RoutingMatrix& trace, int gpus, std::int64_t tok
   return out;
 }
 
+namespace {
+
+// The folder for imported CSV traces: $XDG_CACHE_HOME/moesim, else ~/.cache/moesim, created private
+// (0700). Used only when it is a real directory (not a link) owned by this user and closed to
+// others, so that no other local user can plant or read a cached trace; "" otherwise.
+std::filesystem::path trace_cache_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if ((!xdg || !*xdg) && (!home || !*home)) return {};
+  const std::filesystem::path base = xdg && *xdg ? std::filesystem::path(xdg) : std::filesystem::path(home) / ".cache";
+  const auto dir = base / "moesim";
+  std::error_code ec;
+  std::filesystem::create_directories(base, ec);
+  ::mkdir(dir.c_str(), 0700);  // EEXIST is fine: checked below
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077) != 0) return {};
+  return dir;
+}
+
+}  // namespace
+
 std::string replay_trace_path(const std::string& path) {
   if (path.size() < 4 || path.substr(path.size() - 4) != ".csv") return path;
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw InputError(path + ": cannot open (check the path)");
-  const auto stamp = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
-  const auto key = derive_seed(std::hash<std::string>{}(std::filesystem::absolute(path).string()), size, std::uint64_t(stamp));
-  const auto cached = std::filesystem::temp_directory_path() / fmt::format("moesim-{:016x}.trace", key);
-  if (!std::filesystem::exists(cached)) import_csv(path, cached.string(), {});
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open (check the path)");
+  std::stringstream text;
+  text << in.rdbuf();
+  // Keyed on the content: an edited file is imported again, a copy elsewhere is not.
+  const std::string content = text.str();
+  const auto key = derive_seed(std::hash<std::string>{}(content), content.size(), 0x6373762d74726163ull);
+  const auto dir = trace_cache_dir();
+  if (dir.empty()) {  // no private cache: a private folder (mkdtemp: 0700) for this import, left behind
+    char tmpl[] = "/tmp/moesim-trace-XXXXXX";
+    const std::filesystem::path fresh = ::mkdtemp(tmpl) ? std::filesystem::path(tmpl) : std::filesystem::path();
+    if (fresh.empty()) throw InputError(path + ": no private folder to import the CSV into (set XDG_CACHE_HOME)");
+    import_csv(path, (fresh / "trace.trace").string(), {});
+    return (fresh / "trace.trace").string();
+  }
+  const auto cached = dir / fmt::format("{:016x}.trace", key);
+  if (!std::filesystem::exists(cached)) {  // imported whole under a unique name, then renamed in
+    const auto tmp = dir / fmt::format("{:016x}.{}.tmp", key, ::getpid());
+    try {
+      import_csv(path, tmp.string(), {});
+    } catch (...) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw;
+    }
+    std::filesystem::rename(tmp, cached);
+  }
   return cached.string();
 }
 
