@@ -382,7 +382,8 @@ int main(int argc, char** argv) {
   bool emit_slurm = false;
   int slurm_shards = 8, slurm_cpus = 8;
   sweep_cmd->add_option("spec", sweep_spec, "The sweep spec (.textproto)")->required();
-  sweep_cmd->add_option("--jobs,-j", sweep_options.jobs, "Points run at once (worker processes); default: the cores");
+  sweep_cmd->add_option("--jobs,-j", sweep_options.jobs, "Points run at once (worker processes); default: the cores")
+      ->check(CLI::Range(0, 4096));
   sweep_cmd->add_option("--db", sweep_options.db, "The results database")->capture_default_str();
   sweep_cmd->add_flag("--resume", sweep_options.resume, "Continue the sweep in --db: skip its finished points");
   sweep_cmd->add_option("--shard", shard_text, "Run only shard i of n (points i, i+n, ...), 0 <= i < n, e.g. 2/8");

@@ -138,7 +138,8 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     if (fs::exists(candidate)) *value = candidate.lexically_normal().string();
   };
   if (s.gating().has_trace()) relative_to_spec(s.mutable_gating()->mutable_trace()->mutable_path(), "gating.trace.path");
-  if (s.cluster().platform().find('/') != std::string::npos)
+  if (const auto& p = s.cluster().platform();  // a file, not a catalog name: beside the spec
+      p.find('/') != std::string::npos || (p.size() > 10 && p.substr(p.size() - 10) == ".textproto"))
     relative_to_spec(s.mutable_cluster()->mutable_platform(), "cluster.platform");
   if (s.iterations() == 0) s.set_iterations(1);
   if (s.warmup_iterations() >= s.iterations())

@@ -3,6 +3,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <filesystem>
 #include <fstream>
 #include <charconv>
 #include <sstream>
@@ -93,6 +94,8 @@ ParsedFile parse_text(const std::string& path, const std::string& text, pb::Mess
 }
 
 ParsedFile parse_file(const std::string& path, pb::Message& msg) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory; name a .textproto file");
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open file (check the path)");
   std::stringstream ss;

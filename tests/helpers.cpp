@@ -1,6 +1,7 @@
 #include "helpers.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -56,9 +57,22 @@ int run_command(const std::string& command, std::string& output) {
 }
 
 std::string temp_dir(const std::string& name) {
+  // Removed when the test process exits (each test case runs in its own), unless
+  // MOESIM_KEEP_TEST_DIRS is set to look into them.
+  static std::vector<fs::path> made;
+  static const bool registered = [] {
+    std::atexit([] {
+      if (std::getenv("MOESIM_KEEP_TEST_DIRS")) return;
+      std::error_code ec;
+      for (const auto& d : made) fs::remove_all(d, ec);
+    });
+    return true;
+  }();
+  (void)registered;
   const fs::path dir = fs::temp_directory_path() / ("moesim-test-" + std::to_string(getpid()) + "-" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
+  made.push_back(dir);
   return dir.string();
 }
 

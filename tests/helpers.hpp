@@ -37,7 +37,8 @@ struct SmallSetup {
 /// Runs a shell command; returns its exit status and puts stdout+stderr in `output`.
 int run_command(const std::string& command, std::string& output);
 
-/// A fresh empty directory under the build tree's temp area.
+/// A fresh empty directory in the temp folder, removed when the test process exits (set
+/// MOESIM_KEEP_TEST_DIRS to keep it).
 std::string temp_dir(const std::string& name);
 
 void write_file(const std::string& path, const std::string& text);

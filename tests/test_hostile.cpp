@@ -243,6 +243,15 @@ TEST_CASE("hostile: CSV traces with a huge comment or numbers beyond 64 bits are
   CHECK_THROWS_WITH(import_csv(dir + "/big.csv", dir + "/big.trace", {}), Contains("beyond 64 bits"));
   test::write_file(dir + "/k.csv", "# top_k=5000000000\n" + rows);
   CHECK_THROWS_WITH(import_csv(dir + "/k.csv", dir + "/k.trace", {}), Contains("at most"));
+  // What the importer once wrote and the reader then refused: rows out of iteration order (a
+  // stride of 2^32 - 1), a layer number of 2^31 - 1; an iteration beyond 2^31 - 1 is refused.
+  const std::string head = "# top_k=1\niter,layer,src,e0,e1\n";
+  test::write_file(dir + "/order.csv", head + "5,0,0,1,1\n2,0,0,1,1\n");
+  CHECK_THROWS_WITH(import_csv(dir + "/order.csv", dir + "/o.trace", {}), Contains("iteration order"));
+  test::write_file(dir + "/layer.csv", head + "0,2147483647,0,1,1\n");
+  CHECK_THROWS_WITH(import_csv(dir + "/layer.csv", dir + "/l.trace", {}), Contains("column 'layer'"));
+  test::write_file(dir + "/far.csv", head + "0,0,0,1,1\n1099511627776,0,0,1,1\n");
+  CHECK_THROWS_WITH(import_csv(dir + "/far.csv", dir + "/f.trace", {}), Contains("column 'iter'"));
 }
 
 TEST_CASE("hostile: results databases: read-only commands write nothing, a foreign file stays as it was") {
@@ -349,4 +358,57 @@ TEST_CASE("hostile: --set with an index or a bad one is an input error, not an i
   CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"variants[0].name=z"}), Contains("without [index]"));
   std::string out;
   CHECK(test::run_command(std::string(MOESIM_BIN) + " run " + test::kBaseSpec + " --set 'model[x].experts=3'", out) == 2);
+}
+
+namespace {
+
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+TEST_CASE("hostile: the corpus (tests/hostile/cases.tsv): each input exits 2 naming what is wrong, writing nothing") {
+  const auto dir = test::temp_dir("hostile-corpus");
+  const std::string root = MOESIM_SOURCE_DIR;
+  const std::string platform = test::read_file(root + "/platforms/p4d-a100.textproto");
+  std::ifstream cases(root + "/tests/hostile/cases.tsv");
+  REQUIRE(cases);
+  int n = 0;
+  for (std::string line; std::getline(cases, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
+    REQUIRE(t2 != std::string::npos);
+    const std::string kind = line.substr(0, t1), payload = line.substr(t1 + 1, t2 - t1 - 1), expect = line.substr(t2 + 1);
+    INFO("case " << n << ": " << kind << " " << payload);
+    const std::string out = dir + "/out" + std::to_string(n), spec = dir + "/spec" + std::to_string(n) + ".textproto";
+    std::string extra;
+    test::write_file(spec, test::read_file(test::kBaseSpec) + (kind == "spec" ? "\n" + payload + "\n" : ""));
+    if (kind == "set") extra = " --set " + shell_quoted(payload);
+    if (kind == "platform") {
+      const auto arrow = payload.find("=>");
+      REQUIRE(arrow != std::string::npos);
+      std::string text = platform;
+      const auto at = text.find(payload.substr(0, arrow));
+      REQUIRE(at != std::string::npos);
+      text.replace(at, arrow, payload.substr(arrow + 2));
+      const std::string file = dir + "/platform" + std::to_string(n) + ".textproto";
+      test::write_file(file, text);
+      extra = " --set cluster.platform=" + shell_quoted(file);
+    }
+    std::string output;
+    const int rc = test::run_command(std::string(MOESIM_BIN) + " run " + shell_quoted(spec) +
+                                         " --set cluster.nodes=2 --set model.layers=2 --set model.experts=16 --set iterations=1" +
+                                         extra + " --out " + shell_quoted(out),
+                                     output);
+    INFO(output);
+    CHECK(rc == 2);
+    CHECK_THAT(output, Contains(expect));
+    CHECK_THAT(output, !Contains("internal error"));
+    CHECK_FALSE(fs::exists(out));
+    ++n;
+  }
+  CHECK(n >= 100);
 }

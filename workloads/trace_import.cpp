@@ -76,9 +76,12 @@ std::map<std::string, std::int64_t> metadata_numbers(const std::vector<std::stri
 }
 
 // Iteration stride: the gcd of the gaps between consecutive recorded iterations (1 if one).
-std::uint32_t stride_of(const std::vector<std::uint64_t>& iterations) {
+// Iterations more than 2^32 - 1 apart cannot be described by one stride: an input error.
+std::uint32_t stride_of(const std::vector<std::uint64_t>& iterations, const std::string& name) {
   std::uint64_t g = 0;
   for (std::size_t i = 1; i < iterations.size(); ++i) g = std::gcd(g, iterations[i] - iterations[i - 1]);
+  if (g > std::numeric_limits<std::uint32_t>::max())
+    throw InputError(name + ": the recorded iterations are more than 2^32 - 1 apart; a trace's stride is 32 bits");
   return std::uint32_t(g ? g : 1);
 }
 
@@ -148,11 +151,18 @@ CsvRow parse_row(std::string_view line, const CsvLayout& c, std::vector<std::int
       throw InputError(fmt::format("{}: column '{}': '{}' is not a non-negative integer", where, name, cells[col]));
     return v;
   };
+  // Bounds that every trace moesim writes can be read back within (a model has at most 10,000
+  // layers; 2^20 sources; 2^16 micro-batches).
+  auto bounded = [&](int col, const char* name, std::int64_t most) {
+    const std::int64_t v = key(col, name);
+    if (v > most) throw InputError(fmt::format("{}: column '{}': {} is beyond {}", where, name, v, most));
+    return v;
+  };
   CsvRow r;
   r.iter = std::uint64_t(key(c.iter, "iter"));
-  r.layer = std::uint32_t(key(c.layer, "layer"));
-  r.src = std::uint32_t(key(c.src, "src"));
-  r.mb = std::uint32_t(key(c.mb, "mb"));
+  r.layer = std::uint32_t(bounded(c.layer, "layer", 9'999));
+  r.src = std::uint32_t(bounded(c.src, "src", (1 << 20) - 1));
+  r.mb = std::uint32_t(bounded(c.mb, "mb", (1 << 16) - 1));
   if (c.loss >= 0) {
     const auto s = trim(cells[c.loss]);
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), r.loss);
@@ -217,6 +227,9 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
         const std::int64_t sum = std::accumulate(counts.begin(), counts.end(), std::int64_t(0));
         min_row = std::min(min_row, sum);
         max_row = std::max(max_row, sum);
+        if (!iterations.empty() && r.iter < iterations.back())
+          throw InputError(fmt::format("{}: iteration {} after iteration {}; rows must come in iteration order", where,
+                                       r.iter, iterations.back()));
         if (iterations.empty() || iterations.back() != r.iter) iterations.push_back(r.iter);
       });
   if (iterations.empty()) throw InputError(csv_path + ": no data rows");
@@ -226,7 +239,7 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
   h.set_layers(layers);
   h.set_sources(sources);
   h.set_micro_batches(layout.mb >= 0 ? micro_batches : 0);
-  h.set_iteration_stride(stride_of(iterations));
+  h.set_iteration_stride(stride_of(iterations, csv_path));
   h.set_has_loss(layout.loss >= 0);
   h.set_csv_key_columns(layout.key_columns);
   for (const auto& c : comments) h.add_comments(c);
@@ -347,10 +360,12 @@ spec::TraceHeader import_smartmoe_logs(const std::string& dir, const std::string
   if (first.empty() || first.begin()->second.empty()) throw InputError(dir + ": the first log file holds no counts");
   h.set_experts(std::uint32_t(first.begin()->second.front().size()));
   h.set_top_k(std::uint32_t(resolve_top_k(options, {}, dir)));
+  if (first.rbegin()->first > 9'999)
+    throw InputError(fmt::format("{}: layer {} in the first log; a model has at most 10,000 layers", dir, first.rbegin()->first));
   h.set_layers(first.rbegin()->first + 1);
   h.set_sources(sources);
   h.set_micro_batches(std::uint32_t(first.begin()->second.size()));
-  h.set_iteration_stride(stride_of(iterations));
+  h.set_iteration_stride(stride_of(iterations, dir));
   h.set_model(options.model.empty() ? "SmartMoE/FastMoE expert-count logs" : options.model);
   h.set_provenance(options.provenance.empty() ? dir : options.provenance);
   h.set_csv_key_columns("iter,layer,src,mb");
