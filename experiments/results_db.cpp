@@ -31,12 +31,24 @@ CREATE TABLE IF NOT EXISTS iterations(
   other_s REAL, max_mean_load REAL, dropped_tokens INTEGER, PRIMARY KEY(point, variant, iteration));
 )";
 
+// SQLite's failure as moesim's error: a damaged file is bad input (exit 2); a full disk, an I/O
+// error or a lock held too long is the machine's (exit 1, SQLite's own words); anything else a bug.
+[[noreturn]] void sqlite_failed(sqlite3* db, int rc, const std::string& what) {
+  const int base = rc & 0xff;
+  const std::string why = fmt::format("sqlite: {}{}", what.empty() ? "" : what + ": ", sqlite3_errmsg(db));
+  if (base == SQLITE_CORRUPT || base == SQLITE_NOTADB) throw InputError(why + " (a damaged results database)");
+  if (base == SQLITE_FULL || base == SQLITE_IOERR || base == SQLITE_BUSY || base == SQLITE_LOCKED ||
+      base == SQLITE_READONLY || base == SQLITE_CANTOPEN || base == SQLITE_PERM)
+    throw MachineError(why);
+  throw std::runtime_error(why);
+}
+
 // A prepared statement, finalized on scope exit.
 class Statement {
  public:
   Statement(sqlite3* db, const std::string& sql) : db_(db) {
     if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr) != SQLITE_OK)
-      throw std::runtime_error(fmt::format("sqlite: {}: {}", sql, sqlite3_errmsg(db)));
+      sqlite_failed(db, sqlite3_errcode(db), sql);
   }
   ~Statement() { sqlite3_finalize(stmt_); }
   Statement(const Statement&) = delete;
@@ -56,7 +68,7 @@ class Statement {
   bool step() {  // true while there is a row
     const int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
-    if (rc != SQLITE_DONE) throw std::runtime_error(fmt::format("sqlite: {}", sqlite3_errmsg(db_)));
+    if (rc != SQLITE_DONE) sqlite_failed(db_, rc, "");
     sqlite3_reset(stmt_);
     sqlite3_clear_bindings(stmt_);
     return false;
@@ -141,10 +153,9 @@ ResultsDb::~ResultsDb() { sqlite3_close(db_); }
 
 void ResultsDb::exec(const std::string& sql) const {
   char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    const std::string msg = err ? err : "unknown error";
+  if (const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
     sqlite3_free(err);
-    throw std::runtime_error("sqlite: " + msg);
+    sqlite_failed(db_, rc, "");
   }
 }
 
@@ -199,7 +210,8 @@ void ResultsDb::insert(const StoredPoint& p) {
     }
     exec("COMMIT");
   } catch (...) {
-    exec("ROLLBACK");
+    // SQLite may have rolled back itself (a full disk): the first error is the one to report.
+    if (!sqlite3_get_autocommit(db_)) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
     throw;
   }
 }

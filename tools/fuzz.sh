@@ -16,7 +16,8 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(spec platform csv logs results_db trace_reader)
 
-cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_FUZZ=ON >/dev/null
+cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_FUZZ=ON \
+  -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF >/dev/null  # the instrumented build is host code only
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/%/_fuzz}" >/dev/null
 
 seeds=build-fuzz/seeds
