@@ -137,6 +137,17 @@ ResultsDb::ResultsDb(const std::string& path, bool create) : path_(path) {
       Statement s(db_, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('meta', 'points', 'runs', "
                        "'iterations')");
       if (!s.step() || s.integer(0) != 4) throw std::runtime_error("it lacks moesim's tables");
+      // and their columns, as moesim reads them
+      for (const auto& [read, columns] : {std::pair{"SELECT key, value FROM meta", 2},
+                                          {"SELECT id, label, overrides, spec, summary, wall_s FROM points", 6},
+                                          {"SELECT * FROM runs", 10},
+                                          {"SELECT * FROM iterations", 11}}) {
+        sqlite3_stmt* probe = nullptr;
+        const bool ok = sqlite3_prepare_v2(db_, (std::string(read) + " LIMIT 0").c_str(), -1, &probe, nullptr) == SQLITE_OK &&
+                        sqlite3_column_count(probe) == columns;
+        sqlite3_finalize(probe);
+        if (!ok) throw std::runtime_error(std::string("its tables are not moesim's: ") + read);
+      }
     }
     if (create) {
       exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");

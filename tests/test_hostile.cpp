@@ -27,6 +27,7 @@
 #include "results_db.hpp"
 #include "spec.hpp"
 #include "sweep.hpp"
+#include "trace.hpp"
 #include "trace_import.hpp"
 
 using namespace moesim;
@@ -250,6 +251,11 @@ TEST_CASE("hostile: CSV traces with a huge comment or numbers beyond 64 bits are
   CHECK_THROWS_WITH(import_csv(dir + "/order.csv", dir + "/o.trace", {}), Contains("iteration order"));
   test::write_file(dir + "/layer.csv", head + "0,2147483647,0,1,1\n");
   CHECK_THROWS_WITH(import_csv(dir + "/layer.csv", dir + "/l.trace", {}), Contains("column 'layer'"));
+  // Found by the CSV fuzzer: a comment with a byte that is not UTF-8 made a trace whose header
+  // protobuf would not read back; such bytes become '?'.
+  test::write_file(dir + "/latin1.csv", "# caf\xe9, top_k=1\niter,layer,src,e0,e1\n0,0,0,1,1\n");
+  import_csv(dir + "/latin1.csv", dir + "/latin1.trace", {});
+  CHECK(TraceReader(dir + "/latin1.trace").header().comments(0) == "# caf?, top_k=1");
   test::write_file(dir + "/far.csv", head + "0,0,0,1,1\n1099511627776,0,0,1,1\n");
   CHECK_THROWS_WITH(import_csv(dir + "/far.csv", dir + "/f.trace", {}), Contains("column 'iter'"));
 }
@@ -270,6 +276,12 @@ TEST_CASE("hostile: results databases: read-only commands write nothing, a forei
     }
   CHECK(test::read_file(dir + "/other.db") == before);
   CHECK(fs::file_size(dir + "/empty.db") == 0);
+  // Found by the results-database fuzzer: moesim's table names with other columns.
+  REQUIRE(sqlite3_open((dir + "/alike.db").c_str(), &other) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(other, "CREATE TABLE meta(key, value); CREATE TABLE points(id); CREATE TABLE runs(a); "
+                              "CREATE TABLE iterations(b);", nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(other);
+  CHECK_THROWS_WITH(ResultsDb(dir + "/alike.db", false), Contains("not moesim's"));
   CHECK_FALSE(fs::exists(dir + "/other.db-wal"));
   // The command line: exit 2, and nothing half-written where -o points into no folder.
   std::string out;

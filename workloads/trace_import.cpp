@@ -75,6 +75,31 @@ std::map<std::string, std::int64_t> metadata_numbers(const std::vector<std::stri
   return out;
 }
 
+// Text for the trace's header, whose strings protobuf reads back only as UTF-8: each byte that does
+// not start a well-formed UTF-8 character (no overlong forms, no surrogates, at most U+10FFFF)
+// becomes '?'.
+std::string utf8_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+    const unsigned char c = b(i);
+    const int n = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+    bool ok = n >= 0 && i + std::size_t(n) < s.size();
+    for (int k = 1; ok && k <= n; ++k) ok = (b(i + std::size_t(k)) & 0xC0) == 0x80;
+    if (ok && n == 2) ok = !(c == 0xE0 && b(i + 1) < 0xA0) && !(c == 0xED && b(i + 1) > 0x9F);  // overlong, surrogate
+    if (ok && n == 3) ok = !(c == 0xF0 && b(i + 1) < 0x90) && !(c == 0xF4 && b(i + 1) > 0x8F);  // overlong, > U+10FFFF
+    if (!ok) {
+      out += '?';
+      ++i;
+      continue;
+    }
+    out.append(s.substr(i, std::size_t(n) + 1));
+    i += std::size_t(n) + 1;
+  }
+  return out;
+}
+
 // Iteration stride: the gcd of the gaps between consecutive recorded iterations (1 if one).
 // Iterations more than 2^32 - 1 apart cannot be described by one stride: an input error.
 std::uint32_t stride_of(const std::vector<std::uint64_t>& iterations, const std::string& name) {
@@ -242,11 +267,11 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
   h.set_iteration_stride(stride_of(iterations, csv_path));
   h.set_has_loss(layout.loss >= 0);
   h.set_csv_key_columns(layout.key_columns);
-  for (const auto& c : comments) h.add_comments(c);
-  h.set_model(options.model);
+  for (const auto& c : comments) h.add_comments(utf8_text(c));
+  h.set_model(utf8_text(options.model));
   for (const auto& c : comments)  // "# model: ..." describes what produced the trace
-    if (h.model().empty() && c.rfind("# model:", 0) == 0) h.set_model(std::string(trim(c.substr(8))));
-  h.set_provenance(options.provenance.empty() ? fs::path(csv_path).filename().string() : options.provenance);
+    if (h.model().empty() && c.rfind("# model:", 0) == 0) h.set_model(utf8_text(trim(c.substr(8))));
+  h.set_provenance(utf8_text(options.provenance.empty() ? fs::path(csv_path).filename().string() : options.provenance));
   finish_header(h, min_row, max_row, csv_path);
 
   // Pass 2: rows grouped into records of (iter, layer, mb), sources 0..S-1 each exactly once.
@@ -366,8 +391,8 @@ spec::TraceHeader import_smartmoe_logs(const std::string& dir, const std::string
   h.set_sources(sources);
   h.set_micro_batches(std::uint32_t(first.begin()->second.size()));
   h.set_iteration_stride(stride_of(iterations, dir));
-  h.set_model(options.model.empty() ? "SmartMoE/FastMoE expert-count logs" : options.model);
-  h.set_provenance(options.provenance.empty() ? dir : options.provenance);
+  h.set_model(utf8_text(options.model.empty() ? "SmartMoE/FastMoE expert-count logs" : options.model));
+  h.set_provenance(utf8_text(options.provenance.empty() ? dir : options.provenance));
   h.set_csv_key_columns("iter,layer,src,mb");
 
   // Two passes like the CSV importer: row sums first (for the header), then the records; one
