@@ -143,8 +143,8 @@ class FasterMoe final : public Policy {
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
     const auto& f = spec.fastermoe();
-    const int gs = int(f.group_size() ? f.group_size() : 4);
-    if (smart_ && (gs < 1 || cluster.num_gpus() % std::min(gs, cluster.num_gpus()) != 0))
+    const std::int64_t gs = f.group_size() ? std::int64_t(f.group_size()) : 4;
+    if (smart_ && cluster.num_gpus() % std::min<std::int64_t>(gs, cluster.num_gpus()) != 0)
       throw FieldError("policy.fastermoe.group_size",
                        fmt::format("{} GPUs do not split into groups of {}; use a divisor of the GPU count", cluster.num_gpus(), gs));
     if (f.topology_gate() == spec::FasterMoeSpec::FRACTION && !(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))
@@ -173,7 +173,7 @@ class FasterMoe final : public Policy {
     in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ScheduleOptions schedule;
     schedule.smart = smart_;
-    schedule.group_size = std::min(int(f.group_size() ? f.group_size() : 4), in.cluster.num_gpus());
+    schedule.group_size = int(std::min<std::int64_t>(f.group_size() ? f.group_size() : 4, in.cluster.num_gpus()));
     return build_moe_iteration(in, plans, schedule);
   }
 

@@ -29,6 +29,10 @@ class FlexMoe final : public Policy {
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
+    for (const auto& [value, field] : {std::pair{spec.flexmoe().slots(), "policy.flexmoe.slots"},
+                                       {spec.flexmoe().changes(), "policy.flexmoe.changes"}})
+      if (value > std::uint32_t(model.experts()))
+        throw FieldError(field, fmt::format("{} is more than the layer's {} experts", value, model.experts()));
     const double threshold = spec.flexmoe().threshold();
     if (threshold != 0 && !(threshold >= 1))
       throw FieldError("policy.flexmoe.threshold",

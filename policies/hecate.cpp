@@ -33,6 +33,8 @@
 // 4 all-to-alls (FasterMoE's Lat_e2e), and its broadcasts count one after another (one stream).
 #include "hecate.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,6 +42,7 @@
 #include <numeric>
 
 #include "cost_model.hpp"
+#include "errors.hpp"
 #include "memory_model.hpp"
 #include "moe_iteration.hpp"
 
@@ -230,6 +233,15 @@ namespace {
 class Hecate final : public Policy {
  public:
   std::string name() const override { return "hecate"; }
+
+  void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
+    validate_expert_placement(cluster, model, spec);
+    const auto& h = spec.hecate();  // t and m count experts of a layer: at most E
+    for (const auto& [value, field] : {std::pair{h.overlap_degree(), "policy.hecate.overlap_degree"},
+                                       {h.memory_slots(), "policy.hecate.memory_slots"}})
+      if (value > std::uint32_t(model.experts()))
+        throw FieldError(field, fmt::format("{} is more than the layer's {} experts", value, model.experts()));
+  }
 
   TaskGraph build_iteration(const IterationInput& in) override {
     const auto t0 = std::chrono::steady_clock::now();

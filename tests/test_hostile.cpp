@@ -398,7 +398,11 @@ TEST_CASE("hostile: the corpus (tests/hostile/cases.tsv): each input exits 2 nam
     const std::string out = dir + "/out" + std::to_string(n), spec = dir + "/spec" + std::to_string(n) + ".textproto";
     std::string extra;
     test::write_file(spec, test::read_file(test::kBaseSpec) + (kind == "spec" ? "\n" + payload + "\n" : ""));
-    if (kind == "set") extra = " --set " + shell_quoted(payload);
+    if (kind == "set")
+      for (std::size_t from = 0, to; from != std::string::npos; from = to == std::string::npos ? to : to + 4) {
+        to = payload.find(" && ", from);
+        extra += " --set " + shell_quoted(payload.substr(from, to == std::string::npos ? to : to - from));
+      }
     if (kind == "platform") {
       const auto arrow = payload.find("=>");
       REQUIRE(arrow != std::string::npos);
