@@ -31,6 +31,13 @@ CREATE TABLE IF NOT EXISTS iterations(
   other_s REAL, max_mean_load REAL, dropped_tokens INTEGER, PRIMARY KEY(point, variant, iteration));
 )";
 
+// The columns export_csv() reads, which an existing database must have.
+const std::vector<std::string> kRunColumns = {"point",   "variant", "policy",       "gpus",         "iteration_time_s",
+                                              "compute_s", "moe_s", "all_to_all_s", "all_reduce_s", "other_s"};
+const std::vector<std::string> kIterationColumns = {"point",   "variant",      "iteration",    "time_s",
+                                                    "compute_s", "moe_s",      "all_to_all_s", "all_reduce_s",
+                                                    "other_s", "max_mean_load", "dropped_tokens"};
+
 // SQLite's failure as moesim's error: a damaged file is bad input (exit 2); a full disk, an I/O
 // error or a lock held too long is the machine's (exit 1, SQLite's own words); anything else a bug.
 [[noreturn]] void sqlite_failed(sqlite3* db, int rc, const std::string& what) {
@@ -138,15 +145,14 @@ ResultsDb::ResultsDb(const std::string& path, bool create) : path_(path) {
                        "'iterations')");
       if (!s.step() || s.integer(0) != 4) throw std::runtime_error("it lacks moesim's tables");
       // and their columns, as moesim reads them
-      for (const auto& [read, columns] : {std::pair{"SELECT key, value FROM meta", 2},
-                                          {"SELECT id, label, overrides, spec, summary, wall_s FROM points", 6},
-                                          {"SELECT * FROM runs", 10},
-                                          {"SELECT * FROM iterations", 11}}) {
+      for (const std::string& read : {std::string("SELECT key, value FROM meta"),
+                                      std::string("SELECT id, label, overrides, spec, summary, wall_s FROM points"),
+                                      fmt::format("SELECT {} FROM runs", fmt::join(kRunColumns, ", ")),
+                                      fmt::format("SELECT {} FROM iterations", fmt::join(kIterationColumns, ", "))}) {
         sqlite3_stmt* probe = nullptr;
-        const bool ok = sqlite3_prepare_v2(db_, (std::string(read) + " LIMIT 0").c_str(), -1, &probe, nullptr) == SQLITE_OK &&
-                        sqlite3_column_count(probe) == columns;
+        const bool ok = sqlite3_prepare_v2(db_, (read + " LIMIT 0").c_str(), -1, &probe, nullptr) == SQLITE_OK;
         sqlite3_finalize(probe);
-        if (!ok) throw std::runtime_error(std::string("its tables are not moesim's: ") + read);
+        if (!ok) throw std::runtime_error("its tables are not moesim's: " + read);
       }
     }
     if (create) {
@@ -249,11 +255,7 @@ void ResultsDb::export_csv(std::ostream& out, bool iterations) const {
     throw InputError(path_ + ": the stored sweep fields or overrides are corrupt JSON (" + e.what() + ")");
   }
   const std::string table = iterations ? "iterations" : "runs";
-  const std::vector<std::string> columns =
-      iterations ? std::vector<std::string>{"point", "variant", "iteration", "time_s", "compute_s", "moe_s", "all_to_all_s",
-                                            "all_reduce_s", "other_s", "max_mean_load", "dropped_tokens"}
-                 : std::vector<std::string>{"point", "variant", "policy", "gpus", "iteration_time_s", "compute_s", "moe_s",
-                                            "all_to_all_s", "all_reduce_s", "other_s"};
+  const std::vector<std::string>& columns = iterations ? kIterationColumns : kRunColumns;
   std::string header = "point";
   for (const auto& f : fields) header += "," + csv_field(f);
   for (std::size_t c = 1; c < columns.size(); ++c) header += "," + columns[c];

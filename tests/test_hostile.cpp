@@ -256,6 +256,10 @@ TEST_CASE("hostile: CSV traces with a huge comment or numbers beyond 64 bits are
   test::write_file(dir + "/latin1.csv", "# caf\xe9, top_k=1\niter,layer,src,e0,e1\n0,0,0,1,1\n");
   import_csv(dir + "/latin1.csv", dir + "/latin1.trace", {});
   CHECK(TraceReader(dir + "/latin1.trace").header().comments(0) == "# caf?, top_k=1");
+  // Found by the CSV fuzzer: a cell larger than the tokens the rows imply (8 / top-2 = 4 tokens, 5
+  // to one expert), which the trace reader then refused.
+  test::write_file(dir + "/cell.csv", "# top_k=2\niter,layer,src,e0,e1,e2,e3\n0,0,0,1,2,0,1\n1,0,0,2,1,5,0\n");
+  CHECK_THROWS_WITH(import_csv(dir + "/cell.csv", dir + "/c.trace", {}), Contains("cell.csv:4") && Contains("at most once"));
   test::write_file(dir + "/far.csv", head + "0,0,0,1,1\n1099511627776,0,0,1,1\n");
   CHECK_THROWS_WITH(import_csv(dir + "/far.csv", dir + "/f.trace", {}), Contains("column 'iter'"));
 }

@@ -38,5 +38,14 @@ cmake --build build -j"$jobs"
 if [ "$mode" = demo ]; then
   ./build/moesim run --out moesim-out
 else
-  cd build && ctest --output-on-failure -j"$jobs"
+  (cd build && ctest --output-on-failure -j"$jobs")
+  # CI (and MOESIM_SANITIZE=1) runs the suite once more built with AddressSanitizer and
+  # UndefinedBehaviorSanitizer (host code: the CUDA parts need nvcc, which takes no sanitizer).
+  if [ "${CI:-}" = true ] || [ "${MOESIM_SANITIZE:-}" = 1 ]; then
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF \
+      -DMOESIM_WITH_MPI=OFF -DCMAKE_CXX_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+      -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+    cmake --build build-asan -j"$jobs"
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
+  fi
 fi

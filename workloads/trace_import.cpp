@@ -239,7 +239,8 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
   CsvLayout layout;
   std::vector<std::int64_t> counts;
   std::uint32_t layers = 0, sources = 0, micro_batches = 0;
-  std::int64_t min_row = INT64_MAX, max_row = 0;
+  std::int64_t min_row = INT64_MAX, max_row = 0, max_cell = 0;
+  std::string max_cell_where;
   std::vector<std::uint64_t> iterations;
   read_csv(
       csv_path, [&](const std::string& c) { comments.push_back(c); },
@@ -250,6 +251,8 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
         sources = std::max(sources, r.src + 1);
         micro_batches = std::max(micro_batches, r.mb + 1);
         const std::int64_t sum = std::accumulate(counts.begin(), counts.end(), std::int64_t(0));
+        if (const auto most = *std::max_element(counts.begin(), counts.end()); most > max_cell)
+          max_cell = most, max_cell_where = where;
         min_row = std::min(min_row, sum);
         max_row = std::max(max_row, sum);
         if (!iterations.empty() && r.iter < iterations.back())
@@ -273,6 +276,10 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
     if (h.model().empty() && c.rfind("# model:", 0) == 0) h.set_model(utf8_text(trim(c.substr(8))));
   h.set_provenance(utf8_text(options.provenance.empty() ? fs::path(csv_path).filename().string() : options.provenance));
   finish_header(h, min_row, max_row, csv_path);
+  if (max_cell > std::int64_t(h.tokens_per_source()))  // what TraceReader checks of every record
+    throw InputError(fmt::format("{}: {} token-slots from one source to one expert, more than the {} tokens a source "
+                                 "routes (the largest row / top_k): a token picks an expert at most once",
+                                 max_cell_where, max_cell, h.tokens_per_source()));
 
   // Pass 2: rows grouped into records of (iter, layer, mb), sources 0..S-1 each exactly once.
   TraceWriter writer(trace_path, h);
