@@ -250,7 +250,11 @@ void ResultsDb::export_csv(std::ostream& out, bool iterations) const {
   try {
     if (const auto f = meta("fields"); !f.empty()) fields = json::parse(f).get<std::vector<std::string>>();
     Statement s(db_, "SELECT id, overrides FROM points");
-    while (s.step()) overrides[s.integer(0)] = json::parse(s.text(1));
+    while (s.step()) {
+      json o = json::parse(s.text(1));
+      if (!o.is_object()) throw InputError(fmt::format("{}: point {}: its overrides are not a JSON object", path_, s.integer(0)));
+      overrides[s.integer(0)] = std::move(o);
+    }
   } catch (const json::exception& e) {
     throw InputError(path_ + ": the stored sweep fields or overrides are corrupt JSON (" + e.what() + ")");
   }
@@ -265,7 +269,11 @@ void ResultsDb::export_csv(std::ostream& out, bool iterations) const {
   while (s.step()) {
     const auto point = s.integer(0);
     std::string line = std::to_string(point);
-    for (const auto& f : fields) line += "," + csv_field(overrides[point].value(f, std::string("")));
+    for (const auto& f : fields) {  // a point with no overrides stored (absent): empty cells
+      const auto it = overrides.find(point);
+      const json* v = it == overrides.end() ? nullptr : &it->second;
+      line += "," + csv_field(v && v->contains(f) && (*v)[f].is_string() ? (*v)[f].get<std::string>() : std::string());
+    }
     for (std::size_t c = 1; c < columns.size(); ++c) line += "," + csv_field(s.text(int(c)));
     out << line << "\n";
   }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cost_model.hpp"
 #include "errors.hpp"
@@ -248,7 +249,9 @@ TEST_CASE("hostile: CSV traces with a huge comment or numbers beyond 64 bits are
   // stride of 2^32 - 1), a layer number of 2^31 - 1; an iteration beyond 2^31 - 1 is refused.
   const std::string head = "# top_k=1\niter,layer,src,e0,e1\n";
   test::write_file(dir + "/order.csv", head + "5,0,0,1,1\n2,0,0,1,1\n");
-  CHECK_THROWS_WITH(import_csv(dir + "/order.csv", dir + "/o.trace", {}), Contains("iteration order"));
+  CHECK_THROWS_WITH(import_csv(dir + "/order.csv", dir + "/o.trace", {}), Contains("sorted by iter, layer, mb"));
+  test::write_file(dir + "/layers.csv", head + "0,1,0,1,1\n0,0,0,1,1\n");  // found by the fuzzer: layer 1, then 0
+  CHECK_THROWS_WITH(import_csv(dir + "/layers.csv", dir + "/ls.trace", {}), Contains("sorted by iter, layer, mb"));
   test::write_file(dir + "/layer.csv", head + "0,2147483647,0,1,1\n");
   CHECK_THROWS_WITH(import_csv(dir + "/layer.csv", dir + "/l.trace", {}), Contains("column 'layer'"));
   // Found by the CSV fuzzer: a comment with a byte that is not UTF-8 made a trace whose header
@@ -301,6 +304,12 @@ TEST_CASE("hostile: results databases: read-only commands write nothing, a forei
                        nullptr, nullptr, nullptr) == SQLITE_OK);
   sqlite3_close(other);
   CHECK_THROWS_WITH(ResultsDb(dir + "/ours.db", false).points(), Contains("point 3") && Contains("corrupt"));
+  // Found by the fuzzer: overrides stored as JSON null made the CSV export an internal error.
+  REQUIRE(sqlite3_open((dir + "/ours.db").c_str(), &other) == SQLITE_OK);
+  REQUIRE(sqlite3_exec(other, "UPDATE points SET overrides = 'null' WHERE id = 3", nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(other);
+  std::ostringstream csv;
+  CHECK_THROWS_WITH(ResultsDb(dir + "/ours.db", false).export_csv(csv, false), Contains("not a JSON object"));
   CHECK(test::run_command(std::string(MOESIM_BIN) + " results export " + dir + "/ours.db -o " + dir + "/no/such/x.csv", out) == 2);
   CHECK_FALSE(fs::exists(dir + "/no"));
 }

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <regex>
 #include <sstream>
+#include <tuple>
 
 #include "errors.hpp"
 #include "trace.hpp"
@@ -241,6 +242,7 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
   std::uint32_t layers = 0, sources = 0, micro_batches = 0;
   std::int64_t min_row = INT64_MAX, max_row = 0, max_cell = 0;
   std::string max_cell_where;
+  std::tuple<std::uint64_t, std::uint32_t, std::uint32_t> last_key;
   std::vector<std::uint64_t> iterations;
   read_csv(
       csv_path, [&](const std::string& c) { comments.push_back(c); },
@@ -255,9 +257,14 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
           max_cell = most, max_cell_where = where;
         min_row = std::min(min_row, sum);
         max_row = std::max(max_row, sum);
-        if (!iterations.empty() && r.iter < iterations.back())
-          throw InputError(fmt::format("{}: iteration {} after iteration {}; rows must come in iteration order", where,
-                                       r.iter, iterations.back()));
+        // Records (iteration, layer, micro-batch) are written as the rows come: in ascending order.
+        const auto key = std::tuple(r.iter, r.layer, r.mb);
+        if (!iterations.empty() && key < last_key)
+          throw InputError(fmt::format("{}: (iter {}, layer {}, mb {}) after (iter {}, layer {}, mb {}); rows must come "
+                                       "sorted by iter, layer, mb",
+                                       where, r.iter, r.layer, r.mb, std::get<0>(last_key), std::get<1>(last_key),
+                                       std::get<2>(last_key)));
+        last_key = key;
         if (iterations.empty() || iterations.back() != r.iter) iterations.push_back(r.iter);
       });
   if (iterations.empty()) throw InputError(csv_path + ": no data rows");
