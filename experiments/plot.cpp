@@ -1,6 +1,7 @@
 #include "plot.hpp"
 
 #include "results.hpp"
+#include "spec.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -206,12 +207,6 @@ std::string data_string(const std::string& s) {
   return q + "\"";
 }
 
-std::string shell_quoted(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Writes OUT/NAME.gp and renders OUT/NAME.FORMAT through a temporary file (nothing half-written).
 std::string render(const Figure& f, const std::string& format, const fs::path& out) {
   const std::string gnuplot = gnuplot_path();
@@ -224,9 +219,9 @@ std::string render(const Figure& f, const std::string& format, const fs::path& o
                         << terminal(format)
                         << fmt::format("set output (exists('outfile') ? outfile : {})\n", gp_string(figure.filename().string()))
                         << style() << f.body;
-  const std::string cmd = fmt::format("cd {} && {} -e {} {} 2>{}", shell_quoted(out.string()), gnuplot,
-                                      shell_quoted("outfile=" + gp_string(tmp.filename().string())),
-                                      shell_quoted(script.filename().string()), shell_quoted(log.filename().string()));
+  const std::string cmd = fmt::format("cd {} && {} -e {} {} 2>{}", shell_word(out.string()), gnuplot,
+                                      shell_word("outfile=" + gp_string(tmp.filename().string())),
+                                      shell_word(script.filename().string()), shell_word(log.filename().string()));
   const int rc = std::system(cmd.c_str());
   std::stringstream err;
   err << std::ifstream(log).rdbuf();

@@ -88,6 +88,12 @@ bool valid_utf8(const std::string& s) {
 
 }  // namespace
 
+std::string shell_word(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string path_name_problem(const std::string& name) {
   if (name.size() > 100) return "is longer than 100 characters";
   const bool ok = !name.empty() && std::isalnum(static_cast<unsigned char>(name[0])) &&

@@ -42,6 +42,10 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
 /// letters, digits and . _ + - only, starting with a letter or digit, at most 100 characters.
 std::string path_name_problem(const std::string& name);
 
+/// `s` as one word for a POSIX shell: single-quoted, a quote inside as '\''. Whatever it holds
+/// (spaces, $, backquotes, newlines) the shell reads it as it is.
+std::string shell_word(const std::string& s);
+
 /// Reads a platform by catalog name or .textproto path (InputError with file:line:field).
 spec::ClusterSpec load_platform(const std::string& name_or_path, ParsedFile* where = nullptr);
 

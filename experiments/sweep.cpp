@@ -125,13 +125,6 @@ Sweep load_sweep(const std::string& path) {
 
 namespace {
 
-// A word for a POSIX shell: single-quoted, a quote inside as '\''; a newline stays literal inside.
-std::string shell_word(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // What identifies a sweep in its database: its spec and its base spec's text.
 std::string sweep_identity(const Sweep& sw) {
   std::ifstream base(sw.base);

@@ -385,16 +385,6 @@ TEST_CASE("hostile: --set with an index or a bad one is an input error, not an i
   CHECK(test::run_command(std::string(MOESIM_BIN) + " run " + test::kBaseSpec + " --set 'model[x].experts=3'", out) == 2);
 }
 
-namespace {
-
-std::string shell_quoted(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-}  // namespace
-
 TEST_CASE("hostile: the corpus (tests/hostile/cases.tsv): each input exits 2 naming what is wrong, writing nothing") {
   const auto dir = test::temp_dir("hostile-corpus");
   const std::string root = MOESIM_SOURCE_DIR;
@@ -414,7 +404,7 @@ TEST_CASE("hostile: the corpus (tests/hostile/cases.tsv): each input exits 2 nam
     if (kind == "set")
       for (std::size_t from = 0, to; from != std::string::npos; from = to == std::string::npos ? to : to + 4) {
         to = payload.find(" && ", from);
-        extra += " --set " + shell_quoted(payload.substr(from, to == std::string::npos ? to : to - from));
+        extra += " --set " + shell_word(payload.substr(from, to == std::string::npos ? to : to - from));
       }
     if (kind == "platform") {
       const auto arrow = payload.find("=>");
@@ -425,12 +415,12 @@ TEST_CASE("hostile: the corpus (tests/hostile/cases.tsv): each input exits 2 nam
       text.replace(at, arrow, payload.substr(arrow + 2));
       const std::string file = dir + "/platform" + std::to_string(n) + ".textproto";
       test::write_file(file, text);
-      extra = " --set cluster.platform=" + shell_quoted(file);
+      extra = " --set cluster.platform=" + shell_word(file);
     }
     std::string output;
-    const int rc = test::run_command(std::string(MOESIM_BIN) + " run " + shell_quoted(spec) +
+    const int rc = test::run_command(std::string(MOESIM_BIN) + " run " + shell_word(spec) +
                                          " --set cluster.nodes=2 --set model.layers=2 --set model.experts=16 --set iterations=1" +
-                                         extra + " --out " + shell_quoted(out),
+                                         extra + " --out " + shell_word(out),
                                      output);
     INFO(output);
     CHECK(rc == 2);
