@@ -42,8 +42,10 @@ else
   # CI (and MOESIM_SANITIZE=1) runs the suite once more built with AddressSanitizer and
   # UndefinedBehaviorSanitizer (host code: the CUDA parts need nvcc, which takes no sanitizer).
   if [ "${CI:-}" = true ] || [ "${MOESIM_SANITIZE:-}" = 1 ]; then
-    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF \
-      -DMOESIM_WITH_MPI=OFF -DCMAKE_CXX_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+    # -O0 without debug info: the sanitizers' checks are the same, the build half as long. gcc's
+    # -Wmaybe-uninitialized misfires on libstdc++ under the sanitizers; the main build keeps it.
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE= -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF \
+      -DCMAKE_CXX_FLAGS="-O0 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -Wno-maybe-uninitialized" \
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
     cmake --build build-asan -j"$jobs"
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs")
