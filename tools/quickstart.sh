@@ -44,7 +44,7 @@ else
   if [ "${CI:-}" = true ] || [ "${MOESIM_SANITIZE:-}" = 1 ]; then
     # -O0 without debug info: the sanitizers' checks are the same, the build half as long. gcc's
     # -Wmaybe-uninitialized misfires on libstdc++ under the sanitizers; the main build keeps it.
-    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE= -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF \
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO= -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF \
       -DCMAKE_CXX_FLAGS="-O0 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -Wno-maybe-uninitialized" \
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
     cmake --build build-asan -j"$jobs"
