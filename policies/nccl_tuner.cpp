@@ -26,14 +26,17 @@ constexpr double treeCorrectionFactor[3][24] = {
 
 int log2i(double x) { return x < 1 ? -1 : int(std::floor(std::log2(x))); }
 
+// The row of the constants above for a GPU generation (tuning.cc compCapIndex); 0 (unknown) reads
+// as Volta's, NCCL's lowest.
+int comp_cap_index(int cc) { return cc >= 100 ? 3 : cc >= 90 ? 2 : cc >= 80 ? 1 : 0; }
+
 struct Model {
   double busBw = 0, latency = 0;
 };
 
 // ncclTopoTuneModel for coll = AllReduce, one algorithm and protocol (tuning.cc:258-437, 538).
 Model tune(const NcclTunerInput& in, int a, int p) {
-  const int cc = in.compute_capability;
-  const int compCapIndex = cc >= 100 ? 3 : cc >= 90 ? 2 : cc >= 80 ? 1 : 0;
+  const int compCapIndex = comp_cap_index(in.compute_capability);
   const int index2 = in.nodes <= 2 ? in.nodes - 1 : 2;
   const int index1 = in.nodes == 1 ? compCapIndex : in.amd_cpu ? 1 : 0;
   const double llMaxBw = llMaxBws[index1][index2];
@@ -72,8 +75,7 @@ Model tune(const NcclTunerInput& in, int a, int p) {
 }  // namespace
 
 double nccl_tree_channel_cap(int compute_capability, int nodes) {
-  const int cc = compute_capability ? compute_capability : 70;
-  return perChMaxTreeBws[cc >= 100 ? 3 : cc >= 90 ? 2 : cc >= 80 ? 1 : 0][nodes <= 2 ? std::max(nodes, 1) - 1 : 2];
+  return perChMaxTreeBws[comp_cap_index(compute_capability)][nodes <= 2 ? std::max(nodes, 1) - 1 : 2];
 }
 
 const char* nccl_protocol_name(NcclProtocol p) {

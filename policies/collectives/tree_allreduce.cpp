@@ -1,8 +1,8 @@
 // NCCL's Tree all-reduce: a reduce up a tree of the ranks and a broadcast back down it, the two
 // pipelined, so every tree edge carries the data once each way. NCCL builds it in two levels
 // (src/graph/connect.cc at NVIDIA/nccl 5067397c):
-//   - inside a node, a chain of its GPUs (the tree graph's intra order; here the node's ring order
-//     from the channel's entry GPU, as rings() gives it): GPU i's parent is GPU i−1;
+//   - inside a node, a chain of its GPUs (the tree graph's intra order; here the channel's ring
+//     segment, see below): GPU i's parent is GPU i−1;
 //   - across nodes, a double binary tree of the nodes (src/graph/trees.cc ncclGetDtree): tree 0 a
 //     binary tree with leaves and inner nodes alternating, tree 1 its mirror (an even node count) or
 //     its shift by one (odd), so that a node that is inner in one tree is a leaf in the other.
@@ -14,8 +14,9 @@
 // child1Index = 0: "spread NIC traffic between two GPUs"). moesim's chain is the channel's ring
 // segment walked backwards from its entry GPU (entry, the ring's exit GPU, ...): every hop is a hop
 // of the node's ring, and chain[0] and chain[1] are the channel's entry and exit GPUs, which share
-// its NIC (Cluster::channel_entry()), as NCCL's search keeps a tree channel's traffic on one NIC. On two nodes each node sends S per direction over its NICs where a ring sends
-// 2(n−1)/n·S: NCCL's reason to pick Tree there.
+// its NIC (Cluster::channel_entry()), as NCCL's search keeps a tree channel's traffic on one NIC.
+// On two nodes each node sends S per direction over its NICs where a ring sends 2(n−1)/n·S:
+// NCCL's reason to pick Tree there.
 #include <algorithm>
 
 #include "collectives/collectives.hpp"
