@@ -364,6 +364,9 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--results", report_options.results, "Results of each experiment in RESULTS/<name>/")
       ->capture_default_str();
   report_cmd->add_option("--out,-o", report_options.out, "Writes OUT/report.md and OUT/figures/")->capture_default_str();
+  report_cmd->add_option("--ledger", report_options.ledger,
+                         "The causes OUT/fidelity.md gives the claims that miss (Ledger in proto/moesim.proto)")
+      ->capture_default_str();
   report_cmd->add_flag("--run", report_options.run, "Run (and save under RESULTS) the experiments that have no results yet");
   report_cmd->add_option("--only", report_options.only, "Only specs whose path contains one of these")->delimiter(',');
   report_cmd->add_option("--exclude", report_options.exclude, "Leave out specs whose path contains one of these")->delimiter(',');
@@ -545,8 +548,8 @@ int main(int argc, char** argv) {
       std::vector<PaperComparison> all;
       for (const auto& e : entries) all.insert(all.end(), e.claims.begin(), e.claims.end());
       const auto n = count_claims(all);
-      fmt::print("{} claims from {} experiments: {} pass, {} fail, {} not run\n  wrote {}/report.md\n", n.total(),
-                 entries.size(), n.pass, n.fail, n.not_run, report_options.out);
+      fmt::print("{} claims from {} experiments: {} pass, {} fail, {} not run\n  wrote {}/report.md, fidelity.md, claims.json\n",
+                 n.total(), entries.size(), n.pass, n.fail, n.not_run, report_options.out);
       return 0;
     }
     if (*plot_cmd) {

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "collective_sweep.hpp"
@@ -50,7 +52,217 @@ std::string claims_table(const std::vector<PaperComparison>& claims) {
   return out;
 }
 
+// The rules every number of the report is held to (issue 20), printed in its header and the ledger's.
+constexpr const char* kRules =
+    "Rules: a model parameter is set per platform or per paper setup, never per claim, and names its source "
+    "(the platform files' comments, the specs' headers; the table at the end lists the parameters these runs "
+    "used). A claim that passed and fails after a change is a regression and is explained in the "
+    "[fidelity ledger](fidelity.md), which gives every claim that misses its cause, the evidence, and what was "
+    "done.";
+
+std::string claim_key(const std::string& experiment, const std::string& claim) { return experiment + ": " + claim; }
+
+std::string order_cell(const OrderScore& o) {
+  return o.pairs ? fmt::format("{}/{}", o.match, o.pairs) : std::string("—");
+}
+
+std::string category_name(spec::Ledger::Category c) {
+  std::string n = spec::Ledger::Category_Name(c);
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  return n;
+}
+
+// The platforms the entries ran on, one row each, with the parameters that set their costs.
+std::string parameter_table(const std::vector<ReportEntry>& entries) {
+  std::map<std::string, std::pair<spec::ClusterSpec, std::vector<std::string>>> platforms;
+  for (const auto& e : entries)
+    if (e.cluster) {
+      auto& [cluster, used_by] = platforms[e.cluster->name()];
+      cluster = *e.cluster;
+      used_by.push_back(e.name);
+    }
+  std::string md =
+      "\n## Parameters these runs used\n\nPer platform (each value's source is the comment beside it in the "
+      "platform file, `moesim platform show NAME`); per experiment, its model and gating are in its section's header "
+      "and spec.\n\n"
+      "| platform | GPU | peak FP16 / FP32 TFLOP/s | best GEMM efficiency | memory GB/s × efficiency | GPUs per "
+      "node | NICs × Gb/s | NIC latency µs | per-message µs | network transport | experiments |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+  for (const auto& [name, value] : platforms) {
+    const auto& [c, used_by] = value;
+    double fp16 = 0, fp32 = 0, best = 0;
+    for (const auto& p : c.gpu().peak()) {
+      double& peak = p.dtype() == spec::FP32 ? fp32 : fp16;
+      peak = std::max(peak, p.tflops());
+    }
+    for (const auto& e : c.gpu().gemm_efficiency()) best = std::max(best, e.efficiency());
+    std::string nics = "—", latency = "—", overhead = "—", transport = "—";
+    if (c.node().nics_size()) {
+      const auto& n = c.node().nics(0);
+      nics = fmt::format("{} × {:g}", c.node().nics_size(), n.gbits_per_s());
+      latency = fmt::format("{:g}", n.latency_us());
+      overhead = fmt::format("{:g}", n.has_message_overhead_us() ? n.message_overhead_us() : 1.0);
+      transport = n.staging_memory().empty() ? "GPUDirect RDMA" : "staged through " + n.staging_memory();
+    }
+    std::string users;
+    for (const auto& u : used_by) users += (users.empty() ? "" : ", ") + u;
+    md += fmt::format("| {} | {} | {:g} / {:g} | {:g} | {:g} × {:g} | {} | {} | {} | {} | {} | {} |\n", name, c.gpu().model(),
+                      fp16, fp32, best, c.gpu().memory_gbytes_per_s(), c.gpu().memory_efficiency(), c.node().gpus(), nics,
+                      latency, overhead, transport, users);
+  }
+  return md;
+}
+
 }  // namespace
+
+OrderScore ordering_score(const std::vector<PaperComparison>& claims) {
+  constexpr double kTie = 0.02;  // a paper's ratios within 2% state no order
+  OrderScore o;
+  auto count = [&](double paper, double simulated) {  // log-ratios: > 0 the first system ahead
+    if (std::abs(paper) < std::log1p(kTie)) return;
+    ++o.pairs;
+    if ((paper > 0) == (simulated > 0)) ++o.match;
+  };
+  std::vector<const PaperComparison*> ran;
+  for (const auto& c : claims)
+    if (std::isfinite(c.simulated) && c.simulated > 0 && c.paper.value() > 0) ran.push_back(&c);
+  for (const auto* c : ran) count(std::log(c->paper.value()), std::log(c->simulated));
+  for (std::size_t i = 0; i < ran.size(); ++i)
+    for (std::size_t j = i + 1; j < ran.size(); ++j) {
+      const auto &a = ran[i]->paper, &b = ran[j]->paper;
+      const bool comparable = a.variant() != b.variant() && a.quantity() == b.quantity() && a.aggregate() == b.aggregate() &&
+                              std::equal(a.baseline().begin(), a.baseline().end(), b.baseline().begin(), b.baseline().end()) &&
+                              std::equal(a.groups().begin(), a.groups().end(), b.groups().begin(), b.groups().end());
+      if (comparable) count(std::log(a.value() / b.value()), std::log(ran[i]->simulated / ran[j]->simulated));
+    }
+  return o;
+}
+
+spec::Ledger load_ledger(const std::string& path) {
+  spec::Ledger ledger;
+  const ParsedFile file = parse_file(path, ledger);
+  std::set<std::string> ids;
+  for (int i = 0; i < ledger.cause_size(); ++i) {
+    const auto& c = ledger.cause(i);
+    const std::string at = fmt::format("cause[{}]", i);
+    if (!path_name_problem(c.id()).empty()) throw InputError(file.describe(at + ".id", path_name_problem(c.id())));
+    if (!ids.insert(c.id()).second) throw InputError(file.describe(at + ".id", "'" + c.id() + "' is the id of an earlier cause"));
+    if (c.cause().empty()) throw InputError(file.describe(at + ".cause", "is empty: say what differs and its source"));
+    if (c.claims().empty()) throw InputError(file.describe(at + ".claims", "names no claim: \"EXPERIMENT: CLAIM\" or \"EXPERIMENT: *\""));
+    for (int k = 0; k < c.claims_size(); ++k)
+      if (c.claims(k).find(": ") == std::string::npos)
+        throw InputError(file.describe(fmt::format("{}.claims[{}]", at, k),
+                                       "'" + c.claims(k) + "' is not \"EXPERIMENT: CLAIM\" (or \"EXPERIMENT: *\")"));
+  }
+  return ledger;
+}
+
+std::string verdicts_json(const std::vector<ReportEntry>& entries) {
+  json claims = json::array();
+  for (const auto& e : entries)
+    for (const auto& c : e.claims)
+      if (std::isfinite(c.simulated))
+        claims.push_back({{"experiment", e.name}, {"claim", c.paper.claim()}, {"paper", c.paper.value()},
+                          {"simulated", c.simulated}, {"pass", c.pass()}});
+  return json{{"claims", claims}}.dump(1) + "\n";
+}
+
+Verdicts read_verdicts(const std::string& path) {
+  Verdicts v;
+  std::ifstream in(path);
+  if (!in) return v;
+  const json j = json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("claims") || !j["claims"].is_array())
+    throw InputError(path + ": not a claims file written by moesim report (delete it to start afresh)");
+  for (const auto& c : j["claims"])
+    if (c.is_object() && c.value("experiment", json()).is_string() && c.value("claim", json()).is_string() &&
+        c.value("pass", json()).is_boolean())
+      v[claim_key(c["experiment"].get<std::string>(), c["claim"].get<std::string>())] = c["pass"].get<bool>();
+  return v;
+}
+
+std::string fidelity_markdown(const std::vector<ReportEntry>& entries, const spec::Ledger& ledger,
+                              const std::string& ledger_path, const Verdicts& previous) {
+  // Which causes explain each claim; a cause naming a claim of a reported experiment that does not
+  // exist is an error (the ledger went stale), one of an experiment not in this report is skipped.
+  std::map<std::string, std::vector<const spec::Ledger::Cause*>> explained;
+  std::map<std::string, const ReportEntry*> by_name;
+  for (const auto& e : entries) by_name[e.name] = &e;
+  for (const auto& cause : ledger.cause())
+    for (const auto& ref : cause.claims()) {
+      const auto colon = ref.find(": ");
+      const std::string experiment = ref.substr(0, colon), claim = ref.substr(colon + 2);
+      const auto e = by_name.find(experiment);
+      if (e == by_name.end()) continue;
+      bool found = false;
+      for (const auto& c : e->second->claims)
+        if (claim == "*" || c.paper.claim() == claim) {
+          auto& list = explained[claim_key(experiment, c.paper.claim())];
+          if (std::find(list.begin(), list.end(), &cause) == list.end()) list.push_back(&cause);
+          found = true;
+        }
+      if (!found)
+        throw InputError(fmt::format("{}: cause '{}' names '{}', which experiment {} does not have (its claims are in "
+                                     "its spec's paper {{}} blocks)",
+                                     ledger_path, cause.id(), claim, experiment));
+    }
+
+  std::map<std::string, int> per_category;
+  int misses = 0;
+  std::string rows, regressions;
+  for (const auto& e : entries)
+    for (const auto& c : e.claims) {
+      if (!std::isfinite(c.simulated) || c.pass()) continue;
+      ++misses;
+      const std::string key = claim_key(e.name, c.paper.claim());
+      const auto it = explained.find(key);
+      std::string causes;
+      if (it == explained.end()) {
+        ++per_category["unknown"];
+        causes = "unknown";
+      } else {
+        for (const auto* cause : it->second)
+          causes += fmt::format("{}[{}](#{}) ({})", causes.empty() ? "" : "; ", cause->id(), anchor(cause->id()),
+                                category_name(cause->category()));
+        ++per_category[category_name(it->second.front()->category())];
+      }
+      rows += fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {} |\n", e.name, c.paper.claim(), c.paper.value(),
+                          c.simulated, c.ratio(), causes);
+      if (const auto p = previous.find(key); p != previous.end() && p->second)
+        regressions += fmt::format("- {}: passed in the previous report, now {:.2f}× the paper ({})\n", key, c.ratio(), causes);
+    }
+
+  std::string md = "# moesim fidelity ledger\n\n";
+  md += fmt::format("Why claims of the [validation report](report.md) miss. Written by `moesim report` from `{}`: "
+                    "each cause there names the claims it explains, the evidence (a what-if run: its command and what "
+                    "it gave) and what was done. A claim that misses with no cause is counted as unknown.\n\n",
+                    ledger_path);
+  md += std::string(kRules) + "\n\n";
+  md += fmt::format("**{} of the report's claims miss.** By the cause listed first:", misses);
+  std::string counts;
+  for (const auto& [category, n] : per_category) counts += fmt::format("{} {} {}", counts.empty() ? "" : ",", category, n);
+  md += (counts.empty() ? " none" : counts) + ".\n\n";
+  md += "## Regressions\n\nClaims that passed in the previous report (its `claims.json`) and miss now.\n\n";
+  md += regressions.empty() ? "None.\n" : regressions;
+  md += "\n## Claims that miss\n\n| experiment | claim | paper | simulated | ratio | cause |\n|---|---|---:|---:|---:|---|\n" + rows;
+  md += "\n## Causes\n";
+  for (const auto& cause : ledger.cause()) {
+    md += fmt::format("\n### {}\n\n**{}.** {}\n\n", cause.id(), category_name(cause.category()), cause.cause());
+    if (!cause.evidence().empty())
+      md += fmt::format("Evidence: `{}` → {}\n\n", cause.evidence(), cause.evidence_result().empty() ? "—" : cause.evidence_result());
+    md += fmt::format("Done: {}\n\nClaims:", cause.action().empty() ? "nothing yet" : cause.action());
+    std::string list;
+    for (const auto& e : entries)
+      for (const auto& c : e.claims) {
+        const auto it = explained.find(claim_key(e.name, c.paper.claim()));
+        if (it == explained.end() || std::find(it->second.begin(), it->second.end(), &cause) == it->second.end()) continue;
+        list += fmt::format("\n- {}: {} ({:.2f}× the paper{})", e.name, c.paper.claim(), c.ratio(),
+                            !std::isfinite(c.simulated) ? ", not run" : c.pass() ? ", passes now" : "");
+      }
+    md += (list.empty() ? " none in this report" : list) + "\n";
+  }
+  return md;
+}
 
 std::string report_markdown(const std::vector<ReportEntry>& entries, const std::string& command) {
   std::vector<PaperComparison> all;
@@ -59,31 +271,54 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
   std::string md = "# moesim validation report\n\n";
   md += fmt::format("Each claim is a number a paper reports (a speedup, a balance ratio, a time or memory ratio) next to the same quantity "
                     "simulated by moesim; it passes when simulated / paper is within the claim's tolerance "
-                    "(±15% unless the spec says otherwise). Regenerate with `{}`.\n\n",
+                    "(±15% unless the spec says otherwise). Order: of the pairs of systems the experiment's claims compare, "
+                    "those the simulation puts in the paper's order (which is faster, which gains more). "
+                    "Regenerate with `{}`.\n\n",
                     command);
-  md += fmt::format("**{} claims from {} experiments: {} pass, {} fail, {} not run.**\n\n", n.total(), entries.size(),
-                    n.pass, n.fail, n.not_run);
-  md += "| experiment | claims | pass | fail | not run |\n|---|---:|---:|---:|---:|\n";
+  md += std::string(kRules) + "\n\n";
+  OrderScore order;
+  for (const auto& e : entries) {
+    const auto o = ordering_score(e.claims);
+    order.match += o.match;
+    order.pairs += o.pairs;
+  }
+  md += fmt::format("**{} claims from {} experiments: {} pass, {} fail, {} not run; {} of {} pairs of systems in the paper's "
+                    "order.**\n\n",
+                    n.total(), entries.size(), n.pass, n.fail, n.not_run, order.match, order.pairs);
+  md += "| experiment | claims | pass | fail | not run | order |\n|---|---:|---:|---:|---:|---:|\n";
   for (const auto& e : entries) {
     const auto k = count_claims(e.claims);
-    md += fmt::format("| [{}](#{}) | {} | {} | {} | {} |\n", e.name, anchor(e.name), k.total(), k.pass, k.fail, k.not_run);
+    md += fmt::format("| [{}](#{}) | {} | {} | {} | {} | {} |\n", e.name, anchor(e.name), k.total(), k.pass, k.fail, k.not_run,
+                      order_cell(ordering_score(e.claims)));
   }
-  md += fmt::format("| **all** | **{}** | **{}** | **{}** | **{}** |\n", n.total(), n.pass, n.fail, n.not_run);
+  md += fmt::format("| **all** | **{}** | **{}** | **{}** | **{}** | **{}** |\n", n.total(), n.pass, n.fail, n.not_run,
+                    order_cell(order));
   for (const auto& e : entries) {
-    md += fmt::format("\n## {}\n\n{}\n\n`{} {}`\n\n", e.name, e.description, e.collective ? "moesim collective" : "moesim run",
-                      e.spec_path);
+    md += fmt::format("\n## {}\n\n{}\n\n`{} {}`{}\n\n", e.name, e.description, e.collective ? "moesim collective" : "moesim run",
+                      e.spec_path, e.workload.empty() ? "" : " — " + e.workload + " (before the variants' overrides)");
     md += claims_table(e.claims);
     if (!e.figure.empty()) md += fmt::format("\n![{}]({})\n", e.name, e.figure);
   }
-  return md;
+  return md + parameter_table(entries);
 }
 
 namespace {
 
+// "MODEL, GATING" of a spec, as the report's sections show it.
+std::string workload_words(const spec::ExperimentSpec& s) {
+  const auto& g = s.gating();
+  std::string gating = "uniform routing";
+  if (g.has_zipf()) gating = fmt::format("Zipf({:g}) routing", g.zipf().exponent());
+  if (g.has_generator()) gating = fmt::format("generated routing, preset '{}'", g.generator().preset().empty() ? "naive" : g.generator().preset());
+  if (g.has_trace()) gating = "routing replayed from " + fs::path(g.trace().path()).filename().string();
+  return fmt::format("{} ({} layers, {} experts, top-{}, {} tokens per GPU), {}", s.model().name(), s.model().layers(),
+                     s.model().experts(), s.model().top_k(), s.model().tokens_per_gpu(), gating);
+}
+
 // The spec's claims, with the simulated values of its results when they exist.
 ReportEntry experiment_entry(const std::string& path, const fs::path& results) {
   const auto ex = load_experiment(path, {});
-  ReportEntry e{path, ex.spec.name(), ex.spec.description(), false, {}, ""};
+  ReportEntry e{path, ex.spec.name(), ex.spec.description(), false, {}, "", ex.cluster_spec, workload_words(ex.spec)};
   json summary = json::object();
   if (const auto file = results / ex.spec.name() / "summary.json"; fs::exists(file)) std::ifstream(file) >> summary;
   for (const auto& p : ex.spec.paper()) {
@@ -98,7 +333,7 @@ ReportEntry experiment_entry(const std::string& path, const fs::path& results) {
 
 ReportEntry collective_entry(const std::string& path, const fs::path& results) {
   const auto file = load_collective_sweep(path);
-  ReportEntry e{path, file.name, file.description, true, {}, ""};
+  ReportEntry e{path, file.name, file.description, true, {}, "", load_platform(file.sweep.platform), ""};
   std::vector<CollectivePoint> points;
   if (const auto f = results / file.name / "collective.json"; fs::exists(f)) {
     json j;
@@ -181,13 +416,22 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) throw InputError(o.out + ": cannot create the output directory: " + ec.message());
-  const fs::path md = out / "report.md", tmp = out / "report.md.tmp";
-  {
-    std::ofstream f(tmp);
-    f << report_markdown(entries, o.command);
-    if (!f.flush()) throw InputError(tmp.string() + ": write failed");
-  }
-  fs::rename(tmp, md);
+  // The ledger first: a stale one stops the report before anything is replaced.
+  const bool has_ledger = !o.ledger.empty() && fs::exists(o.ledger);
+  const std::string fidelity = fidelity_markdown(entries, has_ledger ? load_ledger(o.ledger) : spec::Ledger{},
+                                                 has_ledger ? o.ledger : "(no ledger file)", read_verdicts((out / "claims.json").string()));
+  auto write = [&](const std::string& name, const std::string& text) {  // aside, then renamed into place
+    const fs::path file = out / name, tmp = out / (name + ".tmp");
+    {
+      std::ofstream f(tmp);
+      f << text;
+      if (!f.flush()) throw MachineError(tmp.string() + ": write failed");
+    }
+    fs::rename(tmp, file);
+  };
+  write("report.md", report_markdown(entries, o.command));
+  write("fidelity.md", fidelity);
+  write("claims.json", verdicts_json(entries));
   return entries;
 }
 

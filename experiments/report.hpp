@@ -5,6 +5,8 @@
 // count over everything at the top.
 #pragma once
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,8 @@ struct ReportEntry {
   bool collective = false;                // a CollectiveSweepSpec (`moesim collective`)
   std::vector<PaperComparison> claims;    // simulated not finite: not run
   std::string figure;                     // path of its figure relative to the report, or ""
+  std::optional<spec::ClusterSpec> cluster;  // the platform it ran on (for the parameter table)
+  std::string workload;                   // its model and gating, in a few words
 };
 
 struct ReportCounts {
@@ -27,20 +31,51 @@ struct ReportCounts {
 /// Claims within tolerance, outside it, and without a simulated value.
 ReportCounts count_claims(const std::vector<PaperComparison>& claims);
 
-/// The report's Markdown: the headline table (per experiment and in all), then a section per
-/// experiment with its claims and figure.
+/// How often the simulation orders two systems as the paper does. The pairs of one experiment's
+/// claims (those simulated): each claim's variant against its baseline (faster or slower: value
+/// above or below 1), and two claims of one quantity, baseline set, groups and aggregate but
+/// different variants against each other (which of the two gains more). A pair the paper puts
+/// within 2% of each other states no order and is left out.
+struct OrderScore {
+  int match = 0, pairs = 0;
+};
+OrderScore ordering_score(const std::vector<PaperComparison>& claims);
+
+/// The fidelity ledger (Ledger in proto/moesim.proto), validated: every cause has a unique id and
+/// text, and every claim it names reads "EXPERIMENT: CLAIM" or "EXPERIMENT: *".
+spec::Ledger load_ledger(const std::string& path);
+
+/// Verdicts of an earlier report (OUT/claims.json): "EXPERIMENT: CLAIM" -> passed.
+using Verdicts = std::map<std::string, bool>;
+
+/// The report's Markdown: the rules, the headline table (per experiment and in all, with the
+/// ordering score), a section per experiment with its claims and figure, and the parameters the
+/// experiments ran with.
 std::string report_markdown(const std::vector<ReportEntry>& entries, const std::string& command);
+
+/// The ledger's Markdown (OUT/fidelity.md): each claim that misses with the causes the ledger gives
+/// it (none: unknown), counts per category, regressions (claims `previous` has passing that now
+/// fail), and each cause with its evidence and what was done. Throws InputError (the ledger's file
+/// and line) where a cause names a claim that none of `entries`' experiments has.
+std::string fidelity_markdown(const std::vector<ReportEntry>& entries, const spec::Ledger& ledger,
+                              const std::string& ledger_path, const Verdicts& previous);
+
+/// The verdicts as OUT/claims.json holds them, and read back.
+std::string verdicts_json(const std::vector<ReportEntry>& entries);
+Verdicts read_verdicts(const std::string& path);
 
 struct ReportOptions {
   std::string experiments = "experiments";  // where the specs are (searched recursively)
   std::string results = "results";          // RESULTS/<name>/summary.json or collective.json
-  std::string out = "report";               // OUT/report.md and OUT/figures/
+  std::string out = "report";               // OUT/report.md, OUT/fidelity.md, OUT/claims.json and OUT/figures/
+  std::string ledger = "report/ledger.textproto";  // the causes fidelity.md gives; "" or missing: none
   bool run = false;                         // run the experiments that have no results yet
   std::vector<std::string> only, exclude;   // substrings of spec paths to keep / leave out
   std::string command;                      // the command line, quoted in the report
 };
 
-/// Collects, (runs,) draws and writes OUT/report.md; returns the entries. `progress(line)` reports
+/// Collects, (runs,) draws and writes OUT/report.md, OUT/fidelity.md and OUT/claims.json; returns
+/// the entries. `progress(line)` reports
 /// what it is doing.
 std::vector<ReportEntry> write_report(const ReportOptions& options,
                                       const std::function<void(const std::string&)>& progress = {});

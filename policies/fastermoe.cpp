@@ -81,25 +81,41 @@ std::vector<int> dynamic_shadowing(const CostModel& cost, const MoeModel& model,
   return {order.begin(), order.begin() + std::ptrdiff_t(best_r)};
 }
 
-/// The released variant (laekov/fastmoe shadow_policy.py, fastermoe.md §2.4): experts sorted by
-/// load B_0 ≥ B_1 ≥ ...; shadowing the top i+1 is taken to leave B_{i+1} as the maximum, and is
-/// accepted while 3·comp(B_{i+1}) + 4·B_{i+1}·H/W + (i+1)·send_model < 3·comp(B_0) + 4·B_0·H/W.
-std::vector<int> released_shadowing(const CostModel& cost, const MoeModel& model, const RoutingMatrix& R) {
+/// The released rule: laekov/fastmoe `fmoe/fastermoe/shadow_policy.py`, global_policy() (ee3c561,
+/// unchanged in substance since 91a5e79). Experts sorted by load, B_0 ≥ B_1 ≥ ...:
+///   lat_base = 3·comp·B_0 + 4·send_feature·B_0
+///   for i = 0, 1, ...:  shadow_time += send_model
+///                       lat_new = 3·comp·B_{i+1} + 4·send_feature·B_{i+1} + shadow_time
+///                       if lat_new < lat_base: lat_base = lat_new, shadow expert i; else stop
+/// with the code's constants, not the platform's (its environment variables' defaults):
+/// bw_net = 50e9/8 B/s (FMOE_FASTER_GLBPLC_NETBW), bw_mm = 11.5e12 FLOP/s (..._GPUTP), alpha = 2
+/// (..._ALPHA; the layer's d_model is set, alpha is not), data_size = 4 B; comp = 4·alpha·d²/bw_mm,
+/// send_feature = d·4/bw_net, send_model = 2·alpha·d²·4/bw_net. Each step must beat the last one
+/// accepted, so two equally hot experts stop it at once (Hecate §2.5's "strict trigger conditions").
+/// One choice: B_k is expert k's load summed over the sources, as the loop evidently intends. The
+/// code as released sums the gathered [rank, expert] counts over the experts (.sum(1)): each rank's
+/// total, equal for every rank under top-k gating, so it shadows nothing at all
+/// (shared/notes/fidelity-diagnosis.md §3: 0 of 64 routings on 16 ranks); that case is the policy
+/// without shadowing (fastermoe-smart).
+std::vector<int> released_shadowing(const MoeModel& model, const RoutingMatrix& R) {
+  constexpr double bw_net = 50e9 / 8, bw_mm = 11.5e12, alpha = 2, data_size = 4;
+  const double d = model.spec().d_model(), alpha_h2 = alpha * d * d;
+  const double send_feature = d * data_size / bw_net, send_model = 2 * alpha_h2 * data_size / bw_net;
+  const double comp = 4 * alpha_h2 / bw_mm;
   const int E = R.experts;
-  const double w_net = network_bandwidth(cost.cluster());
-  std::vector<int> order(E);
-  std::iota(order.begin(), order.end(), 0);
   std::vector<double> B(E);
   for (int e = 0; e < E; ++e) B[e] = double(R.expert_load(e));
+  std::vector<int> order(E);
+  std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return B[a] > B[b]; });
-  auto lat = [&](double b) { return 3 * cost.expert_time(model, b) + 4 * b * model.token_bytes() / w_net; };
-  const double send_model = model.expert_params() * model.dtype_bytes() / w_net;
-  const double lat_base = lat(B[order[0]]);
-  double shadow_time = 0;
+  auto lat = [&](double b) { return 3 * comp * b + 4 * send_feature * b; };
+  double lat_base = lat(B[order[0]]), shadow_time = 0;
   std::vector<int> chosen;
   for (int i = 0; i + 1 < E; ++i) {
     shadow_time += send_model;
-    if (lat(B[order[i + 1]]) + shadow_time >= lat_base) break;
+    const double lat_new = lat(B[order[i + 1]]) + shadow_time;
+    if (!(lat_new < lat_base)) break;
+    lat_base = lat_new;
     chosen.push_back(order[i]);
   }
   return chosen;
@@ -163,7 +179,7 @@ class FasterMoe final : public Policy {
         in.report.rerouted_tokens += topology_aware_gate(plan.routing, in.cluster, in.model.tokens_per_gpu(), gate_limit(in));
       if (shadow_) {
         const auto experts = f.shadow_variant() == spec::FasterMoeSpec::RELEASED
-                                 ? released_shadowing(*cost_, in.model, plan.routing)
+                                 ? released_shadowing(in.model, plan.routing)
                                  : dynamic_shadowing(*cost_, in.model, plan.routing);
         for (int e : experts) plan.replicas.push_back(everywhere(e, in.model.experts(), in.cluster.num_gpus()));
       }

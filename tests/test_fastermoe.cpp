@@ -101,7 +101,7 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
   for (int s = 0; s < 16; ++s)
     for (int e = 0; e < 16; ++e) uniform.mutable_at(s, e) = 512;
   CHECK(dynamic_shadowing(cost, m, uniform).empty());
-  CHECK(released_shadowing(cost, m, uniform).empty());
+  CHECK(released_shadowing(m, uniform).empty());
   // Experts 5 and 11 take 3/8 of every source's slots each (B = 49,152 tokens ≫ α·H = 2048:
   // sending the inputs costs more than sending the model, Eq. 9); shadowing only one of them leaves
   // the other's worker as slow as before, shadowing both wins. The other 14 share 1/4
@@ -120,11 +120,23 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
     for (int e = 0; e < 16; ++e) one.mutable_at(s, e) = e == 7 ? 4096 : 273 + (e < 1 ? 1 : 0);
   for (int s = 0; s < 16; ++s) REQUIRE(one.row_sum(s) == 8192);
   CHECK(dynamic_shadowing(cost, m, one) == std::vector<int>{7});
-  // The released code compares each candidate with the original maximum and never updates it: it
-  // keeps shadowing in load order while the next load plus the model transfers stays below it.
-  const auto released = released_shadowing(cost, m, one);
-  REQUIRE_FALSE(released.empty());
-  CHECK(released.front() == 7);
+  // The released rule, by hand with its constants (d = 1024, alpha = 2): comp = 4·2·1024²/11.5e12 =
+  // 0.729 µs and send_feature = 1024·4/6.25e9 = 0.655 µs per token, so 3·comp + 4·send_feature =
+  // 4.81 µs per token; send_model = 2·2·1024²·4/6.25e9 = 2.68 ms. One hot expert: lat_base =
+  // 65,536 · 4.81 µs = 315 ms; shadowing expert 7 leaves B_1 = 4,384: 21.1 + 2.68 = 23.8 ms < 315,
+  // taken; then B_2 ≈ 4,384 again: 21.1 + 5.37 = 26.4 ms > 23.8, stop. Exactly {7}.
+  CHECK(released_shadowing(m, one) == std::vector<int>{7});
+  // Two equally hot experts: shadowing the first leaves the second as hot (49,152 tokens) plus a
+  // model transfer, which never beats lat_base: the released rule shadows nothing where Algorithm 1
+  // shadows both (Hecate's "strict trigger conditions").
+  CHECK(released_shadowing(m, hot).empty());
+  // A halving tail (64k, 32k, ..., 1k, then 512s): each step is taken while its saving beats one
+  // more model transfer. lat_new in ms: 157.6 + 2.7 = 160.3, 78.8 + 5.4 = 84.2, 39.4 + 8.1 = 47.5,
+  // 19.7 + 10.7 = 30.4, 9.9 + 13.4 = 23.3, 4.9 + 16.1 = 21.0 (each below the last: taken), then
+  // 2.5 + 18.8 = 21.3 > 21.0: stop. The six hottest.
+  RoutingMatrix zipf(16, 16);
+  for (int e = 0; e < 16; ++e) zipf.mutable_at(0, e) = e < 8 ? 65536 >> e : 512;  // one source holds the loads
+  CHECK(released_shadowing(m, zipf) == std::vector<int>{0, 1, 2, 3, 4, 5});
 }
 
 TEST_CASE("every policy computes each routed token-slot exactly once") {

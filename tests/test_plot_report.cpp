@@ -152,13 +152,106 @@ TEST_CASE("report: pass and fail and not run on hand cases") {
   CHECK(n.fail == 2);
   CHECK(n.not_run == 1);
   CHECK(n.total() == 5);
-  const std::string md = report_markdown({{"x.textproto", "x", "an experiment", false, claims, "figures/x/speedup.png"}}, "moesim report");
+  ReportEntry x;
+  x.spec_path = "x.textproto", x.name = "x", x.description = "an experiment", x.claims = claims, x.figure = "figures/x/speedup.png";
+  const std::string md = report_markdown({x}, "moesim report");
   CHECK_THAT(md, Contains("5 claims from 1 experiments: 2 pass, 2 fail, 1 not run"));
   CHECK_THAT(md, Contains("| claim | 2.00 | 2.20 | 1.10 | ±15% | pass |"));
   CHECK_THAT(md, Contains("| claim | 2.00 | 2.50 | 1.25 | ±30% | pass |"));
   CHECK_THAT(md, Contains("| claim | 2.00 | 1.60 | 0.80 | ±15% | **fail** |"));
   CHECK_THAT(md, Contains("| claim | 2.00 | — | — | ±15% | not run |"));
   CHECK_THAT(md, Contains("![x](figures/x/speedup.png)"));
+}
+
+namespace {
+
+PaperComparison comparison(const std::string& claim, const std::string& variant, const std::string& baseline, double paper,
+                           double simulated, spec::PaperValue::Quantity quantity = spec::PaperValue::SPEEDUP) {
+  spec::PaperValue p;
+  p.set_claim(claim);
+  p.set_variant(variant);
+  p.add_baseline(baseline);
+  p.set_value(paper);
+  p.set_quantity(quantity);
+  return PaperComparison{p, simulated};
+}
+
+ReportEntry entry(const std::string& name, std::vector<PaperComparison> claims) {
+  ReportEntry e;
+  e.name = name;
+  e.spec_path = name + ".textproto";
+  e.claims = std::move(claims);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("report: the ordering score counts the pairs of systems the simulation orders as the paper") {
+  const std::vector<PaperComparison> claims = {
+      comparison("a", "A", "base", 1.5, 1.2),   // A ahead of base in both: match
+      comparison("b", "B", "base", 0.8, 1.1),   // B behind base in the paper, ahead simulated: no match
+      comparison("c", "C", "base", 1.01, 0.5),  // within 2%: the paper states no order, left out
+      comparison("d", "A", "other", 2.0, 3.0),  // another baseline: A vs other matches; not paired with a or b
+      comparison("e", "E", "base", 1.5, 1.1, spec::PaperValue::BALANCE)};  // another quantity: pairs only with base
+  // Each claim's variant against its baseline: a, d, e match, b does not, c is left out (3 of 4).
+  // Variants against each other under "base" (SPEEDUP): A-B (1.5 > 0.8 and 1.2 > 1.1) and A-C (1.5 >
+  // 1.01 and 1.2 > 0.5) match; B-C does not (0.8 < 1.01 but 1.1 > 0.5) (2 of 3).
+  const auto o = ordering_score(claims);
+  CHECK(o.pairs == 7);
+  CHECK(o.match == 5);
+  const auto none = ordering_score({comparison("x", "X", "base", 2.0, std::numeric_limits<double>::quiet_NaN())});
+  CHECK(none.pairs == 0);  // not run: no pair
+  const std::string md = report_markdown({entry("x", claims)}, "moesim report");
+  CHECK_THAT(md, Contains("5 of 7 pairs of systems in the paper's order"));
+  CHECK_THAT(md, Contains("| [x](#x) | 5 | 0 | 5 | 0 | 5/7 |"));
+  CHECK_THAT(md, Contains("never per claim"));
+}
+
+TEST_CASE("report: the fidelity ledger gives each missed claim its causes, counts the unknown, flags regressions") {
+  const auto dir = test::temp_dir("ledger");
+  const std::vector<ReportEntry> entries = {
+      entry("exp1", {comparison("one", "A", "base", 2.0, 1.0),     // misses, explained by two causes
+                     comparison("two", "B", "base", 2.0, 2.1),     // passes
+                     comparison("three", "C", "base", 2.0, 4.0)}),  // misses, no cause: unknown
+      entry("exp2", {comparison("four", "A", "base", 1.5, 0.9)})};  // misses, covered by "exp2: *"
+  test::write_file(dir + "/ledger.textproto", R"ledger(
+cause { id: "weak-baseline" category: POLICY cause: "the baseline ran without X (paper, p. 3)"
+        evidence: "moesim run e.textproto --set x=1" evidence_result: "one 0.50 -> 0.95" action: "X modelled"
+        claims: "exp1: one" claims: "exp1: two" }
+cause { id: "skew" category: WORKLOAD cause: "routing less skewed than the paper's" claims: "exp1: one" claims: "exp2: *" }
+cause { id: "not-in-this-report" category: PAPER cause: "elsewhere" claims: "exp9: anything" }
+)ledger");
+  const auto ledger = load_ledger(dir + "/ledger.textproto");
+  const Verdicts previous = {{"exp1: one", true}, {"exp1: three", false}};
+  const std::string md = fidelity_markdown(entries, ledger, "ledger.textproto", previous);
+  CHECK_THAT(md, Contains("**3 of the report's claims miss.** By the cause listed first: policy 1, unknown 1, workload 1."));
+  CHECK_THAT(md, Contains("| exp1 | one | 2.00 | 1.00 | 0.50 | [weak-baseline](#weak-baseline) (policy); [skew](#skew) (workload) |"));
+  CHECK_THAT(md, Contains("| exp1 | three | 2.00 | 4.00 | 2.00 | unknown |"));
+  CHECK_THAT(md, Contains("| exp2 | four | 1.50 | 0.90 | 0.60 | [skew](#skew) (workload) |"));
+  CHECK_THAT(md, Contains("- exp1: one: passed in the previous report, now 0.50× the paper"));
+  CHECK_THAT(md, !Contains("exp1: three: passed"));
+  CHECK_THAT(md, Contains("- exp1: two (1.05× the paper, passes now)"));
+  CHECK_THAT(md, Contains("Evidence: `moesim run e.textproto --set x=1` → one 0.50 -> 0.95"));
+  CHECK_THAT(md, Contains("### not-in-this-report"));
+  // Verdicts round-trip through claims.json.
+  test::write_file(dir + "/claims.json", verdicts_json(entries));
+  const auto back = read_verdicts(dir + "/claims.json");
+  CHECK(back.size() == 4);
+  CHECK(back.at("exp1: two"));
+  CHECK_FALSE(back.at("exp2: four"));
+  CHECK(read_verdicts(dir + "/none.json").empty());
+  test::write_file(dir + "/bad.json", "[1, 2]");
+  CHECK_THROWS_AS(read_verdicts(dir + "/bad.json"), InputError);
+
+  // A stale ledger (a claim the experiment no longer has) stops the report, naming the cause.
+  spec::Ledger stale = ledger;
+  stale.mutable_cause(1)->add_claims("exp2: five");
+  CHECK_THROWS_WITH(fidelity_markdown(entries, stale, "ledger.textproto", {}), Contains("cause 'skew' names 'five'"));
+  // Malformed causes: file, line and field.
+  test::write_file(dir + "/dup.textproto", "cause { id: \"a\" cause: \"x\" claims: \"e: c\" }\ncause { id: \"a\" cause: \"y\" claims: \"e: c\" }\n");
+  CHECK_THROWS_WITH(load_ledger(dir + "/dup.textproto"), Contains("dup.textproto:2") && Contains("cause[1].id"));
+  test::write_file(dir + "/ref.textproto", "cause { id: \"a\" cause: \"x\"\n claims: \"no colon\" }\n");
+  CHECK_THROWS_WITH(load_ledger(dir + "/ref.textproto"), Contains("ref.textproto:2") && Contains("EXPERIMENT: CLAIM"));
 }
 
 TEST_CASE("report: runs an experiment that has no results then reads the same numbers back") {
@@ -180,6 +273,8 @@ TEST_CASE("report: runs an experiment that has no results then reads the same nu
   o.results = dir + "/results";
   o.out = dir + "/report";
   o.run = true;
+  o.ledger = dir + "/ledger.textproto";
+  test::write_file(o.ledger, "cause { id: \"why\" category: SETUP cause: \"a test cause\" claims: \"second: *\" }\n");
   const auto ran = write_report(o);
   REQUIRE(ran.size() == 2);  // in path order: experiments/second/small.textproto, experiments/small.textproto
   CHECK(ran[0].name == "second");
@@ -191,6 +286,11 @@ TEST_CASE("report: runs an experiment that has no results then reads the same nu
   CHECK(fs::exists(dir + "/results/gpt-moe-s/summary.json"));
   const std::string md = test::read_file(dir + "/report/report.md");
   CHECK_THAT(md, Contains("2 claims from 2 experiments"));
+  CHECK_THAT(md, Contains("## Parameters these runs used"));
+  CHECK_THAT(md, Contains("| dgx-a100 | A100-SXM4-80GB | 312 / 19.5 |"));  // the base spec's platform, with its parameters
+  const std::string ledger = test::read_file(dir + "/report/fidelity.md");
+  CHECK_THAT(ledger, Contains("### why"));
+  CHECK(read_verdicts(dir + "/report/claims.json").size() == 2);
   if (!gnuplot_path().empty()) CHECK(fs::exists(dir + "/report/figures/gpt-moe-s/speedup.png"));
   o.run = false;
   const auto read = write_report(o);
