@@ -31,6 +31,8 @@ double parse_size(const std::string& text) {
   const double scale = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1024.0 * 1024 : unit == "G" ? 1024.0 * 1024 * 1024 : -1;
   if (scale < 0 || !(value > 0))
     throw InputError("size '" + text + "': expected a positive number with an optional K, M or G suffix (e.g. 32M)");
+  if (!(value * scale >= 1 && value * scale <= kMaxCollectiveBytes))
+    throw InputError("size '" + text + "': must be from 1 byte to 1024G (nccl-tests' sizes are far below)");
   return value * scale;
 }
 
@@ -50,7 +52,12 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
     if (const auto problem = path_name_problem(f.name); !problem.empty()) throw InputError(file.describe("name", problem));
   f.description = s.description();
   if (!s.platform().empty()) f.sweep.platform = s.platform();
-  if (s.gpus_size()) f.sweep.gpus.assign(s.gpus().begin(), s.gpus().end());
+  if (s.gpus_size()) f.sweep.gpus.clear();
+  for (int i = 0; i < s.gpus_size(); ++i) {
+    if (s.gpus(i) < 1 || s.gpus(i) > kMaxCollectiveGpus)
+      throw InputError(file.describe(fmt::format("gpus[{}]", i), fmt::format("must be in [1, {}]", kMaxCollectiveGpus)));
+    f.sweep.gpus.push_back(int(s.gpus(i)));
+  }
   if (s.algorithms_size()) f.sweep.algorithms.assign(s.algorithms().begin(), s.algorithms().end());
   for (int i = 0; i < s.collectives_size(); ++i) try {
       f.sweep.collectives.push_back(parse_collective_type(s.collectives(i)));
@@ -77,7 +84,9 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
                      std::count(f.sweep.algorithms.begin(), f.sweep.algorithms.end(), c.algorithm()) &&
                      std::count(f.sweep.algorithms.begin(), f.sweep.algorithms.end(), c.baseline());
     if (!has) throw InputError(file.describe(where, "names a GPU count, size or algorithm the sweep does not run"));
-    if (!(c.value() > 0)) throw InputError(file.describe(where + ".value", "must be > 0"));
+    if (!(c.value() > 0 && c.value() <= 1e6)) throw InputError(file.describe(where + ".value", "must be in (0, 1e6]: a ratio"));
+    if (!(c.tolerance() >= 0 && c.tolerance() <= 10))
+      throw InputError(file.describe(where + ".tolerance", "must be in [0, 10] (a relative tolerance; 0 means 0.15)"));
     CollectiveClaim claim{int(c.gpus()), bytes, c.algorithm(), c.baseline(), {}};
     claim.paper.set_claim(c.claim());
     claim.paper.set_value(c.value());
@@ -167,7 +176,8 @@ std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, 
   const int per_node = int(spec.node().gpus());
   if (sweep.gpus.empty()) throw InputError("--gpus: give at least one GPU count");
   for (int g : sweep.gpus)
-    if (g < per_node || g % per_node != 0)
+    if (g > kMaxCollectiveGpus) throw InputError(fmt::format("--gpus {}: at most {}", g, kMaxCollectiveGpus));
+    else if (g < per_node || g % per_node != 0)
       throw InputError(fmt::format("--gpus {}: {} has {} GPUs per node; use whole nodes (a multiple of {})", g,
                                    sweep.platform, per_node, per_node));
   const auto cases = collective_cases(sweep);

@@ -16,6 +16,11 @@
 
 namespace moesim {
 
+/// The most GPUs and bytes a collective sweep takes: an all-to-all's exchange matrix grows with the
+/// GPUs squared (8,192 GPUs: 67 M pairs); a TiB is far beyond nccl-tests' sizes.
+inline constexpr int kMaxCollectiveGpus = 8192;
+inline constexpr double kMaxCollectiveBytes = 1024.0 * 1024 * 1024 * 1024;
+
 struct CollectiveSweep {
   std::string platform = "dgx-a100";
   std::vector<int> gpus = {16, 64, 256};      // multiples of the platform's GPUs per node

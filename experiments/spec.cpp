@@ -147,10 +147,6 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   if (const auto& p = s.cluster().platform();  // a file, not a catalog name: beside the spec
       p.find('/') != std::string::npos || (p.size() > 10 && p.substr(p.size() - 10) == ".textproto"))
     relative_to_spec(s.mutable_cluster()->mutable_platform(), "cluster.platform");
-  if (s.iterations() == 0) s.set_iterations(1);
-  if (s.warmup_iterations() >= s.iterations())
-    throw in_spec("warmup_iterations", fmt::format("{} warm-up iterations leave none of the {} to measure; use fewer, or more "
-                                                   "iterations", s.warmup_iterations(), s.iterations()));
   if (s.gating().source_case() == spec::GatingSpec::SOURCE_NOT_SET) s.mutable_gating()->mutable_uniform();
   if (s.gate().has_capacity_factor() && !(std::abs(s.gate().capacity_factor()) <= 1e4))
     throw in_spec("gate.capacity_factor", "must be a number in [-1e4, 1e4] (> 0 fixed, 0 dropless, < 0 capped dynamic; "
@@ -183,8 +179,18 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     throw InputError(cluster_file.describe(e.field(), e.message()));
   }
 
-  // The model, policy and gating of one run (the spec itself, or one of its variants).
-  auto validate_run = [&](const spec::ExperimentSpec& run, const std::function<InputError(std::string, std::string)>& error) {
+  // The iterations, model, policy and gating of one run (the spec itself, or one of its variants).
+  auto validate_run = [&](spec::ExperimentSpec& run, const std::function<InputError(std::string, std::string)>& error) {
+    if (run.iterations() == 0) run.set_iterations(1);
+    if (run.iterations() > kMaxIterations)
+      throw error("iterations", fmt::format("{} is more than {} (a simulated iteration takes milliseconds to seconds of "
+                                            "wall time)", run.iterations(), kMaxIterations));
+    if (run.warmup_iterations() >= run.iterations())
+      throw error("warmup_iterations", fmt::format("{} warm-up iterations leave none of the {} to measure; use fewer, or "
+                                                   "more iterations", run.warmup_iterations(), run.iterations()));
+    if (run.sim().timeline_iterations() > run.iterations())
+      throw error("sim.timeline_iterations", fmt::format("{} is more than the {} iterations run", run.sim().timeline_iterations(),
+                                                         run.iterations()));
     std::optional<MoeModel> model;
     try {
       model.emplace(run.model());
@@ -244,7 +250,9 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
                                                          (g.empty() ? "" : " (with groups, variants are named GROUP/NAME)"));
       }
     }
-    if (!(p.value() > 0)) throw in_spec(fmt::format("paper[{}].value", i), "must be > 0");
+    if (!(p.value() > 0 && p.value() <= 1e6)) throw in_spec(fmt::format("paper[{}].value", i), "must be in (0, 1e6]: a ratio");
+    if (!(p.tolerance() >= 0 && p.tolerance() <= 10))
+      throw in_spec(fmt::format("paper[{}].tolerance", i), "must be in [0, 10] (a relative tolerance; 0 means 0.15)");
   }
   return ex;
 }

@@ -2,6 +2,7 @@
 // the catalog, and validation of everything before any simulation starts. Every problem is an
 // InputError naming the file, line and field and what to do.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,10 @@
 #include "textproto.hpp"
 
 namespace moesim {
+
+/// The most iterations an experiment (or a variant) runs: a simulated iteration takes milliseconds to
+/// seconds of wall time.
+inline constexpr std::uint32_t kMaxIterations = 100000;
 
 /// The default experiment `moesim run` runs without a SPEC.
 inline constexpr const char* kDemoSpec = "experiments/demo.textproto";

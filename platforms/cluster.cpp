@@ -28,28 +28,31 @@ void require_in(double x, double lo, double hi, const std::string& field, const 
   require(ok, field, fmt::format("must be in {}{:g}, {:g}] {}, got {}", open_low ? "(" : "[", lo, hi, unit, x));
 }
 
-// Ranges: well beyond any hardware, short of what overflows or stalls the model.
-constexpr double kMaxGBps = 1e6, kMaxLatencyUs = 1e6, kMaxTflops = 1e6, kMaxGib = 1e6;
-constexpr std::uint32_t kMaxNodes = 1u << 16, kMaxGpusPerNode = 1024;
+// Ranges: well beyond any hardware, short of what overflows or stalls the model. Rates have a floor
+// (1 MB/s, 1 GFLOP/s, an efficiency of 0.1%) so that no op takes longer than the simulated clock can
+// hold (a subnormal bandwidth made an op last forever). A node holds at most 256 GPUs: the routes
+// inside a node are found for every GPU pair (1,024 GPUs took minutes; GB200 NVL72 has 72).
+constexpr double kMinGBps = 1e-3, kMaxGBps = 1e6, kMaxLatencyUs = 1e6, kMinTflops = 1e-3, kMaxTflops = 1e6,
+                 kMaxGib = 1e6, kMinEfficiency = 1e-3;
+constexpr std::uint32_t kMaxNodes = 1u << 16, kMaxGpusPerNode = 256;
 
 void validate_gpu(const spec::GpuSpec& gpu) {
   require(!gpu.model().empty(), "gpu.model", "is empty; name the GPU model");
   require_in(gpu.memory_gib(), 0, kMaxGib, "gpu.memory_gib", "GiB", true);
-  require_in(gpu.memory_gbytes_per_s(), 0, kMaxGBps, "gpu.memory_gbytes_per_s", "GB/s", true);
+  require_in(gpu.memory_gbytes_per_s(), kMinGBps, kMaxGBps, "gpu.memory_gbytes_per_s", "GB/s");
   require(gpu.compute_capability() == 0 || (gpu.compute_capability() >= 30 && gpu.compute_capability() <= 200),
           "gpu.compute_capability", "must be the CUDA compute capability times 10 (80 for an A100), or 0 if unknown");
-  require(gpu.memory_efficiency() >= 0 && gpu.memory_efficiency() <= 1, "gpu.memory_efficiency",
-          "must be in (0, 1] (0 means 1)");
+  require(gpu.memory_efficiency() == 0 || (gpu.memory_efficiency() >= kMinEfficiency && gpu.memory_efficiency() <= 1),
+          "gpu.memory_efficiency", fmt::format("must be in [{:g}, 1] (0 means 1)", kMinEfficiency));
   require(gpu.peak_size() > 0, "gpu.peak", "is empty; give at least one `peak { dtype: ... tflops: ... }`");
   for (int i = 0; i < gpu.peak_size(); ++i)
-    require_in(gpu.peak(i).tflops(), 0, kMaxTflops, fmt::format("gpu.peak[{}].tflops", i), "TFLOP/s", true);
+    require_in(gpu.peak(i).tflops(), kMinTflops, kMaxTflops, fmt::format("gpu.peak[{}].tflops", i), "TFLOP/s");
   double last = 0;
   for (int i = 0; i < gpu.gemm_efficiency_size(); ++i) {
     const auto& p = gpu.gemm_efficiency(i);
     require(std::isfinite(p.gflops()) && p.gflops() > last, fmt::format("gpu.gemm_efficiency[{}].gflops", i),
             "must be > 0 and increase from point to point");
-    require(p.efficiency() > 0 && p.efficiency() <= 1, fmt::format("gpu.gemm_efficiency[{}].efficiency", i),
-            "must be in (0, 1]");
+    require_in(p.efficiency(), kMinEfficiency, 1, fmt::format("gpu.gemm_efficiency[{}].efficiency", i), "");
     last = p.gflops();
   }
 }
@@ -144,7 +147,7 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
   for (int i = 0; i < node.nics_size(); ++i) {
     const auto& nic = node.nics(i);
     require(!nic.name().empty(), fmt::format("node.nics[{}].name", i), "is empty");
-    require_in(nic.gbits_per_s(), 0, 8 * kMaxGBps, fmt::format("node.nics[{}].gbits_per_s", i), "Gb/s", true);
+    require_in(nic.gbits_per_s(), 8 * kMinGBps, 8 * kMaxGBps, fmt::format("node.nics[{}].gbits_per_s", i), "Gb/s");
     require_in(nic.latency_us(), 0, kMaxLatencyUs, fmt::format("node.nics[{}].latency_us", i), "µs");
     require_in(nic.nccl_latency_us(), 0, kMaxLatencyUs, fmt::format("node.nics[{}].nccl_latency_us", i), "µs");
     if (nic.has_message_overhead_us())
@@ -174,7 +177,7 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     for (std::size_t j = 0; j < ends.size(); ++j)
       require(ends[j] != std::make_pair(a, b) && ends[j] != std::make_pair(b, a), f,
               fmt::format("joins {} and {}, as node.links[{}] does; give one link with the summed bandwidth", l.a(), l.b(), j));
-    require_in(l.gbytes_per_s(), 0, kMaxGBps, f + ".gbytes_per_s", "GB/s per direction", true);
+    require_in(l.gbytes_per_s(), kMinGBps, kMaxGBps, f + ".gbytes_per_s", "GB/s per direction");
     require_in(l.latency_us(), 0, kMaxLatencyUs, f + ".latency_us", "µs");
     links_.push_back(NodeLink{l.a() + "-" + l.b(), l.kind(), l.gbytes_per_s() * 1e9, l.latency_us() * 1e-6});
     ends.emplace_back(a, b);
@@ -264,6 +267,8 @@ void Cluster::build_rings(const spec::NodeSpec& node) {
     ring_order_ = best;
   }
   const int K = int(nics_.size());
+  require(node.p2p_peers() <= kMaxGpusPerNode * kMaxNodes, "node.p2p_peers",
+          "must be at most the cluster's GPUs (NCCL's send/recv peers in flight); 0 means 8");
   require(node.ring_channels() <= 64, "node.ring_channels", "must be at most 64 (NCCL's MAXCHANNELS); 0 means one per NIC");
   const int channels = node.ring_channels() > 0 ? int(node.ring_channels()) : std::max(1, K);
   for (int c = 0; c < channels; ++c) {

@@ -163,7 +163,7 @@ class FasterMoe final : public Policy {
     if (smart_ && cluster.num_gpus() % std::min<std::int64_t>(gs, cluster.num_gpus()) != 0)
       throw FieldError("policy.fastermoe.group_size",
                        fmt::format("{} GPUs do not split into groups of {}; use a divisor of the GPU count", cluster.num_gpus(), gs));
-    if (f.topology_gate() == spec::FasterMoeSpec::FRACTION && !(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))
+    if (!(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))  // whatever the gate: never a silent NaN
       throw FieldError("policy.fastermoe.outgoing_fraction", "must be in [0, 1] (0 means the released default, 0.14)");
   }
 

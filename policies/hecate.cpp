@@ -266,7 +266,7 @@ class Hecate final : public Policy {
                   : left > 0 ? int(std::floor(left / (alive * in.model.expert_params() * (b.param + b.grad)))) : 0;
     const bool reshard = !spec.has_heterogeneous_sharding() || spec.heterogeneous_sharding();
     const bool materialize = !spec.has_materialize() || spec.materialize();
-    const int interval = int(spec.reshard_interval() ? spec.reshard_interval() : 100);
+    const int interval = iterations_as_int(spec.reshard_interval() ? spec.reshard_interval() : 100);
 
     if (owner_.empty()) {  // initialized with homogeneous sharding
       owner_.assign(std::size_t(L), std::vector<int>(std::size_t(E)));

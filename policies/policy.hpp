@@ -2,6 +2,7 @@
 // (placement, gate, schedule and collectives together), and may learn from the timings the backend
 // returns. Policies are registered by name and chosen in the experiment spec (`policy { name: }`).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,6 +61,10 @@ class Policy {
   /// Called with each iteration's graph and timing (for policies that adapt).
   virtual void observe(const TaskGraph&, const Timing&) {}
 };
+
+/// A uint32 count of iterations (an interval, a period) as an int: past INT_MAX, like any count past
+/// the run's iterations, it means "never".
+inline int iterations_as_int(std::uint32_t v) { return int(std::min<std::uint32_t>(v, 0x7fffffff)); }
 
 /// The policy named in `spec.name` (FieldError "policy.name" listing the known ones otherwise).
 std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec);

@@ -286,7 +286,7 @@ class ProProphet final : public Policy {
     const auto& p = spec.pro_prophet();
     if (p.has_alpha() && !(p.alpha() > 0))
       throw FieldError("policy.pro_prophet.alpha", "the balance coefficient α must be > 0");
-    if (int(p.n()) > cluster.num_gpus() - 1)
+    if (std::int64_t(p.n()) > cluster.num_gpus() - 1)
       throw FieldError("policy.pro_prophet.n", fmt::format("at most D − 1 = {} devices can be left out", cluster.num_gpus() - 1));
   }
 
@@ -321,7 +321,7 @@ class ProProphet final : public Policy {
   // Plan^{j+1}, from this iteration's loads and the window before it.
   void plan_next(const IterationInput& in, const spec::ProProphetSpec& p) {
     const std::size_t history = p.history() ? p.history() : 1;
-    const int every = int(p.plan_every() ? p.plan_every() : 1);
+    const int every = iterations_as_int(p.plan_every() ? p.plan_every() : 1);
     if (history > 1) {
       window_.push_back(in.routing);
       if (window_.size() > history) window_.pop_front();

@@ -18,19 +18,18 @@ namespace moesim {
 Compressor make_compressor(const spec::CompressorSpec& s, const std::string& default_name) {
   const std::string name = s.name().empty() ? default_name : s.name();
   Compressor c{name, 0, 0};
+  // Checked whatever the name, so that a value a spec holds is never silently NaN.
+  if (s.has_bits() && !(s.bits() > 0 && s.bits() <= 64))
+    throw FieldError("policy.schemoe.compressor.bits", "must be in (0, 64]: bits on the wire per value");
+  if (s.has_gbytes_per_s() && !(s.gbytes_per_s() >= 1e-3 && s.gbytes_per_s() <= 1e6))
+    throw FieldError("policy.schemoe.compressor.gbytes_per_s", "must be in [0.001, 1e6] GB/s");
   if (name == "none") return c;
   if (name == "fp16") c.bits = 16, c.bytes_per_s = 400e9;
   else if (name == "int8") c.bits = 8, c.bytes_per_s = 300e9;
   else if (name == "zfp") c.bits = 8, c.bytes_per_s = 100e9;
   else throw FieldError("policy.schemoe.compressor.name", "unknown compressor '" + name + "'; known: none, fp16, int8, zfp");
-  if (s.has_bits()) {
-    if (!(s.bits() > 0)) throw FieldError("policy.schemoe.compressor.bits", "must be > 0");
-    c.bits = s.bits();
-  }
-  if (s.has_gbytes_per_s()) {
-    if (!(s.gbytes_per_s() > 0)) throw FieldError("policy.schemoe.compressor.gbytes_per_s", "must be > 0");
-    c.bytes_per_s = s.gbytes_per_s() * 1e9;
-  }
+  if (s.has_bits()) c.bits = s.bits();
+  if (s.has_gbytes_per_s()) c.bytes_per_s = s.gbytes_per_s() * 1e9;
   return c;
 }
 

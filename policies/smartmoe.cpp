@@ -53,7 +53,7 @@ class SmartMoe final : public Policy {
   TaskGraph build_iteration(const IterationInput& in) override {
     const auto t0 = std::chrono::steady_clock::now();
     const int G = in.cluster.num_gpus(), E = in.model.experts();
-    const int interval = int(in.spec.smartmoe().interval() ? in.spec.smartmoe().interval() : 25);
+    const int interval = iterations_as_int(in.spec.smartmoe().interval() ? in.spec.smartmoe().interval() : 25);
     if (owner_.empty()) {  // start from EP's placement
       owner_.assign(in.routing.size(), std::vector<int>(std::size_t(E)));
       for (auto& layer : owner_)

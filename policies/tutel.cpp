@@ -126,7 +126,8 @@ class Tutel final : public Policy {
         throw FieldError("policy.tutel.parallel_r", fmt::format("r is 0 (data parallel) or a divisor of W/E = {}", s));
     }
     for (const auto& s : space(t)) {
-      if (s.degree < 1 || s.degree > 64) throw FieldError("policy.tutel.degrees", "pipelining degrees are 1 to 64");
+      if (s.degree < 1 || s.degree > 64)
+        throw FieldError(t.degree() ? "policy.tutel.degree" : "policy.tutel.degrees", "pipelining degrees are 1 to 64");
       spec::PolicySpec probe;
       probe.set_all_to_all(s.all_to_all);
       try {

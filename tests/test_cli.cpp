@@ -112,7 +112,7 @@ TEST_CASE("a bandwidth of zero in a platform file is rejected at its line") {
   const int line = line_of(dir + "/slow.textproto", "gbytes_per_s: 0");
   const auto spec = spec_with(dir, "platform: \"dgx-a100\"", "platform: \"" + dir + "/slow.textproto\"");
   expect_rejected(spec, dir,
-                  {"slow.textproto:" + std::to_string(line) + ":", "node.links[1].gbytes_per_s", "must be in (0, 1e+06] GB/s"});
+                  {"slow.textproto:" + std::to_string(line) + ":", "node.links[1].gbytes_per_s", "must be in [0.001, 1e+06] GB/s"});
 }
 
 TEST_CASE("a node count that does not fit the fat-tree is rejected") {

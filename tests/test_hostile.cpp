@@ -236,6 +236,34 @@ TEST_CASE("hostile: model and gate values that overflowed are refused with their
   CHECK_THROWS_WITH(expand_sweep(grid), Contains("more than"));
 }
 
+TEST_CASE("hostile: collective sweep sizes, GPU counts and claims out of range are refused, not run") {
+  const auto dir = test::temp_dir("hostile-collective");
+  const std::string head = "name: \"s\"\nplatform: \"dgx-a100\"\nalgorithms: [\"linear\", \"2dh\"]\n";
+  const struct {
+    std::string body, expect;
+  } cases[] = {
+      {"gpus: [16]\nsizes: [\"inf\"]\n", "size 'inf'"},          // crashed SimGrid
+      {"gpus: [16]\nsizes: [\"1e300\"]\n", "size '1e300'"},      // ran to 1e296 µs and spoiled another point
+      {"gpus: [16]\nsizes: [\"1e-300\"]\n", "size '1e-300'"},    // hung with 2dh
+      {"gpus: [4294967288]\nsizes: [\"1M\"]\n", "gpus[0]"},     // read as -8, reported as --gpus
+      {"gpus: [524288]\nsizes: [\"1M\"]\n", "gpus[0]"},         // hung
+      {"gpus: [16]\nsizes: [\"1M\"]\npaper { claim: \"c\" gpus: 16 size: \"1M\" algorithm: \"2dh\" baseline: \"linear\" value: 1 "
+       "tolerance: inf }\n",
+       "tolerance"},  // passed every claim
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    const std::string spec = dir + "/c" + std::to_string(n) + ".textproto", out = dir + "/out" + std::to_string(n++);
+    test::write_file(spec, head + c.body);
+    std::string output;
+    const int rc = test::run_command(std::string(MOESIM_BIN) + " collective " + spec + " -q --out " + out, output);
+    INFO(c.body << output);
+    CHECK(rc == 2);
+    CHECK_THAT(output, Contains(c.expect));
+    CHECK_FALSE(fs::exists(out));
+  }
+}
+
 TEST_CASE("hostile: CSV traces with a huge comment or numbers beyond 64 bits are input errors, not crashes") {
   const auto dir = test::temp_dir("hostile-csv");
   const std::string rows = "iter,layer,src,e0,e1\n0,0,0,1,1\n";

@@ -52,8 +52,12 @@ void require(bool ok, const char* field, const std::string& message) {
   if (!ok) throw FieldError(field, message);
 }
 
-void require_nonnegative(double x, const char* field) {
-  require(x >= 0 && std::isfinite(x), field, fmt::format("must be a finite number >= 0, got {}; 0 turns it off", x));
+// Scales of log-popularity (standard deviations, the growth factor): at most 100, where one expert
+// already takes every token; far beyond it the logits overflow and the tokens vanish as NaN.
+constexpr double kMaxLogScale = 100;
+
+void require_nonnegative(double x, const char* field, double max = std::numeric_limits<double>::max()) {
+  require(x >= 0 && x <= max, field, fmt::format("must be in [0, {:g}], got {}; 0 turns it off", max, x));
 }
 
 void require_fraction(double x, const char* field) {
@@ -61,14 +65,14 @@ void require_fraction(double x, const char* field) {
 }
 
 void validate(const GeneratorParams& p) {
-  require_nonnegative(p.sigma_pop, "sigma_pop");
+  require_nonnegative(p.sigma_pop, "sigma_pop", kMaxLogScale);
   require_nonnegative(p.zipf_exponent, "zipf_exponent");
   require_fraction(p.dead_fraction, "dead_fraction");
-  require_nonnegative(p.sigma_slow, "sigma_slow");
+  require_nonnegative(p.sigma_slow, "sigma_slow", kMaxLogScale);
   require(p.tau > 0, "tau", fmt::format("is the drift's time constant in iterations and must be > 0, got {}", p.tau));
-  require_nonnegative(p.sigma_fast, "sigma_fast");
-  require_nonnegative(p.sigma_src, "sigma_src");
-  require_nonnegative(p.pop_growth, "pop_growth");
+  require_nonnegative(p.sigma_fast, "sigma_fast", kMaxLogScale);
+  require_nonnegative(p.sigma_src, "sigma_src", kMaxLogScale);
+  require_nonnegative(p.pop_growth, "pop_growth", kMaxLogScale);
   require(p.pop_growth == 0 || p.growth_iterations > 0, "growth_iterations",
           "must be > 0 when pop_growth is set: it is the number of iterations over which sigma_pop grows");
   require(p.switch_probability >= 0 && p.switch_probability <= 1, "switch_probability",
