@@ -432,7 +432,9 @@ int main(int argc, char** argv) {
   auto* tgen = trace->add_subcommand("gen", "Generate a seeded synthetic trace (shared/notes/gating-traces.md §6)");
   GenOptions gen;
   tgen->add_option("--out,-o", output, "Output .trace file")->required();
-  tgen->add_option("--preset", gen.preset, "naive (no balance loss, SmartMoE-like), aux (balanced), concentrated")
+  tgen->add_option("--preset", gen.preset,
+                   "naive (no balance loss, SmartMoE-like; FasterMoE's runs), aux (balanced), concentrated, pro-prophet "
+                   "(fitted to Pro-Prophet Fig. 3: `moesim trace fit`)")
       ->capture_default_str();
   tgen->add_option("--experts", gen.experts, "Experts per layer")->capture_default_str();
   tgen->add_option("--top-k", gen.top_k, "Experts per token")->capture_default_str();
@@ -443,6 +445,14 @@ int main(int argc, char** argv) {
   tgen->add_option("--seed", gen.seed, "Seed: the same seed gives the same trace on any machine")->capture_default_str();
   tgen->add_option("--set,-s", gen.sets, "Override a generator parameter, e.g. --set sigma_pop=1.5 --set tau=500");
   tgen->add_flag("--quiet,-q", quiet, "No progress on stderr");
+  auto* tfit = trace->add_subcommand(
+      "fit",
+      "The presets fitted to what a paper reports of its own workload: each one's statistic, its target, the value the\n"
+      "preset reaches as the table has it, and sigma_pop fitted again\n"
+      "  moesim trace fit                   every fitted preset\n"
+      "  moesim trace fit pro-prophet       one");
+  std::vector<std::string> fit_names;
+  tfit->add_option("preset", fit_names, "Fitted presets (default: all)");
   auto* trescale = trace->add_subcommand("rescale", "Map a trace to more sources and experts (see README, Gating)");
   RescaleOptions rescale;
   trescale->add_option("trace", input, "Input .trace file")->required();
@@ -592,6 +602,22 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*tgen) return cmd_trace_gen(gen, output, quiet);
+    if (*tfit) {
+      for (const auto& name : fit_names.empty() ? fitted_presets() : fit_names) {
+        PresetFit f;
+        try {
+          f = fit_preset(name);
+        } catch (const FieldError& e) {
+          throw InputError("trace fit: " + e.message());
+        }
+        fmt::print("preset {} ({})\n  statistic: {}\n  target {:.3f}; the preset (sigma_pop {:.3f}) reaches {:.3f}; fitted again: "
+                   "sigma_pop {:.3f} reaches {:.3f}\n",
+                   f.preset, f.source, f.statistic, f.target, f.table_sigma_pop, f.table_reached, f.fitted_sigma_pop,
+                   f.fitted_reached);
+        for (const auto& [what, value] : f.others) fmt::print("  {}: {:.3f}\n", what, value);
+      }
+      return 0;
+    }
     if (*trescale) {
       const auto h = rescale_trace(input, output, rescale);
       fmt::print("{}: {} sources × {} experts, {} tokens per source\n", output, h.sources(), h.experts(),

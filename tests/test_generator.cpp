@@ -353,7 +353,7 @@ TEST_CASE("generator: the hot-spot knob moves hot_fraction of the slots onto the
 // ---- presets ----------------------------------------------------------------------------------
 
 TEST_CASE("generator: presets resolve, overrides replace their values, bad values name the field") {
-  CHECK(generator_presets() == std::vector<std::string>{"naive", "aux", "concentrated"});
+  CHECK(generator_presets() == std::vector<std::string>{"naive", "aux", "concentrated", "pro-prophet"});
   spec::GeneratorSpec g;
   const auto naive = resolve_generator(g);  // the default preset
   CHECK(naive.sigma_pop == 2.2);
@@ -397,4 +397,21 @@ TEST_CASE("generator: presets resolve, overrides replace their values, bad value
   CHECK(field_of(with([](auto& s) { s.set_switch_probability(1.5); })).rfind("switch_probability |", 0) == 0);
   CHECK(field_of(with([](auto& s) { s.set_pop_growth(1); })).rfind("growth_iterations |", 0) == 0);
   CHECK(field_of(with([](auto& s) { s.set_dead_fraction(0.5); })) == "accepted");
+}
+
+TEST_CASE("generator: each fitted preset reaches its paper's statistic as the table has it") {
+  for (const auto& name : fitted_presets()) {
+    INFO(name);
+    const PresetFit f = fit_preset(name);
+    CHECK(std::abs(f.table_reached - f.target) <= 0.01);           // the table's sigma_pop hits the target
+    CHECK(std::abs(f.fitted_sigma_pop - f.table_sigma_pop) <= 0.02);  // and is what the fit finds again
+    CHECK(std::abs(f.fitted_reached - f.target) <= 0.01);
+  }
+  // Pro-Prophet Fig. 3's other half: the three coldest of 16 experts hold less than 5%.
+  const PresetFit p = fit_preset("pro-prophet");
+  REQUIRE(p.others.size() == 2);
+  CHECK(p.others[0].second > 0.5);  // the median layer's top-3 share: over half
+  CHECK(p.others[1].second < 0.05);
+  CHECK(p.others[1].second > 0);    // not dead experts
+  CHECK_THROWS_AS(fit_preset("naive"), FieldError);
 }

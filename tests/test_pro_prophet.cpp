@@ -353,7 +353,10 @@ TEST_CASE("Eq. 1 estimates the simulated all-to-alls of skewed routings (Fig. 13
   // HPWNV nodes (16 RTX 3090, PCIe, 100 Gb/s), MoE-GPT-M, top-1, fp32, the `naive` generator. The
   // "real" time is the SimGrid backend running the dispatch all-to-all of each layer's routing
   // under plain EP; the estimate is Eq. 1 with B̄ as prophet_model() profiles it.
-  const auto ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/pro-prophet/fig10a-hpwnv16-top1.textproto", {});
+  // (The experiment itself now routes with the `pro-prophet` preset, half as skewed: there the
+  // error is ~17%, the all-to-all being set less by one receiver than Eq. 1 assumes.)
+  const auto ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/pro-prophet/fig10a-hpwnv16-top1.textproto",
+                                  {"gating.generator.preset=naive"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());

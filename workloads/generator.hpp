@@ -32,8 +32,23 @@ struct GeneratorParams {
   int hot_experts = 1;
 };
 
-/// Names of the presets: naive, aux, concentrated.
+/// Names of the presets: naive, aux, concentrated, pro-prophet.
 std::vector<std::string> generator_presets();
+
+/// A preset fitted to a statistic a paper reports of its own workload (`moesim trace fit NAME`):
+/// sigma_pop found by bisection, the preset's other parameters as the table has them.
+struct PresetFit {
+  std::string preset, statistic, source;
+  double target = 0;
+  double table_sigma_pop = 0, table_reached = 0;  // the preset as the table has it, and its statistic
+  double fitted_sigma_pop = 0, fitted_reached = 0;
+  std::vector<std::pair<std::string, double>> others;  // other statistics of the table's preset, for the reader
+};
+/// The presets that are fitted: "pro-prophet".
+std::vector<std::string> fitted_presets();
+/// Evaluates `name`'s statistic as the table has it and fits sigma_pop to its target again.
+/// FieldError("preset") for a preset that is not fitted.
+PresetFit fit_preset(const std::string& name);
 
 /// The spec's preset (default "naive") with the spec's set fields applied. FieldError with the
 /// field name ("preset", "sigma_pop", ...) for an unknown preset or a value out of range.
