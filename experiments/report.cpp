@@ -55,10 +55,10 @@ std::string claims_table(const std::vector<PaperComparison>& claims) {
 // The rules every number of the report is held to (issue 20), printed in its header and the ledger's.
 constexpr const char* kRules =
     "Rules: a model parameter is set per platform or per paper setup, never per claim, and names its source "
-    "(the platform files' comments, the specs' headers; the table at the end lists the parameters these runs "
-    "used). A claim that passed and fails after a change is a regression and is explained in the "
-    "[fidelity ledger](fidelity.md), which gives every claim that misses its cause, the evidence, and what was "
-    "done.";
+    "(the platform files' comments, the specs' headers; [report.md](report.md) ends with the parameters these "
+    "runs used). Every claim that misses has its cause, the evidence and what was done in "
+    "[fidelity.md](fidelity.md) (\"unknown\" where none is found); a claim that passed and fails after a change is a "
+    "regression, listed there.";
 
 std::string claim_key(const std::string& experiment, const std::string& claim) { return experiment + ": " + claim; }
 

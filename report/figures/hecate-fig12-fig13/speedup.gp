@@ -18,11 +18,11 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:6.024]
+set yrange [0:5.130]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000
-"fastermoe" 5.1047
+"fastermoe" 4.3471
 "smartmoe" 0.9572
 "flexmoe" 2.8536
 "hecate" 3.4998

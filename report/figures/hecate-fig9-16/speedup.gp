@@ -22,10 +22,10 @@ set yrange [0:3.600]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.8559 1.0800 2.0950 3.0510
-"gpt-l" 1.0000 2.6507 1.0844 2.0469 2.4362
-"bert" 1.0000 3.0351 1.0887 2.2224 2.0464
-"bert-deep" 1.0000 3.0423 1.0513 2.0718 2.0312
+"gpt-s" 1.0000 2.6912 1.0800 2.0950 3.0510
+"gpt-l" 1.0000 2.4983 1.0844 2.0469 2.4362
+"bert" 1.0000 2.8508 1.0887 2.2224 2.0464
+"bert-deep" 1.0000 2.8981 1.0513 2.0718 2.0312
 EOD
 set style data histograms
 set style histogram clustered gap 1

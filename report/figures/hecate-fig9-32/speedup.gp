@@ -22,10 +22,10 @@ set yrange [0:4.281]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 3.3759 0.9444 1.9045 3.6279
-"gpt-l" 1.0000 3.1431 0.9581 1.9283 2.6328
-"bert" 1.0000 3.5003 0.9471 1.9710 2.0540
-"bert-deep" 1.0000 3.4707 0.9217 1.9134 1.9779
+"gpt-s" 1.0000 2.8253 0.9444 1.9045 3.6279
+"gpt-l" 1.0000 2.8461 0.9581 1.9283 2.6328
+"bert" 1.0000 2.9623 0.9471 1.9710 2.0540
+"bert-deep" 1.0000 3.0522 0.9217 1.9134 1.9779
 EOD
 set style data histograms
 set style histogram clustered gap 1

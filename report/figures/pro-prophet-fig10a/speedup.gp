@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.609]
+set yrange [0:1.608]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 2.1161 2.1401
-"M" 1.0000 1.9742 1.8493
-"L" 1.0000 1.7839 1.6242
-"DS" 1.0000 2.1644 2.2111
-"DM" 1.0000 1.9990 1.8710
+"S" 1.0000 1.1789 1.2933
+"M" 1.0000 1.1228 1.1799
+"L" 1.0000 1.0723 1.1575
+"DS" 1.0000 1.2182 1.3626
+"DM" 1.0000 1.1326 1.2321
 EOD
 set style data histograms
 set style histogram clustered gap 1

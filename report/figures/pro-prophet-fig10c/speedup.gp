@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:3.102]
+set yrange [0:1.963]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 2.3290 2.4516
-"M" 1.0000 2.0600 1.9810
-"L" 1.0000 1.8128 1.7376
-"DS" 1.0000 2.4897 2.6292
-"DM" 1.0000 2.1252 2.0897
+"S" 1.0000 1.3620 1.5126
+"M" 1.0000 1.2825 1.3790
+"L" 1.0000 1.1769 1.3022
+"DS" 1.0000 1.4470 1.6638
+"DM" 1.0000 1.3218 1.4647
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:3.870]
+set yrange [0:1.819]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 3.1187 2.8715
-"M" 1.0000 2.7826 2.5391
-"L" 1.0000 2.5478 2.2630
-"DS" 1.0000 3.2793 3.0855
-"DM" 1.0000 2.9369 2.6658
+"S" 1.0000 1.2869 1.4316
+"M" 1.0000 1.2175 1.3301
+"L" 1.0000 1.1532 1.3013
+"DS" 1.0000 1.3930 1.5418
+"DM" 1.0000 1.3107 1.4357
 EOD
 set style data histograms
 set style histogram clustered gap 1

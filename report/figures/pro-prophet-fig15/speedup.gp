@@ -18,12 +18,12 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over planner (x)'
-set yrange [0:1.181]
+set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" "top2" "top3"
-"k1" 1.0000 0.9555 0.8715
-"k2" 1.0000 0.9796 1.0006
+"k1" 1.0000 0.8452 0.7581
+"k2" 1.0000 0.9540 0.9138
 EOD
 set style data histograms
 set style histogram clustered gap 1
