@@ -18,15 +18,18 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:4.631]
+set yrange [0:5.720]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-$bars << EOD
-"zero3" 1.0000
-"zero2" 1.3506
-"fastmoe" 1.9869
-"fastermoe" 3.9249
+$data << EOD
+group "zero3" "zero2" "fastmoe" "fastermoe"
+"gpt-s" 1.0000 1.3506 1.9869 3.9249
+"gpt-l" 1.0000 1.4125 3.1235 4.8471
+"bert-deep" 1.0000 1.3039 1.0587 3.0120
+"bert-deep-l" 1.0000 1.3646 1.6446 3.5206
 EOD
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+set style data histograms
+set style histogram clustered gap 1
+set boxwidth 0.9
+set key top left horizontal
+set xtics rotate by 20 right
+plot for [i=2:5] $data using i:xtic(1) title columnheader(i)

@@ -18,13 +18,18 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:1.347]
+set yrange [0:1.561]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-$bars << EOD
-"fastmoe" 1.0000
-"smart" 1.1412
+$data << EOD
+group "fastmoe" "smart"
+"gpt-s" 1.0000 1.2765
+"gpt-l" 1.0000 1.1407
+"bert-deep" 1.0000 1.3233
+"bert-deep-l" 1.0000 1.1485
 EOD
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+set style data histograms
+set style histogram clustered gap 1
+set boxwidth 0.9
+set key top left horizontal
+set xtics rotate by 20 right
+plot for [i=2:3] $data using i:xtic(1) title columnheader(i)
