@@ -66,6 +66,7 @@ class FlexMoe final : public Policy {
     in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ScheduleOptions schedule;
     schedule.persistent_replicas = true;
+    schedule.reserved_copies = slots;  // the slots are allocated up front (FlexMoE's reserved memory)
     return build_moe_iteration(in, plans, schedule);
   }
 

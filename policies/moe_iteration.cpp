@@ -135,6 +135,7 @@ class Builder {
         double layer_copies = 0;
         for (const auto& served : computes_[l][t])
           if (owner(int(l), served.expert) != t) layer_copies += 1;  // a replica, held until its reduce
+        layer_copies = std::max(layer_copies, double(s.reserved_copies));
         // Every layer's copies at once, or with re-materialization one layer's at a time.
         copies[std::size_t(t)] = s.rematerialize ? std::max(copies[std::size_t(t)], layer_copies) : copies[std::size_t(t)] + layer_copies;
       }

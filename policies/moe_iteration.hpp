@@ -111,6 +111,9 @@ struct ScheduleOptions {
   /// nothing is broadcast before a layer, and each replicated expert's gradients are all-reduced
   /// among its copies after the layer's backward (instead of reduced to the owner).
   bool persistent_replicas = false;
+  /// Copies per layer each GPU holds memory for from the start, used or not (FlexMoE's reserved
+  /// slots): a GPU's copies of a layer count as at least this many in its peak memory.
+  int reserved_copies = 0;
   /// Hecate's re-materialization (hecate.md §6), with under_attention: a layer's copies are
   /// dropped after its forward and gathered again (a second spAG) before its backward, on the comm
   /// stream after the spRS of the layer after it, under that layer's attention backward. The last

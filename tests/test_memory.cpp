@@ -79,3 +79,19 @@ TEST_CASE("memory model: EP keeps its experts' state, ZeRO-3 a 1/G shard plus on
   CHECK(copies == Approx(std::round(copies)));  // whole experts' parameters and gradients
   CHECK(shadow.params == ep.params);            // the owners keep their experts
 }
+
+TEST_CASE("memory model: FlexMoE holds its reserved slots from the first iteration, before any copy is made") {
+  const test::SmallSetup t;
+  const auto routing = t.routing(11);
+  const auto b = state_bytes(t.model.dtype());
+  const double P = t.model.expert_params(), L = 2;
+  for (int slots : {1, 3}) {
+    spec::PolicySpec ps;
+    ps.set_name("flexmoe");
+    ps.mutable_flexmoe()->set_slots(std::uint32_t(slots));
+    PolicyReport report;
+    make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});  // iteration 0: no copy yet
+    // Each layer's slots hold a whole expert's parameters, gradients and Adam state (copies keep them).
+    CHECK(report.memory.materialized == Approx(L * slots * P * (b.param + b.grad + b.optimizer)));
+  }
+}
