@@ -29,10 +29,11 @@ void require_in(double x, double lo, double hi, const std::string& field, const 
 }
 
 // Ranges: well beyond any hardware, short of what overflows or stalls the model. Rates have a floor
-// (1 MB/s, 1 GFLOP/s, an efficiency of 0.01%) so that no op takes longer than the simulated clock can
-// hold (a subnormal bandwidth made an op last forever). A node holds at most 256 GPUs: the routes
-// inside a node are found for every GPU pair (1,024 GPUs took minutes; GB200 NVL72 has 72).
-constexpr double kMinGBps = 1e-3, kMaxGBps = 1e6, kMaxLatencyUs = 1e6, kMinTflops = 1e-3, kMaxTflops = 1e6,
+// (1 MB/s; 1 MFLOP/s, below a host GEMM built unoptimized under the sanitizers, which `moesim
+// calibrate` profiles; an efficiency of 0.01%) so that no op takes longer than the simulated clock
+// can hold (a subnormal bandwidth made an op last forever). A node holds at most 256 GPUs: the
+// routes inside a node are found for every GPU pair (1,024 GPUs took minutes; GB200 NVL72 has 72).
+constexpr double kMinGBps = 1e-3, kMaxGBps = 1e6, kMaxLatencyUs = 1e6, kMinTflops = 1e-6, kMaxTflops = 1e6,
                  kMaxGib = 1e6, kMinEfficiency = 1e-4;
 constexpr std::uint32_t kMaxNodes = 1u << 16, kMaxGpusPerNode = 256;
 
