@@ -52,7 +52,7 @@ std::string claims_table(const std::vector<PaperComparison>& claims) {
   return out;
 }
 
-// The rules every number of the report is held to (issue 20), printed in its header and the ledger's.
+// The rules every number of the report is held to, printed in its header and the ledger's.
 constexpr const char* kRules =
     "Rules: a model parameter is set per platform or per paper setup, never per claim, and names its source "
     "(the platform files' comments, the specs' headers; [report.md](report.md) ends with the parameters these "
