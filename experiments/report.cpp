@@ -145,7 +145,7 @@ spec::Ledger load_ledger(const std::string& path) {
   for (int i = 0; i < ledger.cause_size(); ++i) {
     const auto& c = ledger.cause(i);
     const std::string at = fmt::format("cause[{}]", i);
-    if (!path_name_problem(c.id()).empty()) throw InputError(file.describe(at + ".id", path_name_problem(c.id())));
+    if (const auto problem = path_name_problem(c.id()); !problem.empty()) throw InputError(file.describe(at + ".id", problem));
     if (!ids.insert(c.id()).second) throw InputError(file.describe(at + ".id", "'" + c.id() + "' is the id of an earlier cause"));
     if (c.cause().empty()) throw InputError(file.describe(at + ".cause", "is empty: say what differs and its source"));
     if (c.claims().empty()) throw InputError(file.describe(at + ".claims", "names no claim: \"EXPERIMENT: CLAIM\" or \"EXPERIMENT: *\""));
@@ -276,20 +276,22 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
                     "Regenerate with `{}`.\n\n",
                     command);
   md += std::string(kRules) + "\n\n";
+  std::vector<OrderScore> orders;  // per entry, and their sum
   OrderScore order;
   for (const auto& e : entries) {
-    const auto o = ordering_score(e.claims);
-    order.match += o.match;
-    order.pairs += o.pairs;
+    orders.push_back(ordering_score(e.claims));
+    order.match += orders.back().match;
+    order.pairs += orders.back().pairs;
   }
   md += fmt::format("**{} claims from {} experiments: {} pass, {} fail, {} not run; {} of {} pairs of systems in the paper's "
                     "order.**\n\n",
                     n.total(), entries.size(), n.pass, n.fail, n.not_run, order.match, order.pairs);
   md += "| experiment | claims | pass | fail | not run | order |\n|---|---:|---:|---:|---:|---:|\n";
-  for (const auto& e : entries) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
     const auto k = count_claims(e.claims);
     md += fmt::format("| [{}](#{}) | {} | {} | {} | {} | {} |\n", e.name, anchor(e.name), k.total(), k.pass, k.fail, k.not_run,
-                      order_cell(ordering_score(e.claims)));
+                      order_cell(orders[i]));
   }
   md += fmt::format("| **all** | **{}** | **{}** | **{}** | **{}** | **{}** |\n", n.total(), n.pass, n.fail, n.not_run,
                     order_cell(order));
@@ -420,18 +422,9 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
   const bool has_ledger = !o.ledger.empty() && fs::exists(o.ledger);
   const std::string fidelity = fidelity_markdown(entries, has_ledger ? load_ledger(o.ledger) : spec::Ledger{},
                                                  has_ledger ? o.ledger : "(no ledger file)", read_verdicts((out / "claims.json").string()));
-  auto write = [&](const std::string& name, const std::string& text) {  // aside, then renamed into place
-    const fs::path file = out / name, tmp = out / (name + ".tmp");
-    {
-      std::ofstream f(tmp);
-      f << text;
-      if (!f.flush()) throw MachineError(tmp.string() + ": write failed");
-    }
-    fs::rename(tmp, file);
-  };
-  write("report.md", report_markdown(entries, o.command));
-  write("fidelity.md", fidelity);
-  write("claims.json", verdicts_json(entries));
+  write_atomically((out / "report.md").string(), report_markdown(entries, o.command));
+  write_atomically((out / "fidelity.md").string(), fidelity);
+  write_atomically((out / "claims.json").string(), verdicts_json(entries));
   return entries;
 }
 

@@ -55,8 +55,9 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
 
 /// The ledger's Markdown (OUT/fidelity.md): each claim that misses with the causes the ledger gives
 /// it (none: unknown), counts per category, regressions (claims `previous` has passing that now
-/// fail), and each cause with its evidence and what was done. Throws InputError (the ledger's file
-/// and line) where a cause names a claim that none of `entries`' experiments has.
+/// fail), and each cause with its evidence and what was done. Throws InputError (the ledger's path,
+/// the cause's id and the claim) where a cause names a claim its experiment, one of `entries`, does
+/// not have.
 std::string fidelity_markdown(const std::vector<ReportEntry>& entries, const spec::Ledger& ledger,
                               const std::string& ledger_path, const Verdicts& previous);
 
@@ -75,8 +76,7 @@ struct ReportOptions {
 };
 
 /// Collects, (runs,) draws and writes OUT/report.md, OUT/fidelity.md and OUT/claims.json; returns
-/// the entries. `progress(line)` reports
-/// what it is doing.
+/// the entries. `progress(line)` reports what it is doing.
 std::vector<ReportEntry> write_report(const ReportOptions& options,
                                       const std::function<void(const std::string&)>& progress = {});
 

@@ -142,8 +142,7 @@ void run_point(const Sweep& sw, const SweepPoint& p, const fs::path& work) {
                     {"spec", to_text(ex.spec)},
                     {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
   const fs::path file = work / fmt::format("point-{}.json", p.index);
-  std::ofstream(file.string() + ".tmp") << out.dump();
-  fs::rename(file.string() + ".tmp", file);
+  write_atomically(file.string(), out.dump());
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <span>
 
 #include "errors.hpp"
+#include "trace_stats.hpp"
 
 namespace moesim {
 namespace {
@@ -357,11 +358,6 @@ GeneratorParams resolve_generator(const spec::GeneratorSpec& spec) {
 // ---- presets fitted to a paper's workload ---------------------------------------------------
 
 namespace {
-
-double quantile(std::vector<double> x, double q) {  // the lower q-quantile, by rank
-  std::sort(x.begin(), x.end());
-  return x[std::min(x.size() - 1, std::size_t(q * double(x.size())))];
-}
 
 // Pro-Prophet Fig. 3 (pro-prophet.md §4): "In most MoE layers, the three heaviest experts hold over
 // 50% of inputs, while the three least less than 5%", on a model of 12 MoE layers x 16 experts, one

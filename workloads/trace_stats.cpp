@@ -62,8 +62,6 @@ double gpu_max_mean(const std::vector<double>& load, int gpus) {
   return total > 0 ? *std::max_element(g.begin(), g.end()) / (total / gpus) : 0;
 }
 
-namespace {
-
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
@@ -72,6 +70,9 @@ double quantile(std::vector<double> v, double q) {
   const double frac = pos - double(lo);
   return lo + 1 < v.size() ? v[lo] * (1 - frac) + v[lo + 1] * frac : v[lo];
 }
+
+namespace {
+
 double median(const std::vector<double>& v) { return quantile(v, 0.5); }
 
 // Per-iteration measures, by name, in report order.

@@ -22,6 +22,9 @@ struct LoadStats {
 };
 LoadStats load_stats(const std::vector<double>& load);
 
+/// The q-quantile of `values` (0 ≤ q ≤ 1), interpolated between ranks; NaN when empty.
+double quantile(std::vector<double> values, double q);
+
 double cosine(const std::vector<double>& a, const std::vector<double>& b);
 /// Total-variation distance of the two loads as distributions: ½ Σ |a/Σa − b/Σb|.
 double total_variation(const std::vector<double>& a, const std::vector<double>& b);
