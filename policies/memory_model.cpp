@@ -24,7 +24,7 @@ MemoryUse expert_state(const MoeModel& model, double experts) {
 
 MemoryUse dense_memory(const MoeModel& model) {
   const auto b = state_bytes(model.dtype());
-  const double params = model.dense_params_per_layer() * model.layers();
+  const double params = model.dense_params_per_layer() * model.layers() + model.embedding_params();
   return {params * b.param, params * b.grad, params * b.optimizer, 0, 0};
 }
 

@@ -229,6 +229,14 @@ class Builder {
       for (int r = 0; r < G_; ++r)
         g_.add_compute(r, fmt::format("L{}.fwd.decode", l), {ComputeKind::decode, codec_gemms(l, r), permute_bytes_}, {done});
     }
+    // The output projection and its loss, forward then backward, between the blocks' two passes
+    // (the embedding lookup and its gradient are counted in its bytes).
+    const auto output = in_.model.output_forward_gemms();
+    if (!output.empty()) {
+      auto both = output;
+      for (const auto& g : backward(output)) both.push_back(g);
+      for (int r = 0; r < G_; ++r) g_.add_compute(r, "output", {ComputeKind::gemm, both, in_.model.output_memory_bytes()});
+    }
     for (int l = L - 1; l >= 0; --l) {
       for (int r = 0; r < G_; ++r)
         ready_[r] = g_.add_compute(r, fmt::format("L{}.bwd.decode", l), {ComputeKind::decode, codec_gemms(l, r), permute_bytes_});
@@ -253,7 +261,7 @@ class Builder {
       }
     }
     // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
-    const double dense_params = in_.model.dense_params_per_layer() * L;
+    const double dense_params = in_.model.dense_params_per_layer() * L + in_.model.embedding_params();
     std::vector<OpId> before_ar(ready_);
     before_ar.insert(before_ar.end(), reduces_.begin(), reduces_.end());
     const OpId allreduce = g_.add_collective(

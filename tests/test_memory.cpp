@@ -2,6 +2,7 @@
 // expert size, Adam's states in mixed precision, Korthikanti et al.'s activations, and the state
 // each sharding keeps per GPU.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "helpers.hpp"
 #include "memory_model.hpp"
@@ -94,4 +95,50 @@ TEST_CASE("memory model: FlexMoE holds its reserved slots from the first iterati
     // Each layer's slots hold a whole expert's parameters, gradients and Adam state (copies keep them).
     CHECK(report.memory.materialized == Approx(L * slots * P * (b.param + b.grad + b.optimizer)));
   }
+}
+
+TEST_CASE("a vocabulary adds its output op and its parameters to the dense all-reduce and the memory") {
+  // The same iteration with and without GPT-2's vocabulary: one "output" op per GPU of three GEMMs
+  // (forward and the two of its backward), and V·d more parameters all-reduced and held.
+  struct Built {
+    TaskGraph graph;
+    PolicyReport report;
+    MoeModel model;
+  };
+  auto build = [](int vocab) {
+    const test::SmallSetup t({fmt::format("model.vocab={}", vocab)});
+    spec::PolicySpec ps;
+    ps.set_name("ep");
+    PolicyReport report;
+    auto graph = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+    return Built{std::move(graph), report, t.model};
+  };
+  const Built b0 = build(0), b1 = build(50257);
+  const TaskGraph &without = b0.graph, &with = b1.graph;
+  const PolicyReport &r0 = b0.report, &r1 = b1.report;
+  const MoeModel& m1 = b1.model;
+  auto output_flops = [](const TaskGraph& g, int& ops) {
+    double flops = 0;
+    for (const auto& op : g.ops())
+      if (const auto* c = std::get_if<Compute>(&op.body); c && op.label == "output") {
+        ++ops;
+        for (const auto& gemm : c->gemms) flops += gemm.flops();
+      }
+    return flops;
+  };
+  auto allreduce_bytes = [](const TaskGraph& g) {
+    for (const auto& op : g.ops())
+      if (const auto* c = std::get_if<Collective>(&op.body); c && op.label == "allreduce.dense") return c->bytes[0];
+    return -1.0;
+  };
+  int ops0 = 0, ops1 = 0;
+  CHECK(output_flops(without, ops0) == 0);
+  CHECK(ops0 == 0);
+  const double T = m1.tokens_per_gpu(), d = m1.spec().d_model(), V = 50257, G = 16;
+  CHECK(output_flops(with, ops1) == Approx(G * 3 * 2 * T * V * d));
+  CHECK(ops1 == G);
+  CHECK(allreduce_bytes(with) - allreduce_bytes(without) == Approx(V * d * m1.dtype_bytes()));
+  const auto b = state_bytes(m1.dtype());
+  CHECK(r1.memory.params - r0.memory.params == Approx(V * d * b.param));
+  CHECK(r1.memory.optimizer - r0.memory.optimizer == Approx(V * d * b.optimizer));
 }

@@ -319,6 +319,7 @@ spec::ClusterSpec staged_platform(bool staged) {
   link("gpu1", "cpu0", 11);
   link("nic0", "cpu0", 15.75);
   link("cpu0", "mem0", 20);
+  node->mutable_nics(0)->set_gbits_per_s(100);  // the hand case's 12.5 GB/s, not the platform's measured rate
   node->mutable_nics(0)->set_latency_us(0);
   node->mutable_nics(0)->set_message_overhead_us(0);
   node->mutable_nics(0)->set_staging_memory(staged ? "mem0" : "");

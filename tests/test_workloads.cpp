@@ -38,6 +38,23 @@ TEST_CASE("model shapes and parameter counts follow the transformer formulas") {
   CHECK(m.token_bytes() == d * 2);
 }
 
+TEST_CASE("the language-model ends: an output GEMM over the vocabulary, one or two tables of parameters") {
+  auto spec = small_model();
+  CHECK(MoeModel(spec).output_forward_gemms().empty());  // vocab 0: the blocks alone
+  CHECK(MoeModel(spec).embedding_params() == 0);
+  CHECK(MoeModel(spec).output_memory_bytes() == 0);
+  spec.set_vocab(50257);  // GPT-2's vocabulary
+  const MoeModel tied(spec);
+  const double T = 1024, d = 512, V = 50257;
+  REQUIRE(tied.output_forward_gemms().size() == 1);
+  CHECK(tied.output_forward_gemms()[0].flops() == Approx(2 * T * V * d));
+  CHECK(tied.embedding_params() == V * d);
+  // The lookup and its gradient (t·d read and written each, fp16), the loss over fp32 logits.
+  CHECK(tied.output_memory_bytes() == 4 * T * d * 2 + 8 * T * V);
+  spec.set_untied_output(true);
+  CHECK(MoeModel(spec).embedding_params() == 2 * V * d);
+}
+
 TEST_CASE("the attention's memory-bound bytes: scores softmax and dropout, norms, residuals") {
   // Hecate's GPT-MoE-S (hecate.md §10.2): d 768, 2 sequences of 2048 tokens, 12 heads, fp16.
   const MoeModel m(test::model_spec(12, 768, 1536, 64, 2, 2048, 4096, 12));

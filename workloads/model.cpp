@@ -32,6 +32,7 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
   require(spec_.heads() >= 1 && spec_.d_model() % spec_.heads() == 0, "heads",
           fmt::format("must be >= 1 and divide d_model ({})", spec_.d_model()));
   require(spec_.dtype() != spec::DTYPE_UNSPECIFIED, "dtype", "is not set; use FP32, TF32, FP16 or BF16");
+  in(spec_.vocab(), 0, 1u << 24, "vocab");
   for (int i = 0; i < spec_.extra_dense_gemms_size(); ++i) {
     const auto& g = spec_.extra_dense_gemms(i);
     constexpr std::uint64_t kMaxDim = 1ull << 24, kMaxBatch = 1ull << 20;
@@ -66,6 +67,21 @@ std::vector<Gemm> MoeModel::expert_gemms(long tokens) const {
   if (tokens <= 0) return {};
   const auto t = std::uint64_t(tokens);
   return {{t, spec_.d_ffn(), spec_.d_model(), 1}, {t, spec_.d_model(), spec_.d_ffn(), 1}};
+}
+
+std::vector<Gemm> MoeModel::output_forward_gemms() const {
+  if (spec_.vocab() == 0) return {};
+  return {{spec_.tokens_per_gpu(), spec_.vocab(), spec_.d_model(), 1}};
+}
+
+double MoeModel::output_memory_bytes() const {
+  if (spec_.vocab() == 0) return 0;
+  const double t = spec_.tokens_per_gpu(), d = spec_.d_model(), v = spec_.vocab();
+  return 4 * t * d * dtype_bytes() + 8 * t * v;
+}
+
+double MoeModel::embedding_params() const {
+  return double(spec_.vocab()) * spec_.d_model() * (spec_.untied_output() ? 2 : 1);
 }
 
 double MoeModel::expert_params() const { return 2.0 * spec_.d_model() * spec_.d_ffn(); }

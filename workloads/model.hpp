@@ -37,6 +37,16 @@ class MoeModel {
   /// One expert's two forward GEMMs for `tokens` routed tokens: d_model -> d_ffn -> d_model.
   std::vector<Gemm> expert_gemms(long tokens) const;
 
+  /// The output projection's forward GEMM (tokens × vocab × d_model); none without a vocabulary.
+  std::vector<Gemm> output_forward_gemms() const;
+  /// Bytes the language-model ends move through device memory besides that GEMM, forward and
+  /// backward together: the embedding lookup and its gradient's scatter (read and write t·d each),
+  /// and the softmax cross-entropy reading the logits and writing their gradient (t·vocab each, in
+  /// fp32 as Megatron-LM and fairseq compute it): 4·t·d·b + 8·t·vocab.
+  double output_memory_bytes() const;
+  /// Parameters of the embedding table and, untied, of the output projection (vocab · d_model each).
+  double embedding_params() const;
+
   /// Parameters of one expert (2 · d_model · d_ffn) and the dense parameters of one layer that
   /// data parallelism all-reduces (attention 4·d², gate d·E, extra GEMMs n·k).
   double expert_params() const;
