@@ -18,13 +18,13 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over naive (x)'
-set yrange [0:1.332]
+set yrange [0:1.373]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "naive" 1.0000
-"z" 1.1040
-"zp" 1.1040
-"full" 1.1287
+"z" 1.1326
+"zp" 1.1326
+"full" 1.1635
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over tutel (x)'
-set yrange [0:1.939]
+set yrange [0:1.883]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "tutel" "fastermoe" "schemoe"
-"x12" 1.0000 1.0004 1.6433
-"x16" 1.0000 1.0004 1.6434
-"x20" 1.0000 1.0004 1.6435
-"x24" 1.0000 1.0004 1.6435
+"x12" 1.0000 1.0003 1.4682
+"x16" 1.0000 1.0003 1.5243
+"x20" 1.0000 1.0003 1.5648
+"x24" 1.0000 1.0003 1.5956
 EOD
 set style data histograms
 set style histogram clustered gap 1
