@@ -50,7 +50,7 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
     t_routing = since(t);
     t = Clock::now();
     PolicyReport report;
-    const TaskGraph graph = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing, report});
+    const TaskGraph graph = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing, report, !ex.spec.gate().pad_to_capacity()});
     t_graph = since(t);
     decide = report.decision_seconds;
     t = Clock::now();

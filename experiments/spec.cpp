@@ -171,6 +171,10 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       throw in_spec("cluster.gpu_profile", e.what());
     }
   }
+  if (s.sim().ideal()) {  // without the overheads real systems pay
+    ex.cluster_spec.mutable_gpu()->set_host_sync_us(0);
+    for (auto& nic : *ex.cluster_spec.mutable_node()->mutable_nics()) nic.set_message_overhead_us(0);
+  }
   std::optional<Cluster> cluster;
   try {
     cluster.emplace(ex.cluster_spec);
@@ -188,6 +192,8 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     if (run.warmup_iterations() >= run.iterations())
       throw error("warmup_iterations", fmt::format("{} warm-up iterations leave none of the {} to measure; use fewer, or "
                                                    "more iterations", run.warmup_iterations(), run.iterations()));
+    if (run.sim().ideal() != s.sim().ideal())
+      throw error("sim.ideal", "is the experiment's (its variants share the cluster); set it outside the variants");
     if (run.sim().timeline_iterations() > run.iterations())
       throw error("sim.timeline_iterations", fmt::format("{} is more than the {} iterations run", run.sim().timeline_iterations(),
                                                          run.iterations()));

@@ -45,6 +45,7 @@ void validate_gpu(const spec::GpuSpec& gpu) {
           "gpu.compute_capability", "must be the CUDA compute capability times 10 (80 for an A100), or 0 if unknown");
   require(gpu.memory_efficiency() == 0 || (gpu.memory_efficiency() >= kMinEfficiency && gpu.memory_efficiency() <= 1),
           "gpu.memory_efficiency", fmt::format("must be in [{:g}, 1] (0 means 1)", kMinEfficiency));
+  if (gpu.has_host_sync_us()) require_in(gpu.host_sync_us(), 0, kMaxLatencyUs, "gpu.host_sync_us", "µs");
   require(gpu.peak_size() > 0, "gpu.peak", "is empty; give at least one `peak { dtype: ... tflops: ... }`");
   for (int i = 0; i < gpu.peak_size(); ++i)
     require_in(gpu.peak(i).tflops(), kMinTflops, kMaxTflops, fmt::format("gpu.peak[{}].tflops", i), "TFLOP/s");

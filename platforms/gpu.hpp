@@ -32,9 +32,11 @@ class GpuModel {
   /// Seconds for a memory-bound kernel moving `bytes` (read + write) through device memory.
   double memory_time(double bytes) const;
   double memory_bytes() const { return memory_bytes_; }
+  /// Seconds of a host-device round trip on the critical path (GpuSpec.host_sync_us).
+  double host_sync_seconds() const { return host_sync_; }
 
  private:
-  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0;
+  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0, host_sync_ = 20e-6;
   std::vector<std::pair<double, double>> curve_;  // (log gflops, efficiency), sorted
 };
 

@@ -221,6 +221,7 @@ class Builder {
         g_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
         ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_});
       }
+      if (in_.count_exchange && !zero_ && G_ > 1) exchange_counts(l);  // ready_: after the host has the counts
       if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
       if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
       broadcast_late(l);  // Hecate's calibrated copies, after the gate
@@ -378,6 +379,23 @@ class Builder {
 
   // One marker op where a layer's ops meet, so that the next ops' dependencies stay short: an
   // empty all-to-all over every rank.
+  // FastMoE's prepare_forward (laekov/fastmoe fmoe/functions.py): each GPU sends every other its
+  // per-expert counts (expert_exchange: an all-to-all of E/G int64 counts per peer), then reads them
+  // on the host (.item(), .cpu()) to size the dispatch: a host sync, after which the GPU waits for the
+  // next launches. The layer's dispatch waits for both.
+  void exchange_counts(int l) {
+    const double counts_per_peer = 8.0 * std::max(1, E_ / G_);
+    std::vector<double> bytes(std::size_t(G_) * G_, counts_per_peer);
+    for (int r = 0; r < G_; ++r) bytes[std::size_t(r) * G_ + r] = 0;
+    const OpId exchanged = g_.add_collective(Stream::comm, fmt::format("L{}.fwd.count_exchange", l),
+                                             {CollectiveType::all_to_all, everyone_, std::move(bytes), "linear"}, ready_);
+    for (int r = 0; r < G_; ++r) {
+      Compute sync{ComputeKind::elementwise, {}, 0};
+      sync.fixed_seconds = in_.gpu.host_sync_seconds();
+      ready_[r] = g_.add_compute(r, fmt::format("L{}.fwd.host_sync", l), std::move(sync), {exchanged});
+    }
+  }
+
   OpId join(std::string label, std::vector<OpId> deps) {
     return g_.add_collective(Stream::comm, std::move(label),
                              {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_},

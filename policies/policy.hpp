@@ -47,6 +47,11 @@ struct IterationInput {
   /// Per MoE layer, the source-GPU × expert token counts (sources = the cluster's GPUs).
   const std::vector<RoutingMatrix>& routing;
   PolicyReport& report;
+  /// The dispatch is sized by counts (no capacity padding): before each layer's forward all-to-all
+  /// the GPUs exchange their per-expert counts and read them on the host (FastMoE's
+  /// prepare_forward, laekov/fastmoe fmoe/functions.py; Megatron-LM's all-to-all dispatcher does the
+  /// same). A capacity-padded dispatch (Tutel, Fairseq, DeepSpeed) sends fixed sizes.
+  bool count_exchange = false;
 };
 
 class Policy {

@@ -2,6 +2,7 @@
 // allows one engine per process), so each builds one cluster.
 #include <catch2/catch.hpp>
 #include <optional>
+#include <set>
 
 #include "helpers.hpp"
 #include "policy.hpp"
@@ -187,4 +188,45 @@ TEST_CASE("the critical path adds up to every iteration's time") {
     CHECK(it.breakdown.seconds[int(Category::all_reduce)] > 0);
   }
   CHECK(r.iterations[1].start == Approx(r.iterations[0].time));  // iterations run back to back
+}
+
+TEST_CASE("a dispatch sized by counts waits for their exchange and a host sync in every layer's forward") {
+  // FastMoE's prepare_forward: an all-to-all of each GPU's per-expert counts (E/G int64 per peer),
+  // then the host reads them. EP on 16 GPUs, 2 layers, 32 experts: 16 B per pair; a 1 ms host sync
+  // (a hand value, well above the exchange's few µs) shows in the makespan once per layer.
+  const test::SmallSetup t;
+  auto gpu_spec = t.cluster.spec().gpu();
+  gpu_spec.set_host_sync_us(1000);
+  const GpuModel gpu(gpu_spec, t.model.dtype());
+  const auto routing = t.routing(7);
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  PolicyReport r0, r1;
+  const TaskGraph plain = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r0, false});
+  const TaskGraph counted = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r1, true});
+  const int G = t.cluster.num_gpus(), L = t.model.layers();
+  int exchanges = 0, syncs = 0;
+  std::set<OpId> sync_ids;
+  for (const auto& op : counted.ops()) {
+    if (op.label.find("count_exchange") != std::string::npos) {
+      ++exchanges;
+      const auto& c = std::get<Collective>(op.body);
+      CHECK(c.bytes.at(0, 1, std::size_t(G)) == 8.0 * t.model.experts() / G);
+      CHECK(c.bytes.at(3, 3, std::size_t(G)) == 0);
+    }
+    if (op.label.find("host_sync") != std::string::npos) {
+      ++syncs;
+      sync_ids.insert(op.id);
+      CHECK(std::get<Compute>(op.body).seconds(gpu) == Approx(1e-3));
+    }
+    if (op.label == "L1.fwd.a2a_dispatch")
+      for (OpId d : op.deps) CHECK(sync_ids.count(d) == 1);  // after the host has layer 1's counts
+  }
+  CHECK(exchanges == L);
+  CHECK(syncs == L * G);
+  for (const auto& op : plain.ops()) CHECK(op.label.find("count_exchange") == std::string::npos);
+  SimBackend sim(t.cluster, gpu);
+  const double extra = sim.execute(counted).makespan() - sim.execute(plain).makespan();
+  CHECK(extra >= L * 1e-3);
+  CHECK(extra < L * 1.1e-3);
 }
