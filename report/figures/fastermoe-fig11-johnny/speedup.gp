@@ -18,11 +18,11 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over no-opt (x)'
-set yrange [0:2.964]
+set yrange [0:2.961]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "no-opt" 1.0000
-"shadowing" 2.5117
+"shadowing" 2.5091
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

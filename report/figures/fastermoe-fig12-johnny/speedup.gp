@@ -22,10 +22,10 @@ set yrange [0:1.561]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" "smart"
-"gpt-s" 1.0000 1.2765
+"gpt-s" 1.0000 1.2760
 "gpt-l" 1.0000 1.1407
-"bert-deep" 1.0000 1.3233
-"bert-deep-l" 1.0000 1.1485
+"bert-deep" 1.0000 1.3230
+"bert-deep-l" 1.0000 1.1484
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,13 +18,13 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:4.062]
+set yrange [0:4.053]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fastmoe" 1.0000
-"shadowing" 2.7183
-"smart" 1.3804
-"fastermoe" 3.4420
+"shadowing" 2.7142
+"smart" 1.3799
+"fastermoe" 3.4346
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -18,16 +18,16 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:7.752]
+set yrange [0:7.703]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate" "hecate-rm"
-"b1" 1.0000 2.4427 0.9428 1.7978 2.5678 2.5678
-"b2" 1.0000 2.8253 0.9444 1.9045 3.6279 3.6279
-"b3" 1.0000 3.3457 0.8822 1.9691 4.7079 4.5947
-"b4" 1.0000 3.6111 0.8998 1.9795 5.3939 5.2898
-"b5" 1.0000 4.0089 0.9807 1.9869 6.0062 5.9105
-"b6" 1.0000 4.1761 0.9489 1.9993 6.5692 6.3289
+"b1" 1.0000 2.4200 0.9431 1.7886 2.5420 2.5420
+"b2" 1.0000 2.8082 0.9446 1.8988 3.5963 3.5963
+"b3" 1.0000 3.3281 0.8824 1.9648 4.6688 4.5577
+"b4" 1.0000 3.5952 0.9000 1.9762 5.3539 5.2514
+"b5" 1.0000 3.9925 0.9807 1.9842 5.9654 5.8712
+"b6" 1.0000 4.1611 0.9489 1.9970 6.5278 6.2907
 EOD
 set style data histograms
 set style histogram clustered gap 1

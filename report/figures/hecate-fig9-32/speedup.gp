@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.281]
+set yrange [0:4.244]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.8253 0.9444 1.9045 3.6279
-"gpt-l" 1.0000 2.8461 0.9581 1.9283 2.6328
-"bert" 1.0000 2.9623 0.9471 1.9710 2.0540
-"bert-deep" 1.0000 3.0522 0.9217 1.9134 1.9779
+"gpt-s" 1.0000 2.8082 0.9446 1.8988 3.5963
+"gpt-l" 1.0000 2.8385 0.9581 1.9257 2.6266
+"bert" 1.0000 2.9479 0.9473 1.9662 2.0486
+"bert-deep" 1.0000 3.0361 0.9219 1.9089 1.9729
 EOD
 set style data histograms
 set style histogram clustered gap 1

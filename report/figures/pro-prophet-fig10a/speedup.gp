@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.608]
+set yrange [0:1.597]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 1.1789 1.2933
-"M" 1.0000 1.1228 1.1799
-"L" 1.0000 1.0723 1.1575
-"DS" 1.0000 1.2182 1.3626
-"DM" 1.0000 1.1326 1.2321
+"S" 1.0000 1.1767 1.2806
+"M" 1.0000 1.1222 1.1725
+"L" 1.0000 1.0722 1.1518
+"DS" 1.0000 1.2156 1.3531
+"DM" 1.0000 1.1320 1.2276
 EOD
 set style data histograms
 set style histogram clustered gap 1

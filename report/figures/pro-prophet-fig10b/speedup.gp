@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.559]
+set yrange [0:1.548]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 1.1530 1.2415
-"M" 1.0000 1.1108 1.1841
-"L" 1.0000 1.0568 1.1262
-"DS" 1.0000 1.2169 1.3215
-"DM" 1.0000 1.1790 1.2510
+"S" 1.0000 1.1503 1.2305
+"M" 1.0000 1.1100 1.1773
+"L" 1.0000 1.0567 1.1215
+"DS" 1.0000 1.2131 1.3118
+"DM" 1.0000 1.1777 1.2463
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.963]
+set yrange [0:1.950]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 1.3620 1.5126
-"M" 1.0000 1.2825 1.3790
-"L" 1.0000 1.1769 1.3022
-"DS" 1.0000 1.4470 1.6638
-"DM" 1.0000 1.3218 1.4647
+"S" 1.0000 1.3588 1.5001
+"M" 1.0000 1.2816 1.3720
+"L" 1.0000 1.1767 1.2974
+"DS" 1.0000 1.4430 1.6527
+"DM" 1.0000 1.3207 1.4600
 EOD
 set style data histograms
 set style histogram clustered gap 1

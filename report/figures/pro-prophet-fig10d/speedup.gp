@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.819]
+set yrange [0:1.807]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 1.2869 1.4316
-"M" 1.0000 1.2175 1.3301
-"L" 1.0000 1.1532 1.3013
-"DS" 1.0000 1.3930 1.5418
-"DM" 1.0000 1.3107 1.4357
+"S" 1.0000 1.2835 1.4207
+"M" 1.0000 1.2165 1.3243
+"L" 1.0000 1.1529 1.2971
+"DS" 1.0000 1.3882 1.5317
+"DM" 1.0000 1.3092 1.4312
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,12 +18,12 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over baseline (x)'
-set yrange [0:1.627]
+set yrange [0:1.619]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" "planner" "scheduler" "full"
-"k1" 1.0000 1.0920 1.1911 1.1799
-"k2" 1.0000 1.1970 1.3553 1.3790
+"k1" 1.0000 1.0915 1.1835 1.1725
+"k2" 1.0000 1.1964 1.3486 1.3720
 EOD
 set style data histograms
 set style histogram clustered gap 1

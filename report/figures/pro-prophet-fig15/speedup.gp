@@ -22,8 +22,8 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" "top2" "top3"
-"k1" 1.0000 0.8452 0.7581
-"k2" 1.0000 0.9540 0.9138
+"k1" 1.0000 0.8458 0.7590
+"k2" 1.0000 0.9542 0.9140
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,20 +18,20 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over planner (x)'
-set yrange [0:1.292]
+set yrange [0:1.291]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" "fastermoe"
-"S-k1" 1.0000 1.0595
-"S-k2" 1.0000 1.0952
-"M-k1" 1.0000 1.0282
-"M-k2" 1.0000 1.0714
-"L-k1" 1.0000 1.0197
+"S-k1" 1.0000 1.0588
+"S-k2" 1.0000 1.0943
+"M-k1" 1.0000 1.0281
+"M-k2" 1.0000 1.0712
+"L-k1" 1.0000 1.0196
 "L-k2" 1.0000 1.0125
-"DS-k1" 1.0000 1.0726
-"DS-k2" 1.0000 1.0885
-"DM-k1" 1.0000 1.0424
-"DM-k2" 1.0000 1.0638
+"DS-k1" 1.0000 1.0718
+"DS-k2" 1.0000 1.0877
+"DM-k1" 1.0000 1.0422
+"DM-k2" 1.0000 1.0636
 EOD
 set style data histograms
 set style histogram clustered gap 1
