@@ -377,8 +377,6 @@ class Builder {
     return t.size() == std::size_t(E_) ? t[std::size_t(e)] : t[std::size_t(s) * E_ + e];
   }
 
-  // One marker op where a layer's ops meet, so that the next ops' dependencies stay short: an
-  // empty all-to-all over every rank.
   // FastMoE's prepare_forward (laekov/fastmoe fmoe/functions.py): each GPU sends every other its
   // per-expert counts (expert_exchange: an all-to-all of E/G int64 counts per peer), then reads them
   // on the host (.item(), .cpu()) to size the dispatch: a host sync, after which the GPU waits for the
@@ -396,6 +394,8 @@ class Builder {
     }
   }
 
+  // One marker op where a layer's ops meet, so that the next ops' dependencies stay short: an
+  // empty all-to-all over every rank.
   OpId join(std::string label, std::vector<OpId> deps) {
     return g_.add_collective(Stream::comm, std::move(label),
                              {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(G_) * G_, 0.0), a2a_},
