@@ -381,12 +381,18 @@ class Builder {
   // per-expert counts (expert_exchange: an all-to-all of E/G int64 counts per peer), then reads them
   // on the host (.item(), .cpu()) to size the dispatch: a host sync, after which the GPU waits for the
   // next launches. The layer's dispatch waits for both.
+  // Every layer's exchange shares one G × G matrix (1 off the diagonal, times the bytes per peer):
+  // at 4,096 GPUs a matrix of doubles per layer would be 128 MiB each.
   void exchange_counts(int l) {
-    const double counts_per_peer = 8.0 * std::max(1, E_ / G_);
-    std::vector<double> bytes(std::size_t(G_) * G_, counts_per_peer);
-    for (int r = 0; r < G_; ++r) bytes[std::size_t(r) * G_ + r] = 0;
+    if (!peers_) {
+      auto pairs = std::make_shared<std::vector<std::int32_t>>(std::size_t(G_) * G_, 1);
+      for (int r = 0; r < G_; ++r) (*pairs)[std::size_t(r) * G_ + r] = 0;
+      peers_ = std::move(pairs);
+    }
+    const double counts_per_peer = 8.0 * std::max(1, E_ / G_);  // int64 counts of the peer's experts
     const OpId exchanged = g_.add_collective(Stream::comm, fmt::format("L{}.fwd.count_exchange", l),
-                                             {CollectiveType::all_to_all, everyone_, std::move(bytes), "linear"}, ready_);
+                                             {CollectiveType::all_to_all, everyone_, CollectiveBytes(peers_, counts_per_peer), "linear"},
+                                             ready_);
     for (int r = 0; r < G_; ++r) {
       Compute sync{ComputeKind::elementwise, {}, 0};
       sync.fixed_seconds = in_.gpu.host_sync_seconds();
@@ -710,6 +716,7 @@ class Builder {
   }
 
   const IterationInput& in_;
+  std::shared_ptr<const std::vector<std::int32_t>> peers_;  // exchange_counts()' shared pair matrix
   const CostModel cost_{in_.cluster, in_.gpu};
   const std::vector<LayerPlan>& plans_;
   ScheduleOptions schedule_;
