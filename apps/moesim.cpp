@@ -490,6 +490,13 @@ int main(int argc, char** argv) {
     if (*calibrate_cmd) {
       const auto ex = load_experiment(calibrate_spec.empty() ? std::nullopt : std::optional(calibrate_spec), calibrate_sets);
       if (!calibrate_quiet) calibrate_options.progress = [](const std::string& line) { fmt::print(stderr, "  {}\n", line); };
+      // The command as typed, for the profile's header (a comment: control characters become spaces).
+      for (int i = 0; i < argc; ++i) {
+        std::string word = i == 0 ? "moesim" : argv[i];
+        for (char& ch : word)
+          if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
+        calibrate_options.command += (i ? " " : "") + word;
+      }
       const Calibration cal = calibrate(ex, calibrate_options);
       write_atomically(calibrate_out, cal.text());
       fmt::print("wrote {}: peak {:.4g} TFLOP/s, {} GEMM points, {:.1f} GB/s; use it with --set cluster.gpu_profile={}\n",

@@ -19,6 +19,7 @@ struct CalibrateOptions {
   double max_point_seconds = 2;     // a GEMM size slower than this ends the sweep (the host is slow)
   int collective_ranks = 0;         // ranks for the collective sweep (0: every GPU with hw, none on the host)
   std::function<void(const std::string&)> progress;  // one line per measurement
+  std::string command;              // the command line, for the profile's header
 };
 
 struct GemmPoint {
@@ -32,8 +33,11 @@ struct CollectiveTiming {
 struct Calibration {
   spec::GpuSpec gpu;                 // the profile: peak = the best rate measured, the curve under it
   std::vector<GemmPoint> gemms;
-  double memory_bytes_per_s = 0;
+  double memory_bytes_per_s = 0;     // an elementwise kernel's bytes (read + written) per second
+  double copy_bytes_per_s = 0;       // a device-to-device copy's, the same way
   std::vector<CollectiveTiming> collectives;
+  std::string device;                // what was measured: the GPU and its software, or the host
+  std::string when, command;         // the date (UTC) and the command line
   std::string text() const;          // the profile in text format with the measurements as comments
 };
 

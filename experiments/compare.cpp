@@ -35,8 +35,13 @@ Run load(const std::string& arg) {
   Run r;
   r.where = arg;
   r.summary = read_json_file(summary.string());
-  if (!r.summary.contains("variants") || !r.summary.contains("name"))
-    throw InputError(summary.string() + ": not a moesim summary.json (no \"variants\")");
+  if (!r.summary.contains("name") || !(r.summary.contains("variants") || r.summary.contains("iteration_time_s")))
+    throw InputError(summary.string() + ": not a moesim summary.json (no \"variants\" or \"iteration_time_s\")");
+  if (!r.summary.contains("variants")) {  // a spec without variants: its one run, unnamed as in the timeline
+    json run = r.summary;
+    run["name"] = "";
+    r.summary["variants"] = json::array({run});
+  }
   const fs::path timeline = summary.parent_path() / "timeline.json";
   if (!fs::exists(timeline)) return r;
   r.has_timeline = true;
@@ -106,7 +111,20 @@ std::string compare_runs(const std::string& a_path, const std::string& b_path, c
   std::map<std::string, Class> classes;
   std::vector<std::tuple<double, std::string, double, double>> diffs;  // |b−a|, where, a, b
   long unmatched = 0;
+  // Op classes over the iterations after the spec's warm-up where the timeline holds any (on a GPU
+  // the first iterations pay for cuBLAS's kernel choices and CUDA's module loading).
+  std::map<std::string, int> warmup, last;  // per variant
+  for (const auto& v : A.summary.at("variants")) warmup[v.value("name", "")] = v.value("warmup_iterations", 0);
+  for (const auto& [key, op] : A.ops) last[std::get<0>(key)] = std::max(last[std::get<0>(key)], std::get<1>(key));
+  auto steady = [&](const std::string& variant, int iteration) {
+    return iteration >= warmup[variant] || last[variant] < warmup[variant];
+  };
+  long skipped = 0;
   for (const auto& [key, op] : A.ops) {
+    if (!steady(std::get<0>(key), std::get<1>(key))) {
+      ++skipped;
+      continue;
+    }
     const auto it = B.ops.find(key);
     if (it == B.ops.end() || it->second.first != op.first) {
       ++unmatched;
@@ -134,6 +152,13 @@ std::string compare_runs(const std::string& a_path, const std::string& b_path, c
                        std::get<3>(diffs[i]) * 1e3);
   out += fmt::format("\n{} op instances matched; {} of A's not found in B (other graph or fewer timeline iterations)\n",
                      diffs.size(), unmatched);
+  if (skipped > 0) out += fmt::format("({} op instances of warm-up iterations left out)\n", skipped);
+  for (const auto& [variant, w] : warmup)
+    if (last.count(variant) && last[variant] < w) {
+      out += fmt::format("(the timelines hold warm-up iterations only: --set sim.timeline_iterations={} to compare "
+                         "steady ones)\n", w + 1);
+      break;
+    }
   return out;
 }
 

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -174,6 +176,7 @@ class CudaBackend final : public Backend {
       steps[op.id] = communication_steps(op, cluster_);
     }
     reserve(graph, who, steps);
+    warm_new_shapes(graph);
     for (Rank& r : ranks_) {
       release_events(r);
       r.start.assign(n, nullptr);
@@ -257,6 +260,28 @@ class CudaBackend final : public Backend {
       std::size_t used = 0;
       for (std::size_t c : r.cap) used += c;
       peak_[r.rank] = std::max(peak_[r.rank], double(used));
+    }
+  }
+
+  /// A GEMM shape's first call pays for cuBLAS's choice of kernel and for CUDA loading that
+  /// kernel's module (lazy loading, CUDA's default): on an H200 the demo layer's first iterations ran
+  /// 4-7x slower than its fifth, while the experts' token counts (hence shapes) kept changing
+  /// (docs/hardware.md). A training step in steady state has paid that long before, so each new shape
+  /// and each memory kernel runs once here, untimed, before the graph's clock starts.
+  void warm_new_shapes(const TaskGraph& graph) {
+    for (const Op& op : graph.ops()) {
+      const auto* c = std::get_if<Compute>(&op.body);
+      Rank* r = c ? local(op.rank) : nullptr;
+      if (!r) continue;
+      Compute once = *c;
+      once.gemms.clear();
+      for (Gemm g : c->gemms) {
+        g.repeat = 1;
+        if (warm_gemms_.insert({r->rank, g.m, g.n, g.k, std::max<std::uint64_t>(1, g.batch)}).second) once.gemms.push_back(g);
+      }
+      const MemoryKernel k = memory_kernel(c->kind, c->memory_bytes, model_);
+      if (k.rows == 0 || !warm_kernels_.insert({r->rank, int(k.kind)}).second) once.memory_bytes = 0;
+      if (!once.gemms.empty() || once.memory_bytes > 0) compute(*r, once, r->stream[int(Stream::compute)]);
     }
   }
 
@@ -454,6 +479,8 @@ class CudaBackend final : public Backend {
   bool mpi_ = false, broken_ = false;
   std::vector<Rank> ranks_;
   std::map<int, double> peak_;
+  std::set<std::tuple<int, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t>> warm_gemms_;  // rank, m, n, k, batch
+  std::set<std::pair<int, int>> warm_kernels_;  // rank, MemoryKernel::Kind
   double clock_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include "errors.hpp"
 #include "host_backend.hpp"
 #if MOESIM_HAVE_CUDA
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -27,6 +28,33 @@ int visible_gpus() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 #else
   return 0;
+#endif
+}
+
+std::optional<DeviceIdentity> device_identity(int device) {
+#if MOESIM_HAVE_CUDA
+  cudaDeviceProp prop{};
+  if (device >= visible_gpus() || cudaGetDeviceProperties(&prop, device) != cudaSuccess) return std::nullopt;
+  int driver = 0, runtime = 0, nccl = 0, blas = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  ncclGetVersion(&nccl);  // MAJOR*10000 + MINOR*100 + PATCH since NCCL 2.9
+  cublasGetProperty(MAJOR_VERSION, &blas);
+  int blas_minor = 0, blas_patch = 0;
+  cublasGetProperty(MINOR_VERSION, &blas_minor);
+  cublasGetProperty(PATCH_LEVEL, &blas_patch);
+  DeviceIdentity id;
+  id.name = prop.name;
+  id.memory_gib = double(prop.totalGlobalMem) / double(1ull << 30);
+  id.compute_capability = prop.major * 10 + prop.minor;
+  id.software = "CUDA driver " + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) + ", runtime " +
+                std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) + ", cuBLAS " +
+                std::to_string(blas) + "." + std::to_string(blas_minor) + "." + std::to_string(blas_patch) + ", NCCL " +
+                std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100);
+  return id;
+#else
+  (void)device;
+  return std::nullopt;
 #endif
 }
 

@@ -2,6 +2,7 @@
 // name. hw/ is the only place that includes CUDA, NCCL or MPI headers.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend.hpp"
@@ -13,6 +14,15 @@ namespace moesim {
 bool hw_backend_built();
 /// CUDA GPUs this process can see (0 without CUDA, or without a driver).
 int visible_gpus();
+/// GPU `device` as CUDA reports it, and the software it runs under: what a measured profile's
+/// header names. Without CUDA, or without that device: nothing.
+struct DeviceIdentity {
+  std::string name;             // "NVIDIA H200"
+  double memory_gib = 0;
+  int compute_capability = 0;   // 90 for 9.0
+  std::string software;         // "CUDA driver 13.0, runtime 13.0, cuBLAS 13.1.0, NCCL 2.28.3"
+};
+std::optional<DeviceIdentity> device_identity(int device);
 /// One line for `moesim --version`.
 std::string hw_backend_description();
 /// "host": the host device (always built). "hw": the GPUs through CUDA, cuBLAS and NCCL, one rank

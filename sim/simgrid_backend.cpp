@@ -305,7 +305,8 @@ struct SimBackend::Impl {
     }
     // The shares of a step (aggregated_tasks()): blocks of about √N nodes' links (a node's with its
     // cable to its leaf switch, each way), and blocks of as many of the links between switches.
-    const int block = int(std::ceil(std::sqrt(double(N)))), share_links = block * groups.per_node();
+    // (A one-GPU machine has no links to share: at least one per block keeps the arithmetic defined.)
+    const int block = int(std::ceil(std::sqrt(double(N)))), share_links = std::max(1, block * groups.per_node());
     groups.share.assign(groups.count(), -1);
     for (std::size_t q = 0; q < std::size_t(groups.fabric); ++q) groups.share[q] = int(q) / groups.per_node() / block;
     for (int n = 0; n < N && N > 1; ++n)

@@ -60,6 +60,23 @@ TEST_CASE("moesim compare matches a simulated and a host run op by op") {
   CHECK_THAT(out, Contains(dir + "/nothing") && Contains("no summary.json"));
 }
 
+TEST_CASE("the one-GPU layer spec runs simulated and on the host, and compare matches its single run") {
+  // The spec the GPU is validated on: one GPU, no links, no variants. The simulator divided by its
+  // (zero) links per node, and compare refused a summary without "variants".
+  const std::string spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/demo-layer-1gpu.textproto";
+  const std::string dir = test::temp_dir("compare-1gpu");
+  const std::string tiny = kTiny + " --set warmup_iterations=0";
+  std::string out;
+  REQUIRE(test::run_command(kBin + " run " + spec + tiny + " --out " + dir + "/sim", out) == 0);
+  const auto s = summary(dir + "/sim");
+  CHECK(s["breakdown"]["all_to_all"].get<double>() == 0);  // one GPU: nothing to send
+  CHECK(s["iteration_time_s"].get<double>() > 0);
+  REQUIRE(test::run_command(kBin + " run " + spec + tiny + " --backend host --out " + dir + "/host", out) == 0);
+  REQUIRE(test::run_command(kBin + " compare " + dir + "/sim " + dir + "/host", out) == 0);
+  CHECK_THAT(out, Contains("(run)") && Contains("L#.fwd.experts"));
+  CHECK_THAT(out, Contains("0 of A's not found in B"));
+}
+
 TEST_CASE("moesim calibrate writes a GPU profile the simulator takes, reproducing the measured GEMM times") {
   const std::string dir = test::temp_dir("calibrate");
   const std::string profile = dir + "/profile.textproto";
@@ -84,6 +101,10 @@ TEST_CASE("moesim calibrate writes a GPU profile the simulator takes, reproducin
     CHECK(model.gemm_efficiency(flops) == Approx(p.efficiency()).epsilon(1e-6));
   }
   CHECK(gpu.memory_gbytes_per_s() > 0);
+  // Its header says what was measured, when and how, and the elementwise rate beside a plain copy's.
+  const std::string text = test::read_file(profile);
+  CHECK_THAT(text, Contains("# Device: this CPU") && Contains("# Measured 20") && Contains(" UTC with: moesim calibrate "));
+  CHECK_THAT(text, Contains("of a device-to-device copy's"));
   // A spec runs with it in place of the catalog's GPU, and the summary's times change accordingly.
   REQUIRE(test::run_command(kBin + " run " + kSpec + kTiny + " --set cluster.gpu_profile=" + profile + " --out " + dir + "/with", out) == 0);
   REQUIRE(test::run_command(kBin + " run " + kSpec + kTiny + " --out " + dir + "/without", out) == 0);
