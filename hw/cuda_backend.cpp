@@ -277,7 +277,8 @@ class CudaBackend final : public Backend {
       once.gemms.clear();
       for (Gemm g : c->gemms) {
         g.repeat = 1;
-        if (warm_gemms_.insert({r->rank, g.m, g.n, g.k, std::max<std::uint64_t>(1, g.batch)}).second) once.gemms.push_back(g);
+        if (warm_gemms_.insert({r->rank, g.m, g.n, g.k, std::max<std::uint64_t>(1, g.batch), g.ta, g.tb}).second)
+          once.gemms.push_back(g);
       }
       const MemoryKernel k = memory_kernel(c->kind, c->memory_bytes, model_);
       if (k.rows == 0 || !warm_kernels_.insert({r->rank, int(k.kind)}).second) once.memory_bytes = 0;
@@ -369,17 +370,20 @@ class CudaBackend final : public Backend {
     const cublasComputeType_t ctype = compute_type(model_.dtype());
     const float alpha = 1, beta = 0;
     for (const Gemm& g : c.gemms) {
-      // Row-major C[m×n] = A[m×k]·B[k×n] is column-major Cᵀ = Bᵀ·Aᵀ.
+      // Row-major C[m×n] = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLAS sees each row-major
+      // operand as its transpose, so a transposed one (ta/tb: stored k×m, n×k) is passed as OP_T.
       const int m = int(g.m), n = int(g.n), k = int(g.k);
+      const cublasOperation_t opa = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const int lda = g.ta ? m : k, ldb = g.tb ? k : n;
       for (std::uint64_t i = 0; i < std::max<std::uint64_t>(1, g.repeat); ++i) {
         if (g.batch > 1)
-          MOESIM_CHECK(cublasGemmStridedBatchedEx(r.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, r.buf[kB], type, n,
-                                                  (long long)(k) * n, r.buf[kA], type, k, (long long)(m) * k, &beta,
+          MOESIM_CHECK(cublasGemmStridedBatchedEx(r.blas, opb, opa, n, m, k, &alpha, r.buf[kB], type, ldb,
+                                                  (long long)(k) * n, r.buf[kA], type, lda, (long long)(m) * k, &beta,
                                                   r.buf[kC], type, n, (long long)(m) * n, int(g.batch), ctype,
                                                   CUBLAS_GEMM_DEFAULT));
         else
-          MOESIM_CHECK(cublasGemmEx(r.blas, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, r.buf[kB], type, n, r.buf[kA],
-                                    type, k, &beta, r.buf[kC], type, n, ctype, CUBLAS_GEMM_DEFAULT));
+          MOESIM_CHECK(cublasGemmEx(r.blas, opb, opa, n, m, k, &alpha, r.buf[kB], type, ldb, r.buf[kA], type, lda, &beta,
+                                    r.buf[kC], type, n, ctype, CUBLAS_GEMM_DEFAULT));
       }
     }
     const MemoryKernel k = memory_kernel(c.kind, c.memory_bytes, model_);  // op_work.hpp's sizing
@@ -395,7 +399,7 @@ class CudaBackend final : public Backend {
         break;
       }
       case MemoryKernel::adam: cuda::adam(state, n, s); break;
-      case MemoryKernel::axpy: cuda::axpy(state, state + n, n, s); break;
+      case MemoryKernel::axpy: cuda::axpy(state, n, s); break;
     }
   }
 
@@ -479,7 +483,7 @@ class CudaBackend final : public Backend {
   bool mpi_ = false, broken_ = false;
   std::vector<Rank> ranks_;
   std::map<int, double> peak_;
-  std::set<std::tuple<int, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t>> warm_gemms_;  // rank, m, n, k, batch
+  std::set<std::tuple<int, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, bool, bool>> warm_gemms_;  // rank, m, n, k, batch, ta, tb
   std::set<std::pair<int, int>> warm_kernels_;  // rank, MemoryKernel::Kind
   double clock_ = 0;
 };

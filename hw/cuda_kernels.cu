@@ -55,28 +55,44 @@ __global__ void adam_kernel(T* p, const T* g, T* m, T* v, std::size_t n) {
   }
 }
 
-// One thread per token: k passes of an arg-max over the row (k is 1 or 2 in every model here),
-// then the softmax weights of the chosen experts.
+// One warp per token (grid-strided): the row's scores read by 32 lanes side by side (a thread per
+// row read them 4·E bytes apart, and the H200 ran the gate 5-7x slower than the bytes it moves,
+// docs/hardware.md), the max and the softmax's sum reduced across the warp, then k rounds of a
+// warp arg-max (ties to the lower expert), each after the previous round's pick.
+__device__ void warp_best(float& score, int& index) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float s = __shfl_xor_sync(0xffffffffu, score, o);
+    const int i = __shfl_xor_sync(0xffffffffu, index, o);
+    if (i >= 0 && (index < 0 || s > score || (s == score && i < index))) score = s, index = i;
+  }
+}
 __global__ void gate_kernel(const float* scores, std::size_t rows, int cols, int k, std::int32_t* index, float* weight) {
-  const std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
-  if (r >= rows) return;
-  const float* s = scores + r * cols;
-  float top = -FLT_MAX;
-  for (int c = 0; c < cols; ++c) top = fmaxf(top, s[c]);
-  float sum = 0;
-  for (int c = 0; c < cols; ++c) sum += expf(s[c] - top);
-  int last = -1;
-  float last_score = FLT_MAX;
-  for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float bs = -FLT_MAX;
-    for (int c = 0; c < cols; ++c) {
-      const bool after = s[c] < last_score || (s[c] == last_score && c > last);
-      if (after && (best < 0 || s[c] > bs)) best = c, bs = s[c];
+  const int lane = int(threadIdx.x % 32);
+  const std::size_t warps = std::size_t(gridDim.x) * blockDim.x / 32;
+  for (std::size_t r = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) / 32; r < rows; r += warps) {
+    const float* s = scores + r * cols;
+    float top = -FLT_MAX;
+    for (int c = lane; c < cols; c += 32) top = fmaxf(top, s[c]);
+    for (int o = 16; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+    float sum = 0;
+    for (int c = lane; c < cols; c += 32) sum += expf(s[c] - top);
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    int last = -1;
+    float last_score = FLT_MAX;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float bs = -FLT_MAX;
+      for (int c = lane; c < cols; c += 32) {
+        const bool after = s[c] < last_score || (s[c] == last_score && c > last);
+        if (after && (best < 0 || s[c] > bs)) best = c, bs = s[c];
+      }
+      warp_best(bs, best);
+      if (lane == 0) {
+        index[r * k + j] = best;
+        weight[r * k + j] = best < 0 ? 0.f : expf(bs - top) / sum;
+      }
+      last = best, last_score = bs;
     }
-    index[r * k + j] = best;
-    weight[r * k + j] = expf(bs - top) / sum;
-    last = best, last_score = bs;
   }
 }
 
@@ -92,28 +108,34 @@ void permute_rows(const void* in, void* out, std::size_t rows, std::size_t row_b
     permute_rows_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(in), static_cast<float*>(out), rows, width);
 }
 
+// Arrays `stride` floats apart, stride = n rounded up to 4: each starts 16-byte aligned, the first
+// n/4 float4s run vectorized and the last n % 4 floats one by one.
+std::size_t stride(std::size_t n) { return (n + 3) / 4 * 4; }
+
 void adam(float* state, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  if (n % 4 == 0) {
+  const std::size_t q = n / 4, st = stride(n), tail = n - 4 * q;
+  if (q > 0) {
     auto* s4 = reinterpret_cast<float4*>(state);
-    const std::size_t q = n / 4;
-    adam_kernel<<<blocks(q), kThreads, 0, stream>>>(s4, s4 + q, s4 + 2 * q, s4 + 3 * q, q);
-  } else {
-    adam_kernel<<<blocks(n), kThreads, 0, stream>>>(state, state + n, state + 2 * n, state + 3 * n, n);
+    adam_kernel<<<blocks(q), kThreads, 0, stream>>>(s4, s4 + st / 4, s4 + 2 * st / 4, s4 + 3 * st / 4, q);
+  }
+  if (tail > 0) {
+    float* t = state + 4 * q;
+    adam_kernel<<<1, kThreads, 0, stream>>>(t, t + st, t + 2 * st, t + 3 * st, tail);
   }
 }
 
-void axpy(const float* x, float* y, std::size_t n, cudaStream_t stream) {
+void axpy(float* state, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  if (n % 4 == 0)
-    axpy_kernel<<<blocks(n / 4), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), n / 4);
-  else
-    axpy_kernel<<<blocks(n), kThreads, 0, stream>>>(x, y, n);
+  const std::size_t q = n / 4, st = stride(n), tail = n - 4 * q;
+  if (q > 0)
+    axpy_kernel<<<blocks(q), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(state), reinterpret_cast<float4*>(state + st), q);
+  if (tail > 0) axpy_kernel<<<1, kThreads, 0, stream>>>(state + 4 * q, state + st + 4 * q, tail);
 }
 
 void gate_top_k(const float* scores, std::size_t rows, int cols, int k, std::int32_t* index, float* weight, cudaStream_t stream) {
   if (rows == 0) return;
-  gate_kernel<<<unsigned((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(scores, rows, cols, k, index, weight);
+  gate_kernel<<<blocks(rows * 32), kThreads, 0, stream>>>(scores, rows, cols, k, index, weight);
 }
 
 }  // namespace moesim::hw::cuda

@@ -117,7 +117,7 @@ void run_compute(const Compute& c, const MoeModel& model, Scratch& s) {
     float* B = s.get(kB, k * n);
     float* C = s.get(kC, m * n);
     for (std::uint64_t i = 0; i < std::max<std::uint64_t>(1, g.batch) * std::max<std::uint64_t>(1, g.repeat); ++i)
-      host::gemm(false, false, m, n, k, A, B, C);
+      host::gemm(g.ta, g.tb, m, n, k, A, B, C);
   }
   if (const MemoryKernel k = memory_kernel(c.kind, c.memory_bytes, model); k.rows > 0) run_memory_kernel(k, model, s);
 }

@@ -31,6 +31,7 @@ GpuModel::GpuModel(const spec::GpuSpec& gpu, spec::DType dtype) {
   if (peak_ <= 0)
     throw FieldError("gpu.peak", std::string("no peak FLOP/s for dtype ") + dtype_name(dtype) + " on " +
                                      gpu.model() + "; add `peak { dtype: ... tflops: ... }` or change model.dtype");
+  element_bytes_ = dtype_bytes(dtype);
   mem_bw_ = gpu.memory_gbytes_per_s() * 1e9 * (gpu.memory_efficiency() > 0 ? gpu.memory_efficiency() : 1.0);
   memory_bytes_ = gpu.memory_gib() * double(1ull << 30);
   if (gpu.has_host_sync_us()) host_sync_ = gpu.host_sync_us() * 1e-6;
@@ -53,7 +54,13 @@ double GpuModel::gemm_time(const Gemm& g) const {
   const double times = double(g.repeat ? g.repeat : 1);
   const double f = g.flops() / times;  // one run: its size sets the efficiency
   if (f <= 0) return 0;
-  return times * f / (peak_ * gemm_efficiency(f));
+  // A roofline: a GEMM reads its operands and writes its result through device memory at least
+  // once. At low arithmetic intensity HBM, not the tensor cores, bounds it: attention's per-head
+  // GEMMs (inner d_head = 64, an s x s result per head), a gate's n = E. On an H200 the demo's
+  // forward attention ran 1.23x the FLOP-only model (docs/hardware.md).
+  const double bytes = double(g.batch ? g.batch : 1) * element_bytes_ *
+                       (double(g.m) * double(g.k) + double(g.k) * double(g.n) + double(g.m) * double(g.n));
+  return times * std::max(f / (peak_ * gemm_efficiency(f)), memory_time(bytes));
 }
 
 double GpuModel::memory_time(double bytes) const { return bytes <= 0 ? 0 : bytes / mem_bw_; }

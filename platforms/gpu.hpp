@@ -12,10 +12,14 @@ namespace moesim {
 int dtype_bytes(spec::DType dtype);
 const char* dtype_name(spec::DType dtype);
 
-/// C[m×n] = A[m×k]·B[k×n], `batch` times.
+/// C[m×n] = op(A)·op(B) with op(A) m×k and op(B) k×n, `batch` times. `ta`/`tb`: A is stored k×m
+/// (B n×k) and read transposed, as a backward pass reads the forward's operands (the weight
+/// gradient Aᵀ·dC, the input gradient dC·Bᵀ): the leading dimensions stay the model's, not the
+/// token counts. The cost model reads the FLOPs only; the GPU backend passes them to cuBLAS.
 struct Gemm {
   std::uint64_t m = 0, n = 0, k = 0, batch = 1;
   std::uint64_t repeat = 1;  // the same GEMM run this many times, one after another (each timed alone)
+  bool ta = false, tb = false;
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch ? batch : 1) * double(repeat ? repeat : 1); }
 };
 
@@ -27,7 +31,8 @@ class GpuModel {
   double peak_flops() const { return peak_; }
   /// Fraction of peak a GEMM of `flops` reaches: the catalog's curve, interpolated in log(flops).
   double gemm_efficiency(double flops) const;
-  /// Seconds for one GEMM: flops / (peak × efficiency(flops)).
+  /// Seconds for one GEMM: flops / (peak × efficiency(flops)), or, where longer, the time to read
+  /// its operands and write its result once (memory_time: a roofline).
   double gemm_time(const Gemm& g) const;
   /// Seconds for a memory-bound kernel moving `bytes` (read + write) through device memory.
   double memory_time(double bytes) const;
@@ -36,7 +41,7 @@ class GpuModel {
   double host_sync_seconds() const { return host_sync_; }
 
  private:
-  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0, host_sync_ = 20e-6;
+  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0, host_sync_ = 20e-6, element_bytes_ = 2;
   std::vector<std::pair<double, double>> curve_;  // (log gflops, efficiency), sorted
 };
 

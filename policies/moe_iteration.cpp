@@ -51,12 +51,12 @@ std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int
 namespace {
 
 // Backward GEMMs of a forward GEMM C[m×n] = A[m×k]·B[k×n]: dA = dC·Bᵀ (m×k, inner n) and
-// dB = Aᵀ·dC (k×n, inner m).
+// dB = Aᵀ·dC (k×n, inner m), reading B and A where the forward left them (transposed).
 std::vector<Gemm> backward(const std::vector<Gemm>& forward) {
   std::vector<Gemm> out;
   for (const auto& g : forward) {
-    out.push_back({g.m, g.k, g.n, g.batch, g.repeat});
-    out.push_back({g.k, g.n, g.m, g.batch, g.repeat});
+    out.push_back({g.m, g.k, g.n, g.batch, g.repeat, false, true});
+    out.push_back({g.k, g.n, g.m, g.batch, g.repeat, true, false});
   }
   return out;
 }

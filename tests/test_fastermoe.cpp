@@ -342,3 +342,41 @@ void check_prediction_accuracy(const std::string& platform, int nodes) {
 
 TEST_CASE("the cost model predicts the simulated layer time on johnny") { check_prediction_accuracy("v100-pcie", 2); }
 TEST_CASE("the cost model predicts the simulated layer time on trevor") { check_prediction_accuracy("trevor", 16); }
+
+TEST_CASE("a backward pass's GEMMs read the forward's operands transposed, twice its FLOPs") {
+  // dA = dC·Bᵀ reads B transposed, dB = Aᵀ·dC reads A transposed: what a framework's autograd runs,
+  // so the GPU backend's leading dimensions are d_model and d_ffn, never a token count (an odd
+  // count there kept cuBLAS off its fast kernels on an H200: docs/hardware.md).
+  const test::SmallSetup t;
+  for (const char* name : {"ep", "fastermoe", "hecate"}) {
+    INFO(name);
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+    std::map<std::string, double> fwd_flops, bwd_flops;  // per "L0.experts GPU r"
+    int backward_ops = 0;
+    for (const auto& op : g.ops()) {
+      const auto* c = std::get_if<Compute>(&op.body);
+      if (!c || c->gemms.empty()) continue;
+      const bool bwd = op.label.find(".bwd.") != std::string::npos;
+      for (std::size_t i = 0; i < c->gemms.size(); ++i) {
+        const Gemm& m = c->gemms[i];
+        if (bwd) {
+          CHECK(m.tb == (i % 2 == 0));  // dA first, then dB
+          CHECK(m.ta == (i % 2 == 1));
+        } else {
+          CHECK_FALSE((m.ta || m.tb));
+        }
+      }
+      if (op.label.find("experts") != std::string::npos) {
+        std::string key = op.label;
+        key.replace(key.find(bwd ? ".bwd." : ".fwd."), 5, ".");
+        (bwd ? bwd_flops : fwd_flops)[key + " GPU " + std::to_string(op.rank)] += c->flops();
+      }
+      backward_ops += bwd;
+    }
+    CHECK(backward_ops > 0);
+    for (const auto& [key, f] : fwd_flops) CHECK(bwd_flops[key] == Approx(2 * f));
+  }
+}

@@ -86,7 +86,7 @@ TEST_CASE("moesim calibrate writes a GPU profile the simulator takes, reproducin
   parse_file(profile, gpu);
   REQUIRE(gpu.peak_size() == 1);
   CHECK(gpu.peak(0).dtype() == spec::FP16);
-  REQUIRE(gpu.gemm_efficiency_size() >= 2);  // 16 tokens up to 128 · top-2 = 256: 16, 64, 256
+  REQUIRE(gpu.gemm_efficiency_size() >= 2);  // 16 tokens up to 128 · top-2 = 256: 16, 32, ..., 256
   double best = 0;
   for (const auto& p : gpu.gemm_efficiency()) {
     CHECK(p.efficiency() > 0);

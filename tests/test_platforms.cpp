@@ -44,6 +44,12 @@ TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve
   const Gemm g{1024, 1024, 1024, 4};  // 8.6 GFLOP
   CHECK(m.gemm_time(g) == Approx(g.flops() / (100e12 * m.gemm_efficiency(g.flops()))));
   CHECK(m.memory_time(1e9) == Approx(1e-3));  // memory_efficiency 0 means 1
+  // Attention's per-head scores, 64 heads of 1024 x 1024 x 64: 8.6 GFLOP, 132 µs at 65% of 100
+  // TFLOP/s, but 2 · 64 · (64K + 64K + 1M) bytes = 151 MB through 1 TB/s: 151 µs, the roofline's.
+  const Gemm scores{1024, 1024, 64, 64};
+  const double bytes = 2.0 * 64 * (1024.0 * 64 + 64.0 * 1024 + 1024.0 * 1024);
+  CHECK(m.gemm_time(scores) == Approx(bytes / 1e12));
+  CHECK(m.gemm_time(scores) > scores.flops() / (100e12 * m.gemm_efficiency(scores.flops())));
   CHECK_THROWS_AS(GpuModel(gpu, spec::BF16), FieldError);  // no bf16 peak on this GPU
 }
 

@@ -3,10 +3,18 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "spec.hpp"
 #include "cluster.hpp"
+#include "cuda_kernels.hpp"
+#include "host_kernels.hpp"
 #include "hw_info.hpp"
 #include "model.hpp"
 
@@ -60,4 +68,97 @@ TEST_CASE("a model that cannot fit is refused before anything is allocated") {
   const Cluster cluster(load_platform("h100-1gpu"));
   auto backend = make_hw_backend("hw", cluster, MoeModel(layer_model()), 1);
   CHECK_THROWS_WITH(backend->check_memory(1e15), Catch::Contains("GiB") && Catch::Contains("nothing was allocated"));
+}
+
+namespace {
+// A device copy of `host`, copied back by `back()`.
+struct DeviceArray {
+  explicit DeviceArray(const std::vector<float>& host) : n(host.size()) {
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(p, host.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  ~DeviceArray() { cudaFree(p); }
+  std::vector<float> back() const {
+    std::vector<float> h(n);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return h;
+  }
+  std::size_t n;
+  float* p = nullptr;
+};
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("the CUDA kernels compute what the host device's kernels compute") {
+  // Lengths that are not multiples of 4 take the float4 paths' scalar tails.
+  SECTION("gate: the k best of each row, softmax-weighted, one warp a row") {
+    for (const auto& [cols, k] : {std::pair{8, 2}, {64, 6}, {100, 8}, {3, 1}}) {
+      const std::size_t rows = 1000;
+      const auto scores = random_floats(rows * std::size_t(cols), std::uint32_t(cols));
+      std::vector<std::uint32_t> want_index(rows * std::size_t(k));
+      std::vector<float> want_weight(rows * std::size_t(k));
+      hw::host::top_k_softmax(scores.data(), rows, std::size_t(cols), std::size_t(k), want_index.data(), want_weight.data());
+      DeviceArray s(scores), out(std::vector<float>(2 * rows * std::size_t(k)));
+      auto* index = reinterpret_cast<std::int32_t*>(out.p);
+      hw::cuda::gate_top_k(s.p, rows, cols, k, index, out.p + rows * std::size_t(k), nullptr);
+      const auto got = out.back();
+      INFO(cols << " experts, top-" << k);
+      for (std::size_t i = 0; i < rows * std::size_t(k); ++i) {
+        std::int32_t gi = 0;
+        std::memcpy(&gi, &got[i], sizeof gi);
+        REQUIRE(gi == std::int32_t(want_index[i]));
+        REQUIRE(got[rows * std::size_t(k) + i] == Approx(want_weight[i]).epsilon(1e-5));
+      }
+    }
+  }
+  SECTION("Adam over parameters, gradients and moments, each array 16-byte aligned") {
+    for (const std::size_t n : {std::size_t(1), std::size_t(1003), std::size_t(4096)}) {
+      const std::size_t st = (n + 3) / 4 * 4;
+      auto state = random_floats(4 * st, 7);
+      for (std::size_t i = 0; i < n; ++i) state[3 * st + i] = std::abs(state[3 * st + i]);  // v ≥ 0
+      auto p = std::vector<float>(state.begin(), state.begin() + long(n));
+      const auto g = std::vector<float>(state.begin() + long(st), state.begin() + long(st + n));
+      auto m = std::vector<float>(state.begin() + long(2 * st), state.begin() + long(2 * st + n));
+      auto v = std::vector<float>(state.begin() + long(3 * st), state.begin() + long(3 * st + n));
+      hw::host::adam(p.data(), g.data(), m.data(), v.data(), n);
+      DeviceArray d(state);
+      hw::cuda::adam(d.p, n, nullptr);
+      const auto got = d.back();
+      INFO(n << " parameters");
+      for (std::size_t i = 0; i < n; ++i) {
+        REQUIRE(got[i] == Approx(p[i]).epsilon(1e-5).margin(1e-7));
+        REQUIRE(got[2 * st + i] == Approx(m[i]).epsilon(1e-5).margin(1e-7));  // b1·m + (1−b1)·g cancels: FMA rounds differently
+        REQUIRE(got[3 * st + i] == Approx(v[i]).epsilon(1e-5).margin(1e-7));
+      }
+    }
+  }
+  SECTION("axpy: y += x / 2") {
+    for (const std::size_t n : {std::size_t(1), std::size_t(1001), std::size_t(4096)}) {
+      const std::size_t st = (n + 3) / 4 * 4;
+      const auto state = random_floats(2 * st, 3);
+      DeviceArray d(state);
+      hw::cuda::axpy(d.p, n, nullptr);
+      const auto got = d.back();
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(got[st + i] == Approx(state[st + i] + 0.5f * state[i]));
+      for (std::size_t i = 0; i < st; ++i) REQUIRE(got[i] == state[i]);  // x untouched
+    }
+  }
+  SECTION("permute: out row i is in row (i * 7919 mod rows)") {
+    for (const std::size_t width : {std::size_t(6), std::size_t(8)}) {  // 6: floats; 8: float4s
+      const std::size_t rows = 37;
+      const auto in = random_floats(rows * width, 5);
+      DeviceArray a(in), b(std::vector<float>(rows * width));
+      hw::cuda::permute_rows(a.p, b.p, rows, width * sizeof(float), nullptr);
+      const auto got = b.back();
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < width; ++c) REQUIRE(got[r * width + c] == in[(r * 7919 % rows) * width + c]);
+    }
+  }
 }
