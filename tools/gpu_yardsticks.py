@@ -1,0 +1,82 @@
+# PyTorch's yardsticks on the GPU moesim's backend is compared with (docs/hardware.md): cuBLAS's
+# rate for the demo's expert GEMM shapes, a batched against a looped expert FFN, HBM bandwidth by a
+# device copy, and the cost of a host-device round trip as FastMoE pays it. Needs torch with CUDA.
+# CUDA events time the GPU work (ten calls after three warm-ups); wall clocks time the host syncs
+# (2,000 calls after 50 warm-ups).
+import time
+import torch
+
+def gpu_seconds(f, n=10):
+    for _ in range(3):
+        f()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        f()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n * 1e-3
+
+def wall_us(f, n=2000):
+    for _ in range(50):
+        f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+def gemms(d=1024, h=4096):
+    for m in (1024, 8192):
+        a = torch.randn(m, d, dtype=torch.float16, device='cuda')
+        w = torch.randn(d, h, dtype=torch.float16, device='cuda')
+        s = gpu_seconds(lambda: a @ w)
+        print(f"GEMM {m} x {h} x {d} fp16: {2 * m * d * h / s / 1e12:.0f} TFLOP/s")
+    E, m = 8, 1024
+    x = torch.randn(E, m, d, dtype=torch.float16, device='cuda')
+    w = torch.randn(E, d, h, dtype=torch.float16, device='cuda')
+    flops = 2 * E * m * d * h
+    print(f"{E} experts of {m} tokens: bmm {flops / gpu_seconds(lambda: torch.bmm(x, w)) / 1e12:.0f} TFLOP/s, "
+          f"loop {flops / gpu_seconds(lambda: [x[i] @ w[i] for i in range(E)]) / 1e12:.0f} TFLOP/s")
+
+def bandwidth():
+    n = 256 << 20
+    a = torch.empty(n // 2, dtype=torch.float16, device='cuda')
+    b = torch.empty_like(a)
+    print(f"device copy of 256 MiB: {2 * n / gpu_seconds(lambda: b.copy_(a)) / 1e9:.0f} GB/s (read + write)")
+
+def host_sync():
+    x = torch.ones(64, device='cuda', dtype=torch.int64)
+    launch, two = wall_us(lambda: x.add_(1)), wall_us(lambda: x.add_(1).sum())
+    item, cpu = wall_us(lambda: x.add_(1).sum().item()), wall_us(lambda: x.add_(1).cpu())
+    print(f"launch {launch:.1f} us; .item() {item - two:.1f} us and .cpu() {cpu - launch:.1f} us beyond their launches")
+
+def prepare_forward(E=64, T=8192, k=2):
+    """laekov/fastmoe fmoe/functions.py count_by_gate + prepare_forward on one GPU: two .item() and
+    three .cpu(), against the same kernels without them (assign_pos and the count exchange stood in
+    for by argsort and a copy)."""
+    gate = torch.randint(0, E, (T * k,), device='cuda')
+
+    def prepare(sync):
+        lec = torch.bincount(gate, minlength=E)
+        lec_cum = torch.cumsum(lec, dim=0).int()
+        if sync:
+            lec_cum[-1].item()
+        pos = torch.argsort(gate)
+        gec = lec.clone()
+        fec = gec.view(1, E).sum(dim=0)
+        if sync:
+            int(fec.sum().item())
+            return pos, lec.cpu(), gec.cpu(), fec.cpu()
+        return pos, lec, gec, fec
+    with_sync, without = wall_us(lambda: prepare(True)), wall_us(lambda: prepare(False))
+    print(f"prepare_forward {with_sync:.0f} us, {with_sync - without:.0f} us of it its host syncs")
+
+if __name__ == '__main__':
+    print(torch.cuda.get_device_name(), 'torch', torch.__version__)
+    gemms()
+    bandwidth()
+    host_sync()
+    prepare_forward()
