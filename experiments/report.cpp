@@ -375,7 +375,8 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
   for (const auto& path : specs) {
     if ((!o.only.empty() && !matches(path, o.only)) || matches(path, o.exclude)) continue;
     const std::string message = proto_message(path);
-    if (message == "SweepSpec") continue;  // grids of experiments (`moesim sweep`), no paper numbers
+    // Grids of experiments (`moesim sweep`), measured GPU profiles, platforms: no paper numbers.
+    if (!message.empty() && message != "ExperimentSpec" && message != "CollectiveSweepSpec") continue;
     const bool collective = message == "CollectiveSweepSpec";
     ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
     if (e.claims.empty()) continue;  // held out, or no paper numbers

@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:5.718]
+set yrange [0:5.725]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "zero3" "zero2" "fastmoe" "fastermoe"
 "gpt-s" 1.0000 1.3506 1.9843 3.9145
-"gpt-l" 1.0000 1.4125 3.1231 4.8461
+"gpt-l" 1.0000 1.4119 3.1268 4.8518
 "bert-deep" 1.0000 1.3039 1.0580 3.0061
-"bert-deep-l" 1.0000 1.3646 1.6445 3.5201
+"bert-deep-l" 1.0000 1.3641 1.6460 3.5233
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,15 +18,15 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:5.107]
+set yrange [0:5.047]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000
-"fastermoe" 4.3276
-"smartmoe" 0.9572
-"flexmoe" 2.8465
-"hecate" 3.4881
-"hecate-rm" 3.4881
+"fastermoe" 4.2771
+"smartmoe" 0.9574
+"flexmoe" 2.8389
+"hecate" 3.4486
+"hecate-rm" 3.4486
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -18,16 +18,16 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:7.703]
+set yrange [0:7.692]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate" "hecate-rm"
-"b1" 1.0000 2.4200 0.9431 1.7886 2.5420 2.5420
-"b2" 1.0000 2.8082 0.9446 1.8988 3.5963 3.5963
-"b3" 1.0000 3.3281 0.8824 1.9648 4.6688 4.5577
-"b4" 1.0000 3.5952 0.9000 1.9762 5.3539 5.2514
-"b5" 1.0000 3.9925 0.9807 1.9842 5.9654 5.8712
-"b6" 1.0000 4.1611 0.9489 1.9970 6.5278 6.2907
+"b1" 1.0000 2.3995 0.9438 1.7758 2.4952 2.4952
+"b2" 1.0000 2.7430 0.9453 1.8758 3.7303 3.7303
+"b3" 1.0000 3.2229 0.8839 1.9385 4.4849 4.4095
+"b4" 1.0000 3.4666 0.9012 1.9491 5.4082 5.2444
+"b5" 1.0000 3.8268 0.9810 1.9563 6.0456 5.8019
+"b6" 1.0000 3.9775 0.9496 1.9684 6.5187 6.3500
 EOD
 set style data histograms
 set style histogram clustered gap 1

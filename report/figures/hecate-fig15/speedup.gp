@@ -18,16 +18,16 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.079]
+set yrange [0:4.129]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000
-"mat" 3.0165
-"sharding" 0.7648
-"interval-10" 3.0144
-"interval-25" 3.3372
-"interval-50" 3.4046
-"interval-100" 3.4569
+"mat" 3.1549
+"sharding" 0.8315
+"interval-10" 3.0436
+"interval-25" 3.3680
+"interval-50" 3.4989
+"interval-100" 3.4501
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.583]
+set yrange [0:3.733]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.6805 1.0798 2.0896 3.0362
-"gpt-l" 1.0000 2.4945 1.0843 2.0447 2.4327
-"bert" 1.0000 2.8413 1.0885 2.2175 2.0425
-"bert-deep" 1.0000 2.8879 1.0512 2.0676 2.0273
+"gpt-s" 1.0000 2.5793 1.0778 2.0377 3.1634
+"gpt-l" 1.0000 2.4438 1.0824 2.0049 2.6431
+"bert" 1.0000 2.8365 1.0878 2.2138 2.0275
+"bert-deep" 1.0000 2.8839 1.0508 2.0622 2.0122
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -18,14 +18,14 @@ set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.244]
+set yrange [0:4.402]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.8082 0.9446 1.8988 3.5963
-"gpt-l" 1.0000 2.8385 0.9581 1.9257 2.6266
-"bert" 1.0000 2.9479 0.9473 1.9662 2.0486
-"bert-deep" 1.0000 3.0361 0.9219 1.9089 1.9729
+"gpt-s" 1.0000 2.7430 0.9453 1.8758 3.7303
+"gpt-l" 1.0000 2.8003 0.9586 1.9065 3.0419
+"bert" 1.0000 2.9437 0.9475 1.9660 2.0401
+"bert-deep" 1.0000 3.0333 0.9222 1.9084 1.9651
 EOD
 set style data histograms
 set style histogram clustered gap 1

@@ -22,8 +22,8 @@ set yrange [0:1.373]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "naive" 1.0000
-"z" 1.1326
-"zp" 1.1326
+"z" 1.1325
+"zp" 1.1325
 "full" 1.1635
 EOD
 set xtics rotate by 30 right

@@ -22,14 +22,14 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "adaptive" 1.0000
-"linear-1" 0.8391
-"linear-2" 0.9605
-"linear-4" 0.9946
+"linear-1" 0.8508
+"linear-2" 0.9637
+"linear-4" 0.9950
 "linear-8" 1.0000
-"2dh-1" 0.7784
-"2dh-2" 0.8836
-"2dh-4" 0.9002
-"2dh-8" 0.8982
+"2dh-1" 0.7934
+"2dh-2" 0.8925
+"2dh-4" 0.9079
+"2dh-8" 0.9061
 EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7

@@ -22,14 +22,14 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "adaptive" 1.0000
-"linear-1" 0.8673
+"linear-1" 0.8751
 "linear-2" 1.0000
-"linear-4" 0.9880
-"linear-8" 0.9648
-"2dh-1" 0.8185
-"2dh-2" 0.9253
-"2dh-4" 0.9233
-"2dh-8" 0.9193
+"linear-4" 0.9888
+"linear-8" 0.9671
+"2dh-1" 0.8286
+"2dh-2" 0.9300
+"2dh-4" 0.9281
+"2dh-8" 0.9243
 EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7
