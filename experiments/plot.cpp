@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -467,16 +468,19 @@ Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
   std::map<std::string, std::vector<Box>> boxes;  // category -> boxes
   std::set<int> rows;                              // the streams that ran something
   double end = 0;
+  int first = std::numeric_limits<int>::max();  // the timeline's first iteration (the first after the warm-up)
+  for (const auto& e : j.at("traceEvents"))
+    if (e.value("ph", "") == "X") first = std::min(first, e.at("args").value("iteration", 0));
   for (const auto& e : j.at("traceEvents")) {
     if (e.value("ph", "") != "X") continue;
     const int pid = e.at("pid").get<int>(), tid = e.at("tid").get<int>();
-    if (pid >= o.timeline_gpus || e.at("args").value("iteration", 0) != 0) continue;  // the first run's first GPUs
+    if (pid >= o.timeline_gpus || e.at("args").value("iteration", 0) != first) continue;  // the first run's first GPUs
     const double t0 = e.at("ts").get<double>() / 1e3, t1 = t0 + e.at("dur").get<double>() / 1e3;
     end = std::max(end, t1);
     boxes[e.value("cat", "other")].push_back({t0, t1, pid * kNumStreams + tid});
     rows.insert(pid * kNumStreams + tid);
   }
-  if (boxes.empty()) throw InputError(in.timeline + ": no ops of iteration 0 on GPUs 0.." + std::to_string(o.timeline_gpus - 1));
+  if (boxes.empty()) throw InputError(in.timeline + ": no ops of its first iteration on GPUs 0.." + std::to_string(o.timeline_gpus - 1));
   std::map<int, int> y;  // row -> its place on the axis, top to bottom
   std::string ytics = "set ytics (";
   for (int row : rows) {

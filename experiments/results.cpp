@@ -165,12 +165,13 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
       for (int s = 0; s < kNumStreams; ++s)
         emit({{"ph", "M"}, {"name", "thread_name"}, {"pid", base + rank}, {"tid", s}, {"args", {{"name", stream_name(Stream(s))}}}});
     }
-    const double origin = r.iterations.empty() ? 0 : r.iterations.front().start;  // each variant from 0
+    const std::size_t first = std::size_t(r.first_graph);
+    const double origin = r.iterations.size() > first ? r.iterations[first].start : 0;  // each variant from 0
     for (std::size_t i = 0; i < r.graphs.size(); ++i) {
-      const double t0 = r.iterations[i].start - origin;
+      const double t0 = r.iterations[first + i].start - origin;
       for (const auto& op : r.graphs[i].ops()) {
         const double start = t0 + r.timings[i].start[op.id], end = t0 + r.timings[i].end[op.id];
-        nlohmann::json args = {{"iteration", i}, {"op", op.id}};
+        nlohmann::json args = {{"iteration", first + i}, {"op", op.id}};
         if (const auto* c = std::get_if<Compute>(&op.body)) {
           args["kind"] = compute_kind_name(c->kind);
           args["gflop"] = c->flops() / 1e9;

@@ -90,7 +90,8 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
   result.gpus = cluster.num_gpus();
   result.warmup = int(s.warmup_iterations());
   const int iterations = int(s.iterations());
-  const int keep = int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1);
+  const int keep = std::min(iterations, int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1));
+  result.first_graph = std::clamp(result.warmup, 0, iterations - keep);
   auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed());
   for (int it = 0; it < iterations; ++it) {
     IterationRecord rec;
@@ -131,7 +132,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
       for (int e = 0; e < R.experts; ++e) loads[std::size_t(e)] = R.expert_load(e);
     }
     result.iterations.push_back(rec);
-    if (it < keep) {
+    if (it >= result.first_graph && it < result.first_graph + keep) {
       graph.drop_collective_matrices();  // only the timeline reads it from here on
       result.graphs.push_back(std::move(graph));
       result.timings.push_back(std::move(timing));

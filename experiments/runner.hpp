@@ -48,9 +48,13 @@ struct RunResult {
   int gpus = 0;
   std::vector<IterationRecord> iterations;
   std::vector<LayerRoofline> roofline;  // per layer, the first iteration's routing (after the gate)
-  // Graph and timing of the first iterations, for timeline.json.
+  // Graph and timing of the iterations timeline.json shows: sim.timeline_iterations of them from the
+  // first after the warm-up (earlier where the run is too short), graphs[i] being iteration
+  // first_graph + i. A warm-up iteration shows a policy before it has decided anything (Hecate's
+  // is EP's), and a GPU before its kernels are loaded.
   std::vector<TaskGraph> graphs;
   std::vector<Timing> timings;
+  int first_graph = 0;
 
   int warmup = 0;  // leading iterations left out of the means (ExperimentSpec.warmup_iterations)
 

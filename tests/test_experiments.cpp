@@ -154,3 +154,28 @@ TEST_CASE("sim.ideal leaves out the overheads: no per-message NIC cost, no host 
   CHECK(GpuModel(real.cluster_spec.gpu(), spec::FP16).host_sync_seconds() == Approx(20e-6));
   CHECK(GpuModel(ideal.cluster_spec.gpu(), spec::FP16).host_sync_seconds() == 0);
 }
+
+TEST_CASE("the timeline shows the first iteration after the warm-up") {
+  // A warm-up iteration shows a policy before it has decided anything: Hecate's first iteration is
+  // EP's. With one warm-up iteration of three, the timeline is iteration 1's, and Hecate's differs.
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32", "iterations=3",
+                                               "warmup_iterations=1"});
+  ex.variants = {{"ep", ex.spec}, {"hecate", ex.spec}};
+  ex.variants[1].second.mutable_policy()->set_name("hecate");
+  const auto r = run_experiment(ex);
+  const RunResult& h = r.run("hecate");
+  CHECK(h.first_graph == 1);
+  REQUIRE(h.graphs.size() == 1);
+  CHECK(h.graphs[0].size() != r.run("ep").graphs[0].size());  // its copies are in the graph
+  bool replicas = false;
+  for (const auto& op : h.graphs[0].ops()) replicas |= op.label.find("replica_") != std::string::npos;
+  CHECK(replicas);
+}
+
+TEST_CASE("a run too short for a steady timeline shows it from the first iteration") {
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1", "iterations=2", "warmup_iterations=1",
+                                               "sim.timeline_iterations=2"});
+  const auto r = run_experiment(ex).runs.front();
+  CHECK(r.first_graph == 0);
+  CHECK(r.graphs.size() == 2);
+}

@@ -23,7 +23,7 @@ std::string timeline_text(const RunResult& r) {
       out += fmt::format("gpu{:<3} {:<8} {:12.3f} {:12.3f}  {}\n", rank, stream_name(op.stream), t.start[op.id] * 1e6,
                          t.end[op.id] * 1e6, op.label);
     }
-  out += fmt::format("iteration {:.3f} us\n", r.iterations.at(0).time * 1e6);
+  out += fmt::format("iteration {:.3f} us\n", r.iterations.at(std::size_t(r.first_graph)).time * 1e6);
   return out;
 }
 
