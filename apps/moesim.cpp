@@ -46,6 +46,8 @@ int cmd_run(const std::optional<std::string>& spec_path, const std::string& out,
   const bool writer = launcher_rank() == 0;  // under mpirun only rank 0 prints and writes
   quiet = quiet || !writer;
   const bool demo = !spec_path;
+  if (writer)
+    for (const auto& note : ex.notes) fmt::print(stderr, "moesim: note: {}\n", note);
   if (demo && !quiet)
     fmt::print(stderr, "moesim demo: {} policies on {} simulated {} GPUs; routing: {}\n", ex.variants.size(),
                ex.cluster_spec.nodes() * ex.cluster_spec.node().gpus(), ex.cluster_spec.gpu().model(),

@@ -241,6 +241,24 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     });
     ex.variants.emplace_back(v.name(), std::move(run));
   }
+  // An override that every variant, or some, sets again: the variant's wins. Said, not silent.
+  for (const auto& o : overrides) {
+    const std::string field = o.substr(0, o.find('='));
+    std::vector<std::string> by;
+    for (const auto& v : s.variants())
+      for (const auto& set : v.set()) {
+        const std::string f = set.substr(0, set.find('='));
+        if (f == field || f.rfind(field + ".", 0) == 0 || field.rfind(f + ".", 0) == 0) {
+          by.push_back(v.name());
+          break;
+        }
+      }
+    if (!by.empty())
+      ex.notes.push_back(fmt::format("--set {}: {} of the spec's {} variants set {} themselves, and a variant's own "
+                                     "setting wins there ({}{})",
+                                     printable(o), by.size(), s.variants_size(), field, printable(by.front()),
+                                     by.size() > 1 ? fmt::format(" and {} more", by.size() - 1) : ""));
+  }
   for (int i = 0; i < s.paper_size(); ++i) {
     const auto& p = s.paper(i);
     if (p.baseline().empty()) throw in_spec(fmt::format("paper[{}].baseline", i), "name at least one baseline variant");

@@ -29,6 +29,8 @@ struct Experiment {
   std::vector<std::string> overrides;
   /// The variants to run instead of the spec itself, each the spec with its overrides applied.
   std::vector<std::pair<std::string, spec::ExperimentSpec>> variants;
+  /// What the user should know before the run: an override that variants override in turn.
+  std::vector<std::string> notes;
 };
 
 /// The real gating trace the demo replays when it is found (shared/traces/smartmoe-gpt-e32-k2-r16,

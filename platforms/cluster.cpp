@@ -49,6 +49,10 @@ void validate_gpu(const spec::GpuSpec& gpu) {
   require(gpu.peak_size() > 0, "gpu.peak", "is empty; give at least one `peak { dtype: ... tflops: ... }`");
   for (int i = 0; i < gpu.peak_size(); ++i)
     require_in(gpu.peak(i).tflops(), kMinTflops, kMaxTflops, fmt::format("gpu.peak[{}].tflops", i), "TFLOP/s");
+  require(gpu.gemm_efficiency_size() > 0, "gpu.gemm_efficiency",
+          "is empty: without a curve every GEMM would run at the peak, however small; give at least one "
+          "`gemm_efficiency { gflops: ... efficiency: ... }` (the catalog's platforms have theirs), or measure one "
+          "with `moesim calibrate`");
   double last = 0;
   for (int i = 0; i < gpu.gemm_efficiency_size(); ++i) {
     const auto& p = gpu.gemm_efficiency(i);
@@ -206,6 +210,9 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     spec_.mutable_fabric()->set_nodes_per_leaf(1);
     spec_.mutable_fabric()->set_spines(std::max(1u, spec_.fabric().spines()));
   }
+  require(spec_.has_fabric() || spec_.nodes() == 1, "fabric",
+          fmt::format("is missing: a cluster of {} nodes needs its network between nodes, e.g. "
+                      "`fabric {{ nodes_per_leaf: 16 spines: 16 latency_us: 0.25 }}` (a two-level fat-tree)", spec_.nodes()));
   const auto& fabric = spec_.fabric();  // checked with one node too: the cost model divides by it
   require(fabric.nodes_per_leaf() >= 1 && fabric.nodes_per_leaf() <= kMaxNodes, "fabric.nodes_per_leaf",
           fmt::format("must be in [1, {}]", kMaxNodes));

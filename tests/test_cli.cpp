@@ -139,3 +139,12 @@ TEST_CASE("help is available at every level") {
   CHECK(test::run_command(kBin + " platform show --help", out) == 0);
   CHECK(test::run_command(kBin + " frobnicate", out) == 2);
 }
+
+TEST_CASE("an override that the spec's variants set again is named, not dropped silently") {
+  const std::string spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/moe-small.textproto";
+  const std::string dir = test::temp_dir("override-note");
+  std::string out;
+  REQUIRE(test::run_command(kBin + " run " + spec + " --set policy.name=tutel --set seed=3 -q --out " + dir, out) == 0);
+  CHECK_THAT(out, Contains("note: --set policy.name=tutel: 2 of the spec's 2 variants set policy.name themselves"));
+  CHECK_THAT(out, !Contains("--set seed=3:"));  // no variant sets the seed: no note
+}

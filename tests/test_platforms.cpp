@@ -97,6 +97,16 @@ TEST_CASE("cluster validation names the offending field") {
   auto u = test::platform("dgx-a100", 1);
   u.mutable_node()->mutable_links()->DeleteSubrange(3, 1);  // gpu3 loses its NVSwitch port
   CHECK_THROWS_WITH(Cluster(u), Contains("gpu0 cannot reach gpu3"));
+  // A GPU without a GEMM-efficiency curve ran every GEMM at the peak, silently.
+  auto v = test::platform("dgx-a100", 2);
+  v.mutable_gpu()->clear_gemm_efficiency();
+  CHECK_THROWS_WITH(Cluster(v), Contains("gpu.gemm_efficiency") && Contains("moesim calibrate"));
+  // Several nodes and no fabric block: named as missing, with an example, not as a bad field.
+  auto w = test::platform("dgx-a100", 2);
+  w.clear_fabric();
+  CHECK_THROWS_WITH(Cluster(w), Contains("is missing") && Contains("fabric { nodes_per_leaf"));
+  w.set_nodes(1);
+  CHECK_NOTHROW(Cluster(w));  // one node needs none
 }
 
 TEST_CASE("parsed files know the line of every field") {
