@@ -6,12 +6,15 @@
 //   moesim-bench                       64, 256 and 1024 GPUs
 //   moesim-bench --gpus 64,256 --flows per-flow collectives (sim.aggregate=false) for comparison
 //   moesim-bench --gpus 1024 --policy pro-prophet --iterations 2   a policy's decision time
+//   moesim-bench --gpus 1024 --all-policies    every policy at one size, a row each (2 iterations)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "policy.hpp"
 #include "routing.hpp"
@@ -67,23 +70,77 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
   return 0;
 }
 
+struct Row {
+  double gpus = 0, ops = 0, routing = 0, graph = 0, platform = 0, simulate = 0, rss = 0, makespan = 0, decide = 0;
+  double total() const { return routing + graph + platform + simulate; }
+};
+
+// One size and policy in a fresh process (this program with --one). The policy name is checked
+// against the registry before it reaches the shell.
+std::optional<Row> run_child(const char* self, int gpus, const std::string& policy, int iterations, bool flows) {
+  const std::string cmd =
+      fmt::format("'{}' --one {} --policy {} --iterations {}{}", self, gpus, policy, iterations, flows ? " --flows" : "");
+  FILE* p = popen(cmd.c_str(), "r");
+  Row r;
+  const int n = p ? fscanf(p, "%lf %lf %lf %lf %lf %lf %lf %lf %lf", &r.gpus, &r.ops, &r.routing, &r.graph, &r.platform,
+                           &r.simulate, &r.rss, &r.makespan, &r.decide)
+                  : 0;
+  if (p) pclose(p);
+  if (n != 9) return std::nullopt;
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"moesim-bench: wall time and peak memory of simulating one EP iteration at several scales"};
   std::vector<int> sizes = {64, 256, 1024};
   int one = 0, iterations = 1;
-  bool flows = false;
+  bool flows = false, all = false;
   std::string policy = "ep";
   app.add_option("--gpus", sizes, "GPU counts (multiples of 8)")->delimiter(',')->capture_default_str();
   app.add_flag("--flows", flows, "One flow per transfer inside collectives (sim.aggregate=false)");
   app.add_option("--policy", policy, "The policy (`moesim algorithms`); its decision time is reported")->capture_default_str();
+  app.add_flag("--all-policies", all, "Every policy at each GPU count, a row each (2 iterations unless --iterations says more)");
   app.add_option("--iterations", iterations, "Iterations simulated; the last one is reported (2 for policies that "
                                              "learn from the previous iteration's timings)")
       ->capture_default_str();
   app.add_option("--one", one, "Internal: run one size in this process")->group("");
   CLI11_PARSE(app, argc, argv);
+  const auto known = policy_names();
+  if (std::find(known.begin(), known.end(), policy) == known.end()) {
+    fmt::print(stderr, "moesim-bench: --policy: unknown policy; `moesim algorithms` lists them\n");
+    return 2;
+  }
+  for (int g : sizes)
+    if (g < 8 || g % 8 != 0) {
+      fmt::print(stderr, "moesim-bench: --gpus {}: a multiple of 8 (whole DGX-A100 nodes)\n", g);
+      return 2;
+    }
   if (one > 0) return bench_one(one, !flows, policy, iterations);
+
+  if (all) {
+    iterations = std::max(iterations, 2);
+    fmt::print("Every policy, one fwd+bwd iteration (the last of {}), GPT-MoE 12 MoE layers (d_model 1024, d_ffn 4096,\n"
+               "4096 tokens/GPU), top-2, one expert per GPU, Zipf(1.0) routing, DGX-A100 nodes. Wall seconds of the\n"
+               "reported iteration (routing, graph with the policy's decisions, simulation, and the platform once),\n"
+               "peak resident memory of its process.\n\n", iterations);
+    for (int g : sizes) {
+      fmt::print("{:>6} {:<20} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>13}\n", "GPUs", "policy", "ops", "total s",
+                 "routing", "graph", "decide s", "simulate", "peak MB", "simulated ms");
+      for (const auto& name : known) {
+        const auto r = run_child(argv[0], g, name, iterations, flows);
+        if (!r) {
+          fmt::print("{:>6} {:<20} (failed)\n", g, name);
+          continue;
+        }
+        fmt::print("{:>6} {:<20} {:>9.0f} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.3f} {:>8.2f} {:>9.0f} {:>13.3f}\n", g, name, r->ops,
+                   r->total(), r->routing, r->graph, r->decide, r->simulate, r->rss, r->makespan * 1e3);
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  }
 
   fmt::print("One fwd+bwd iteration (policy {}), GPT-MoE 12 MoE layers (d_model 1024, d_ffn 4096, 4096 tokens/GPU),\n"
              "top-2, one expert per GPU, Zipf(1.0) routing, DGX-A100 nodes, collectives {}.\n"
@@ -92,19 +149,14 @@ int main(int argc, char** argv) {
   fmt::print("{:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>13} {:>13}\n", "GPUs", "ops", "routing s",
              "graph s", "decide s", "platform s", "simulate s", "total s", "peak MB", "decide/sim", "simulated ms");
   for (int g : sizes) {
-    const std::string cmd =
-        fmt::format("'{}' --one {} --policy '{}' --iterations {}{}", argv[0], g, policy, iterations, flows ? " --flows" : "");
-    FILE* p = popen(cmd.c_str(), "r");
-    double gpus = 0, ops = 0, tr = 0, tg = 0, tp = 0, ts = 0, rss = 0, makespan = 0, decide = 0;
-    const int n =
-        p ? fscanf(p, "%lf %lf %lf %lf %lf %lf %lf %lf %lf", &gpus, &ops, &tr, &tg, &tp, &ts, &rss, &makespan, &decide) : 0;
-    if (p) pclose(p);
-    if (n != 9) {
+    const auto r = run_child(argv[0], g, policy, iterations, flows);
+    if (!r) {
       fmt::print(stderr, "moesim-bench: the run at {} GPUs failed\n", g);
       return 1;
     }
     fmt::print("{:>6} {:>9.0f} {:>10.2f} {:>10.2f} {:>10.3f} {:>10.2f} {:>10.2f} {:>10.2f} {:>11.0f} {:>12.2f}% {:>13.3f}\n", g,
-               ops, tr, tg, decide, tp, ts, tr + tg + tp + ts, rss, 100 * decide / ts, makespan * 1e3);
+               r->ops, r->routing, r->graph, r->decide, r->platform, r->simulate, r->total(), r->rss,
+               100 * r->decide / r->simulate, r->makespan * 1e3);
     std::fflush(stdout);
   }
   return 0;
