@@ -31,6 +31,13 @@ double time_one(Backend& backend, const TaskGraph& graph, OpId id) {
   return t.end[id] - t.start[id];
 }
 
+/// The fastest of three timings: a run the machine preempted would make a small GEMM look hundreds
+/// of times slower than it is (and its efficiency fall below what a profile may hold).
+template <typename Time>
+double fastest_of_three(Time time) {
+  return std::min({time(), time(), time()});
+}
+
 }  // namespace
 
 Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
@@ -79,10 +86,7 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
     c.gemms = {{m, h, d, 1, repeat}, {m, d, h, 1, repeat}};
     const OpId point = g.add_compute(0, "calibrate.expert_gemms", c,
                                      gpu ? std::vector<OpId>{g.add_compute(0, "calibrate.cover", cover)} : std::vector<OpId>{});
-    // The fastest of three runs: a run the machine preempted would make a small GEMM look hundreds
-    // of times slower than it is (and its efficiency fall below what a profile may hold).
-    const double seconds =
-        std::min({time_one(*backend, g, point), time_one(*backend, g, point), time_one(*backend, g, point)}) / double(repeat);
+    const double seconds = fastest_of_three([&] { return time_one(*backend, g, point); }) / double(repeat);
     per_flop = seconds / flops;
     cal.gemms.push_back({m, h, d, seconds, flops / seconds});
     say(fmt::format("GEMM {} x {} x {} (and back), {}: {:.3f} ms, {:.2f} TFLOP/s", m, h, d, dtype_name(model.dtype()),
@@ -95,15 +99,12 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
     TaskGraph g(1);
     const double bytes = double(gpu ? 1ull << 30 : 1ull << 28);
     g.add_compute(0, "calibrate.elementwise", {ComputeKind::elementwise, {}, bytes});
-    auto best_of_3 = [&](const TaskGraph& graph) {
-      return std::min({time_op(*backend, graph), time_op(*backend, graph), time_op(*backend, graph)});
-    };
-    cal.memory_bytes_per_s = bytes / best_of_3(g);
+    cal.memory_bytes_per_s = bytes / fastest_of_three([&] { return time_op(*backend, g); });
     // The yardstick it is held to: a device-to-device copy moving as many bytes (128 MiB read, 128
     // written), CUDA's copy (or the host's memcpy).
     TaskGraph copy(1);
     copy.add_transfer(Stream::comm, "calibrate.copy", {0, 0, bytes / 2});
-    cal.copy_bytes_per_s = bytes / best_of_3(copy);
+    cal.copy_bytes_per_s = bytes / fastest_of_three([&] { return time_op(*backend, copy); });
     say(fmt::format("elementwise over {} MiB: {:.1f} GB/s, {:.0f}% of a device-to-device copy's {:.1f} GB/s",
                     bytes / double(1 << 20), cal.memory_bytes_per_s / 1e9, 100 * cal.memory_bytes_per_s / cal.copy_bytes_per_s,
                     cal.copy_bytes_per_s / 1e9));
@@ -112,7 +113,7 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
   for (const auto& p : cal.gemms) peak = std::max(peak, p.flops_per_s);
   cal.gpu = ex.cluster_spec.gpu();
   cal.device = "this CPU (the host device; threads as ranks)";
-  if (const auto id = o.backend == "hw" ? device_identity(0) : std::nullopt) {  // the GPU measured, not the spec's
+  if (const auto id = gpu ? device_identity(0) : std::nullopt) {  // the GPU measured, not the spec's
     cal.gpu.set_model(id->name);
     cal.gpu.set_memory_gib(id->memory_gib);
     cal.gpu.set_compute_capability(std::uint32_t(id->compute_capability));
