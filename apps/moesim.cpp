@@ -32,6 +32,7 @@
 #include "trace_stats.hpp"
 #include "calibrate.hpp"
 #include "compare.hpp"
+#include "timeline_summary.hpp"
 #include "generator.hpp"
 #include "rescale.hpp"
 #include "textproto.hpp"
@@ -55,11 +56,12 @@ int cmd_run(const std::optional<std::string>& spec_path, const std::string& out,
                                             : "the generator preset calibrated to the real SmartMoE trace "
                                               "(the trace itself is not beside this checkout)");
   const auto wall0 = std::chrono::steady_clock::now();
+  const std::string runs = ex.variants.empty() ? "" : fmt::format(" of {} variants' iterations", ex.variants.size());
   const auto result = run_experiment(ex, [&](int done, int total) {
     if (quiet) return;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     const double eta = s / done * (total - done);
-    fmt::print(stderr, "\r  iteration {}/{}  {:.1f} s elapsed, ETA {:.1f} s   ", done, total, s, eta);
+    fmt::print(stderr, "\r  {}/{}{}  {:.1f} s elapsed, ETA {:.1f} s   ", done, total, runs.empty() ? " iterations" : runs, s, eta);
     if (done == total) fmt::print(stderr, "\n");
   }, backend);
   if (!writer) return 0;
@@ -275,6 +277,20 @@ int main(int argc, char** argv) {
   compare_cmd->add_option("B", compare_b, "Another, of the same spec")->required();
   compare_cmd->add_option("--top", compare_options.top_ops, "How many of the most different ops to list")->capture_default_str();
 
+  auto* timeline_cmd = app.add_subcommand("timeline", "Read a run's timeline.json");
+  timeline_cmd->require_subcommand(1);
+  auto* tsummary = timeline_cmd->add_subcommand(
+      "summary",
+      "Per layer, each phase in the order it starts on the hottest and the median GPU, its busy time and how much\n"
+      "of it hides under expert compute (docs/timeline.md):\n"
+      "  moesim run --out res && moesim timeline summary res --variant tutel --layer 3");
+  std::string timeline_run;
+  TimelineSummaryOptions timeline_options;
+  tsummary->add_option("run", timeline_run, "A results directory (or its timeline.json)")->required();
+  tsummary->add_option("--variant", timeline_options.variant, "Which variant (default: the first)");
+  tsummary->add_option("--layer", timeline_options.layer, "One layer (default: all, then the ops outside the layers)")
+      ->check(CLI::NonNegativeNumber);
+
   auto* calibrate_cmd = app.add_subcommand(
       "calibrate",
       "Measure the GEMM-efficiency curve of the spec's expert shapes and dtype and the memory bandwidth on a\n"
@@ -487,6 +503,10 @@ int main(int argc, char** argv) {
     if (*pshow) return cmd_platform_show(pname);
     if (*compare_cmd) {
       fmt::print("{}", compare_runs(compare_a, compare_b, compare_options));
+      return 0;
+    }
+    if (*tsummary) {
+      fmt::print("{}", timeline_summary(timeline_run, timeline_options));
       return 0;
     }
     if (*calibrate_cmd) {

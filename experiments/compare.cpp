@@ -84,7 +84,7 @@ std::string compare_runs(const std::string& a_path, const std::string& b_path, c
     out += "warning: the two runs are not of the same spec and cluster size; ops are matched by id all the same\n";
 
   // Iteration time and the critical path's phases, per variant present in both.
-  out += fmt::format("\n{:<24} {:<12} {:>12} {:>12} {:>8}\n", "variant", "phase", "A ms", "B ms", "B/A");
+  out += fmt::format("\n{:<24} {:<18} {:>12} {:>12} {:>8}\n", "variant", "phase", "A ms", "B ms", "B/A");
   for (const auto& va : A.summary.at("variants")) {
     const std::string name = va.value("name", "");
     const json* vb = nullptr;
@@ -92,11 +92,12 @@ std::string compare_runs(const std::string& a_path, const std::string& b_path, c
       if (v.value("name", "") == name) vb = &v;
     if (!vb) continue;
     const double ta = va.at("iteration_time_s"), tb = vb->at("iteration_time_s");
-    out += fmt::format("{:<24} {:<12} {:>12.3f} {:>12.3f} {:>8}\n", name.empty() ? "(run)" : name, "iteration", ta * 1e3,
+    out += fmt::format("{:<24} {:<18} {:>12.3f} {:>12.3f} {:>8}\n", name.empty() ? "(run)" : name, "iteration", ta * 1e3,
                        tb * 1e3, ratio(ta, tb));
-    for (const auto& [phase, x] : va.at("breakdown").items()) {
+    for (const auto& [phase, x] : va.at("breakdown").items()) {  // the phases either run spends time in
       const double pa = x.get<double>(), pb = vb->at("breakdown").value(phase, 0.0);
-      out += fmt::format("{:<24} {:<12} {:>12.3f} {:>12.3f} {:>8}\n", "", phase, pa * 1e3, pb * 1e3, ratio(pa, pb));
+      if (pa > 0 || pb > 0)
+        out += fmt::format("{:<24} {:<18} {:>12.3f} {:>12.3f} {:>8}\n", "", phase, pa * 1e3, pb * 1e3, ratio(pa, pb));
     }
   }
   if (!A.has_timeline || !B.has_timeline) {

@@ -38,7 +38,7 @@ struct Run {
   std::string group, name;  // "GROUP/NAME" variants: group and name; otherwise group ""
   int gpus = 0;
   double time = 0;  // mean iteration time, seconds
-  double breakdown[kNumCategories] = {};
+  double breakdown[kNumPhases] = {};  // critical path per phase, seconds
   std::vector<double> gpu_load;                                 // token-slots computed per GPU
   std::vector<std::vector<std::vector<double>>> expert_load;    // iteration × layer × expert
 };
@@ -65,7 +65,7 @@ Run run_from_json(const json& j, int gpus) {
   }
   r.gpus = gpus;
   r.time = j.at("iteration_time_s").get<double>();
-  for (int c = 0; c < kNumCategories; ++c) r.breakdown[c] = j.at("breakdown").value(category_name(Category(c)), 0.0);
+  for (int p = 0; p < kNumPhases; ++p) r.breakdown[p] = j.at("breakdown").value(phase_name(Phase(p)), 0.0);
   if (j.contains("gpu_load")) r.gpu_load = j["gpu_load"].get<std::vector<double>>();
   for (const auto& it : j.value("per_iteration", json::array()))
     if (it.contains("expert_load")) r.expert_load.push_back(it["expert_load"].get<std::vector<std::vector<double>>>());
@@ -97,7 +97,8 @@ void read_summary(const fs::path& path, Inputs& in) {
 }
 
 void read_input(const fs::path& path, Inputs& in) {
-  if (in.first_dir.empty()) in.first_dir = fs::is_directory(path) ? path : path.parent_path();
+  if (in.first_dir.empty())  // a file in the current directory ("results.db"): figures beside it, in "."
+    in.first_dir = fs::is_directory(path) ? path : path.has_parent_path() ? path.parent_path() : fs::path(".");
   if (fs::is_directory(path)) {
     bool any = false;
     for (const char* f : {"summary.json", "collective.json", "timeline.json"})
@@ -308,24 +309,33 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
   return {"speedup", body};
 }
 
-// Category names as the figures print them (taskgraph.hpp: category_name).
-constexpr const char* kCategoryTitle[kNumCategories] = {"compute", "MoE layers", "all-to-all", "all-reduce", "other"};
+// Phases as the figures print them (taskgraph.hpp: Phase), and a colour each (Tableau 20's, so that
+// neighbours in a stack differ).
+constexpr const char* kPhaseTitle[kNumPhases] = {
+    "dense compute", "routing",        "encode/decode",  "experts",      "compression",      "dispatch",  "combine", "sync",
+    "replica bcast", "replica reduce", "param gather",   "expert moves", "dense all-reduce", "optimizer", "idle"};
+constexpr const char* kPhaseColor[kNumPhases] = {"#4e79a7", "#f28e2b", "#edc948", "#59a14f", "#b07aa1",
+                                                 "#e15759", "#ff9da7", "#9c755f", "#76b7b2", "#86bcb6",
+                                                 "#8cd17d", "#d37295", "#499894", "#79706e", "#bab0ac"};
 
 Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
   const auto runs = all_runs(in);
+  std::vector<int> shown;  // the phases some run spends time in
+  for (int p = 0; p < kNumPhases; ++p)
+    if (std::any_of(runs.begin(), runs.end(), [&](const Run& r) { return r.breakdown[p] > 0; })) shown.push_back(p);
   std::string body = "$data << EOD\n";
   for (const auto& r : runs) {
     body += data_string(label(r));
-    for (double s : r.breakdown) body += fmt::format(" {:.6f}", s * 1e3);
+    for (int p : shown) body += fmt::format(" {:.6f}", r.breakdown[p] * 1e3);
     body += "\n";
   }
-  body += "EOD\nset ylabel 'Critical path per iteration (ms)'\nset yrange [0:*]\n"
-          "set style data histograms\nset style histogram rowstacked\nset boxwidth 0.7\n"
-          "set key outside top center horizontal maxrows 1 width -1 font ',7'\nset xtics rotate by 30 right\n";
+  body += "EOD\nset ylabel 'Critical path, ms' font ',7'\nset ytics font ',7'\nset yrange [0:*]\n"
+          "set style data histograms\nset style histogram rowstacked\nset boxwidth 0.7\nset style fill solid 0.9 noborder\n"
+          "set key outside right top vertical reverse Left samplen 1 width -2 font ',6'\nset xtics rotate by 60 right font ',7'\n";
   body += "plot ";
-  for (int c = 0; c < kNumCategories; ++c)
-    body += fmt::format("{}$data using {}{} title {} lt {}", c ? ", " : "", c + 2, c ? "" : ":xtic(1)",
-                        gp_string(kCategoryTitle[c]), c + 1);
+  for (std::size_t k = 0; k < shown.size(); ++k)
+    body += fmt::format("{}$data using {}{} title {} lc rgb '{}'", k ? ", " : "", k + 2, k ? "" : ":xtic(1)",
+                        gp_string(kPhaseTitle[shown[k]]), kPhaseColor[shown[k]]);
   return {"breakdown", body + "\n"};
 }
 
@@ -465,7 +475,7 @@ Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
     double t0, t1;
     int row;  // gpu × kNumStreams + stream
   };
-  std::map<std::string, std::vector<Box>> boxes;  // category -> boxes
+  std::map<std::string, std::vector<Box>> boxes;  // phase -> boxes
   std::set<int> rows;                              // the streams that ran something
   double end = 0;
   int first = std::numeric_limits<int>::max();  // the timeline's first iteration (the first after the warm-up)
@@ -490,15 +500,16 @@ Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
   }
   std::string body, plot = "plot ";
   int k = 0;
-  for (int c = 0; c < kNumCategories; ++c) {
-    const auto it = boxes.find(category_name(Category(c)));
+  for (int c = 0; c < kNumPhases; ++c) {
+    const auto it = boxes.find(phase_name(Phase(c)));
     if (it == boxes.end()) continue;
     body += fmt::format("$c{} << EOD\n", c);
     for (const auto& b : it->second) body += fmt::format("{:.6f} {:.6f} {:.2f} {:.2f}\n", b.t0, b.t1, y[b.row] - 0.38, y[b.row] + 0.38);
     body += "EOD\n";
-    plot += fmt::format("{}$c{} using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror fs solid 0.9 noborder lt {} title {}",
-                        k++ ? ", " : "", c, c + 1, gp_string(kCategoryTitle[c]));
+    plot += fmt::format("{}$c{} using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror fs solid 0.9 noborder lc rgb '{}' title {}",
+                        k++ ? ", " : "", c, kPhaseColor[c], gp_string(kPhaseTitle[c]));
   }
+  if (k == 0) throw InputError(in.timeline + ": its ops name no phase moesim knows (a timeline.json from an older moesim? run it again)");
   body += ytics + ") font ',6'\n" + fmt::format("set yrange [{}:-0.6]\n", double(y.size()) - 0.4);
   body += fmt::format("set xrange [0:{:.6f}]\nset xlabel 'Time (ms)'\nunset grid\nset grid xtics lc rgb '#d9d9d9' lw 0.5\n"
                       "set key outside top center horizontal font ',7'\n",

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "errors.hpp"
 
@@ -17,8 +18,25 @@ namespace {
 
 nlohmann::json breakdown_json(const Breakdown& b) {
   nlohmann::json j;
-  for (int c = 0; c < kNumCategories; ++c) j[category_name(Category(c))] = b.seconds[c];
+  for (int p = 0; p < kNumPhases; ++p) j[phase_name(Phase(p))] = b.seconds[p];
   return j;
+}
+
+// The load spread a policy leaves (one definition, README "Outputs"): per layer, the most
+// token-slots a GPU computes over the mean; its mean and max over the layers. {0, 0}: not reported.
+std::pair<double, double> load_spread(const RunResult& r) {
+  const auto per_layer = r.mean_load_max_mean();
+  if (per_layer.empty()) return {0, 0};
+  return {std::accumulate(per_layer.begin(), per_layer.end(), 0.0) / double(per_layer.size()),
+          *std::max_element(per_layer.begin(), per_layer.end())};
+}
+
+// Per layer, its critical-path and busy seconds per phase (Attribution).
+nlohmann::json per_layer_json(const Attribution& a) {
+  auto rows = nlohmann::json::array();
+  for (std::size_t l = 0; l < a.layer_critical.size(); ++l)
+    rows.push_back({{"layer", l}, {"critical_path", breakdown_json(a.layer_critical[l])}, {"busy", breakdown_json(a.layer_busy[l])}});
+  return rows;
 }
 
 }  // namespace
@@ -50,8 +68,15 @@ nlohmann::json run_json(const RunResult& r) {
   j["iterations"] = r.iterations.size();
   if (r.warmup > 0) j["warmup_iterations"] = r.warmup;  // left out of the means below
   j["iteration_time_s"] = r.mean_time();
-  j["breakdown"] = breakdown_json(r.mean_breakdown());
+  const Attribution a = r.mean_attribution();
+  j["breakdown"] = breakdown_json(a.critical);  // the critical path per phase: adds up to iteration_time_s
+  j["busy"] = breakdown_json(a.busy);           // per phase, seconds a GPU's streams are busy (mean over GPUs)
+  j["per_layer"] = per_layer_json(a);
   if (const auto load = r.mean_gpu_load(); !load.empty()) j["gpu_load"] = load;  // token-slots computed per GPU
+  if (const auto per_layer = r.mean_load_max_mean(); !per_layer.empty()) {
+    const auto [mean, max] = load_spread(r);
+    j["load_spread"] = {{"per_layer", per_layer}, {"mean_over_layers", mean}, {"max_over_layers", max}};
+  }
   if (const auto m = r.peak_memory(); m.total() > 0)  // the GPU that needs the most, in the iteration that needs the most
     j["peak_memory_bytes"] = {{"total", m.total()},         {"params", m.params},           {"grads", m.grads},
                               {"optimizer", m.optimizer},   {"activations", m.activations}, {"materialized", m.materialized},
@@ -62,10 +87,12 @@ nlohmann::json run_json(const RunResult& r) {
                     {"lat_e2e_s", x.lat_e2e}, {"p_bar_flops", x.p_bar}, {"p_worker_flops", x.p_worker},
                     {"p_ideal_flops", x.p_ideal}, {"p_semi_flops", x.p_semi}});
   auto& rows = j["per_iteration"] = nlohmann::json::array();
+  const std::size_t measured_from = r.iterations.size() - r.measured().size();
   for (const auto& it : r.iterations)
     rows.push_back({{"iteration", it.iteration},
+                    {"warmup", rows.size() < measured_from},  // left out of the means above
                     {"iteration_time_s", it.time},
-                    {"breakdown", breakdown_json(it.breakdown)},
+                    {"breakdown", breakdown_json(it.attribution.critical)},
                     {"max_mean_load", it.max_mean_load},
                     {"trace_iteration", it.trace_iteration},
                     {"dropped_tokens", it.dropped},
@@ -103,6 +130,8 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
                 {"tokens_per_gpu", s.model().tokens_per_gpu()}};
   const char* sources[] = {"uniform", "uniform", "zipf", "generator", "trace"};
   j["gating"] = sources[s.gating().source_case() <= 4 ? s.gating().source_case() : 0];
+  if (!ex.gating.empty()) j["routing"] = ex.gating;  // trace path and iterations, or preset, parameters and seed
+  if (!ex.notes.empty()) j["notes"] = ex.notes;      // what the console said before the run
   if (s.gate().has_capacity_factor())
     j["gate"] = {{"capacity_factor", s.gate().capacity_factor()},
                  {"drop_policy", spec::GateSpec::DropPolicy_Name(s.gate().drop_policy())},
@@ -183,7 +212,7 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
           args["mbytes"] = std::get<Transfer>(op.body).bytes / 1e6;
         }
         for (int rank : op.ranks())
-          emit({{"name", op.label}, {"cat", category_name(op.category())}, {"ph", "X"}, {"ts", start * 1e6},
+          emit({{"name", op.label}, {"cat", phase_name(op.phase)}, {"ph", "X"}, {"ts", start * 1e6},
                 {"dur", (end - start) * 1e6}, {"pid", base + rank}, {"tid", int(op.stream)}, {"args", args}});
       }
     }
@@ -200,6 +229,58 @@ std::string paper_table(const std::vector<PaperComparison>& rows) {
                              c.simulated, c.ratio(), c.pass() ? "yes" : "no", c.paper.source());
   return out;
 }
+
+namespace {
+
+// A CSV header's phase columns: "<prefix><phase>_s" for each phase.
+std::string phase_header(const std::string& prefix) {
+  std::string h;
+  for (int p = 0; p < kNumPhases; ++p) h += fmt::format(",{}{}_s", prefix, phase_name(Phase(p)));
+  return h;
+}
+
+std::string phase_cells(const Breakdown& b) {
+  std::string c;
+  for (double x : b.seconds) c += fmt::format(",{:.9g}", x);
+  return c;
+}
+
+// A variant's name as a CSV cell (quoted where it holds a comma or a quote).
+std::string csv_cell(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// iterations.csv: one row per variant and iteration, warm-up marked, the critical path per phase.
+std::string iterations_csv(const ExperimentResult& result) {
+  std::string out = "variant,policy,iteration,warmup,time_s" + phase_header("") + ",max_mean_load,dropped_tokens\n";
+  for (const auto& r : result.runs) {
+    const std::size_t measured_from = r.iterations.size() - r.measured().size();  // RunResult::measured()
+    for (std::size_t i = 0; i < r.iterations.size(); ++i) {
+      const auto& it = r.iterations[i];
+      out += fmt::format("{},{},{},{},{:.9g}{},{:.6g},{}\n", csv_cell(r.name), r.policy, it.iteration,
+                         i < measured_from ? 1 : 0, it.time, phase_cells(it.attribution.critical), it.max_mean_load, it.dropped);
+    }
+  }
+  return out;
+}
+
+// layers.csv: one row per variant and layer, the means over the measured iterations of the layer's
+// critical-path and busy seconds per phase.
+std::string layers_csv(const ExperimentResult& result) {
+  std::string out = "variant,policy,layer" + phase_header("critical_") + phase_header("busy_") + "\n";
+  for (const auto& r : result.runs) {
+    const auto a = r.mean_attribution();
+    for (std::size_t l = 0; l < a.layer_critical.size(); ++l)
+      out += fmt::format("{},{},{}{}{}\n", csv_cell(r.name), r.policy, l, phase_cells(a.layer_critical[l]),
+                         phase_cells(a.layer_busy[l]));
+  }
+  return out;
+}
+
+}  // namespace
 
 void write_results(const std::string& dir, const Experiment& ex, const ExperimentResult& r) {
   // Every file is written in full into a private folder beside DIR first, so that an error (a full
@@ -221,13 +302,15 @@ void write_results(const std::string& dir, const Experiment& ex, const Experimen
     if (!r.paper.empty())
       write_atomically((stage / "paper.md").string(),
                        "# " + ex.spec.name() + "\n\n" + ex.spec.description() + "\n\n" + paper_table(r.paper));
+    write_atomically((stage / "iterations.csv").string(), iterations_csv(r));
+    write_atomically((stage / "layers.csv").string(), layers_csv(r));
     write_atomically((stage / "summary.json").string(), summary_json(ex, r).dump(2) + "\n");
     if (!fs::exists(out)) {
       fs::rename(stage, out);
       return;
     }
     if (!fs::is_directory(out)) throw InputError(dir + ": exists and is not a directory");
-    for (const char* name : {"timeline.json", "paper.md", "summary.json"})
+    for (const char* name : {"timeline.json", "iterations.csv", "layers.csv", "paper.md", "summary.json"})
       if (fs::exists(stage / name)) fs::rename(stage / name, out / name);
       else fs::remove(out / name);  // a paper table of an earlier run would describe another
     fs::remove_all(stage, ec);
@@ -245,39 +328,55 @@ std::string memory_cell(const Experiment& ex, const RunResult& r) {
 }
 
 // Max over mean of the token-slots each GPU computes (0 when the policy does not report it).
-double computed_imbalance(const RunResult& r) {
-  const auto load = r.mean_gpu_load();
-  if (load.empty()) return 0;
-  double max = 0, mean = 0;
-  for (double v : load) {
-    max = std::max(max, v);
-    mean += v / double(load.size());
-  }
-  return mean > 0 ? max / mean : 0;
+std::string spread_cell(const RunResult& r) {
+  const auto [mean, max] = load_spread(r);
+  return mean > 0 ? fmt::format("{:.2f} ({:.2f})", mean, max) : "-";
 }
 
-// One run in detail: its time, the critical path by category, the load.
+// One run in detail: its time, the critical path and busy time per phase, the load.
 std::string run_block(const Experiment& ex, const RunResult& r) {
-  const auto b = r.mean_breakdown();
+  const auto a = r.mean_attribution();
   const double t = r.mean_time();
   std::string out = fmt::format("{}{}: {} GPUs ({} × {}), policy {}, {} iteration(s)\n", ex.spec.name(),
                                 r.name.empty() ? "" : " / " + r.name, r.gpus, ex.cluster_spec.nodes(),
                                 ex.cluster_spec.name(), r.policy, r.iterations.size());
-  out += fmt::format("  {:<16}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
-  for (int c = 0; c < kNumCategories; ++c)
-    out += fmt::format("  {:<16}{:>12}  {:5.1f}% of the critical path\n", category_name(Category(c)),
-                       fmt::format("{:.3f} ms", b.seconds[c] * 1e3), t > 0 ? 100 * b.seconds[c] / t : 0.0);
-  double load = 0;
+  out += fmt::format("  {:<18}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
+  out += fmt::format("  {:<18}{:>12}  {:>6}  {:>12}  (docs/timeline.md)\n", "phase", "critical path", "", "busy per GPU");
+  for (int p = 0; p < kNumPhases; ++p)
+    if (a.critical.seconds[p] > 0 || a.busy.seconds[p] > 0)
+      out += fmt::format("  {:<18}{:>12}  {:5.1f}%  {:>12}\n", phase_name(Phase(p)), fmt::format("{:.3f} ms", a.critical.seconds[p] * 1e3),
+                         t > 0 ? 100 * a.critical.seconds[p] / t : 0.0, fmt::format("{:.3f} ms", a.busy.seconds[p] * 1e3));
   std::int64_t dropped = 0;
-  for (const auto& it : r.iterations) {
-    load += it.max_mean_load / double(r.iterations.size());
-    dropped += it.dropped;
-  }
-  out += fmt::format("  {:<16}{:>12.2f}\n", "max/mean load", load);
-  out += fmt::format("  {:<16}{:>12}  GiB on the GPU that needs the most, of {:.0f}{}\n", "peak memory", memory_cell(ex, r),
+  for (const auto& it : r.iterations) dropped += it.dropped;
+  out += fmt::format("  {:<18}{:>12}  max/mean token-slots computed per GPU: mean over layers (max)\n", "load spread",
+                     spread_cell(r));
+  out += fmt::format("  {:<18}{:>12}  GiB on the GPU that needs the most, of {:.0f}{}\n", "peak memory", memory_cell(ex, r),
                      ex.cluster_spec.gpu().memory_gib(), fits(ex, r) ? "" : ": the configuration does not fit");
   if (ex.spec.gate().has_capacity_factor())
-    out += fmt::format("  {:<16}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
+    out += fmt::format("  {:<18}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
+  return out;
+}
+
+// Where each variant's time goes: its critical path per phase, in ms, for the phases any variant
+// spends time in (a column each; the rows add up to the iteration time).
+std::string phase_table(const ExperimentResult& result) {
+  static constexpr const char* kShort[kNumPhases] = {"dense", "routing", "codec",  "experts", "compress",
+                                                      "dispatch", "combine", "sync", "r.bcast", "r.reduce",
+                                                      "gather", "moves", "allreduce", "optim", "idle"};
+  std::vector<Breakdown> b;
+  for (const auto& r : result.runs) b.push_back(r.mean_breakdown());
+  std::vector<int> shown;
+  for (int p = 0; p < kNumPhases; ++p)
+    if (std::any_of(b.begin(), b.end(), [&](const Breakdown& x) { return x.seconds[p] >= 5e-6; })) shown.push_back(p);
+  std::string out = "  critical path per phase, ms (docs/timeline.md names each phase's ops)\n";
+  out += fmt::format("  {:<28}", "variant");
+  for (int p : shown) out += fmt::format("{:>10}", kShort[p]);
+  out += "\n";
+  for (std::size_t v = 0; v < b.size(); ++v) {
+    out += fmt::format("  {:<28}", result.runs[v].name);
+    for (int p : shown) out += fmt::format("{:>10.1f}", b[v].seconds[p] * 1e3);
+    out += "\n";
+  }
   return out;
 }
 
@@ -287,20 +386,19 @@ std::string comparison_table(const Experiment& ex, const ExperimentResult& resul
   std::string out = fmt::format("{}: {} GPUs ({} × {}), {} iteration(s){}, speedup over {}\n\n", ex.spec.name(),
                                 first.gpus, ex.cluster_spec.nodes(), ex.cluster_spec.name(), first.iterations.size(),
                                 first.warmup ? fmt::format(" ({} warm-up left out)", first.warmup) : "", first.name);
-  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}{:>12}\n", "variant", "policy", "iteration", "speedup",
-                     "all-to-all", "max/mean", "peak mem");
-  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>12}{:>12}\n", "", "", "ms", "", "% of path", "GPU load", "GiB");
+  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>14}{:>12}\n", "variant", "policy", "iteration", "speedup",
+                     "all-to-all", "load spread", "peak mem");
+  out += fmt::format("  {:<28}{:<22}{:>12}{:>10}{:>12}{:>14}{:>12}\n", "", "", "ms", "", "% of path", "mean (max)", "GiB");
   for (const auto& r : result.runs) {
     const double t = r.mean_time();
-    const double imbalance = computed_imbalance(r);
-    out += fmt::format("  {:<28}{:<22}{:>12.1f}{:>9.2f}×{:>11.1f}%{:>12}{:>12}\n", r.name, r.policy, t * 1e3,
-                       first.mean_time() / t, t > 0 ? 100 * r.mean_breakdown().seconds[int(Category::all_to_all)] / t : 0.0,
-                       imbalance > 0 ? fmt::format("{:.2f}", imbalance) : "-", memory_cell(ex, r));
+    out += fmt::format("  {:<28}{:<22}{:>12.1f}{:>9.2f}×{:>11.1f}%{:>14}{:>12}\n", r.name, r.policy, t * 1e3,
+                       first.mean_time() / t, t > 0 ? 100 * all_to_all_seconds(r.mean_breakdown()) / t : 0.0,
+                       spread_cell(r), memory_cell(ex, r));
   }
   if (std::any_of(result.runs.begin(), result.runs.end(), [&](const RunResult& r) { return !fits(ex, r); }))
     out += fmt::format("\n  OOM: needs more than the {:.0f} GiB of one {} (memory model: README, Memory)\n",
                        ex.cluster_spec.gpu().memory_gib(), ex.cluster_spec.gpu().model());
-  return out;
+  return out + "\n" + phase_table(result);
 }
 
 }  // namespace
@@ -320,6 +418,7 @@ std::string summary_table(const Experiment& ex, const ExperimentResult& result) 
   std::string out;
   if (result.runs.size() > 1) out = comparison_table(ex, result);
   else out = run_block(ex, result.runs.front());
+  if (!ex.gating.empty()) out += "\n  routing: " + ex.gating + "\n";
   if (!result.paper.empty()) out += "\n" + paper_table(result.paper);
   return out;
 }

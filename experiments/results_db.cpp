@@ -16,27 +16,42 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kSchema = R"(
+// The critical path's seconds per phase: a column each, "<phase>_s" (taskgraph.hpp: Phase).
+std::vector<std::string> phase_columns() {
+  std::vector<std::string> c;
+  for (int p = 0; p < kNumPhases; ++p) c.push_back(std::string(phase_name(Phase(p))) + "_s");
+  return c;
+}
+
+std::string make_schema() {
+  const std::string phases = fmt::format("{} REAL", fmt::join(phase_columns(), " REAL, "));
+  return fmt::format(R"(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS points(
   id INTEGER PRIMARY KEY, label TEXT NOT NULL, overrides TEXT NOT NULL, spec TEXT NOT NULL,
   summary TEXT NOT NULL, wall_s REAL, finished TEXT NOT NULL DEFAULT (datetime('now')));
 CREATE TABLE IF NOT EXISTS runs(
   point INTEGER NOT NULL REFERENCES points(id), variant TEXT NOT NULL, policy TEXT NOT NULL,
-  gpus INTEGER NOT NULL, iteration_time_s REAL NOT NULL, compute_s REAL, moe_s REAL,
-  all_to_all_s REAL, all_reduce_s REAL, other_s REAL, PRIMARY KEY(point, variant));
+  gpus INTEGER NOT NULL, iteration_time_s REAL NOT NULL, {}, PRIMARY KEY(point, variant));
 CREATE TABLE IF NOT EXISTS iterations(
   point INTEGER NOT NULL REFERENCES points(id), variant TEXT NOT NULL, iteration INTEGER NOT NULL,
-  time_s REAL NOT NULL, compute_s REAL, moe_s REAL, all_to_all_s REAL, all_reduce_s REAL,
-  other_s REAL, max_mean_load REAL, dropped_tokens INTEGER, PRIMARY KEY(point, variant, iteration));
-)";
+  warmup INTEGER NOT NULL, time_s REAL NOT NULL, {}, max_mean_load REAL, dropped_tokens INTEGER,
+  PRIMARY KEY(point, variant, iteration));
+)",
+                     phases, phases);
+}
+const std::string kSchema = make_schema();
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
 
 // The columns export_csv() reads, which an existing database must have.
-const std::vector<std::string> kRunColumns = {"point",   "variant", "policy",       "gpus",         "iteration_time_s",
-                                              "compute_s", "moe_s", "all_to_all_s", "all_reduce_s", "other_s"};
-const std::vector<std::string> kIterationColumns = {"point",   "variant",      "iteration",    "time_s",
-                                                    "compute_s", "moe_s",      "all_to_all_s", "all_reduce_s",
-                                                    "other_s", "max_mean_load", "dropped_tokens"};
+const std::vector<std::string> kRunColumns =
+    concat({"point", "variant", "policy", "gpus", "iteration_time_s"}, phase_columns());
+const std::vector<std::string> kIterationColumns =
+    concat(concat({"point", "variant", "iteration", "warmup", "time_s"}, phase_columns()), {"max_mean_load", "dropped_tokens"});
 
 // SQLite's failure as moesim's error: a damaged file is bad input (exit 2); a full disk, an I/O
 // error or a lock held too long is the machine's (exit 1, SQLite's own words); anything else a bug.
@@ -99,10 +114,10 @@ std::string csv_field(const std::string& s) {
   return q + "\"";
 }
 
-// The breakdown columns in Category order.
+// The breakdown columns in Phase order.
 std::vector<double> breakdown_values(const json& b) {
   std::vector<double> v;
-  for (int c = 0; c < kNumCategories; ++c) v.push_back(b.value(category_name(Category(c)), 0.0));
+  for (int p = 0; p < kNumPhases; ++p) v.push_back(b.value(phase_name(Phase(p)), 0.0));
   return v;
 }
 
@@ -118,7 +133,7 @@ ResultsDb::ResultsDb(const std::string& path, bool create) : path_(path) {
     sqlite3* db = nullptr;
     char* err = nullptr;
     const bool ok = sqlite3_open_v2(tmp.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) == SQLITE_OK &&
-                    sqlite3_exec(db, (std::string("PRAGMA journal_mode=WAL;") + kSchema).c_str(), nullptr, nullptr, &err) == SQLITE_OK;
+                    sqlite3_exec(db, ("PRAGMA journal_mode=WAL;" + kSchema).c_str(), nullptr, nullptr, &err) == SQLITE_OK;
     const std::string why = err ? err : db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_free(err);
     sqlite3_close(db);
@@ -152,7 +167,7 @@ ResultsDb::ResultsDb(const std::string& path, bool create) : path_(path) {
         sqlite3_stmt* probe = nullptr;
         const bool ok = sqlite3_prepare_v2(db_, (read + " LIMIT 0").c_str(), -1, &probe, nullptr) == SQLITE_OK;
         sqlite3_finalize(probe);
-        if (!ok) throw std::runtime_error("its tables are not moesim's: " + read);
+        if (!ok) throw std::runtime_error("its tables are not moesim's, or an older moesim's: sweep into a new --out: " + read);
       }
     }
     if (create) {
@@ -207,21 +222,26 @@ void ResultsDb::insert(const StoredPoint& p) {
     // The runs: the variants, or the summary itself for a spec without variants.
     const bool variants = p.summary.contains("variants");
     const json runs = variants ? p.summary["variants"] : json::array({p.summary});
-    Statement run(db_, "INSERT INTO runs VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    Statement it(db_, "INSERT INTO iterations VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    auto insert = [](const char* table, std::size_t columns) {
+      std::string q = fmt::format("INSERT INTO {} VALUES(?", table);
+      for (std::size_t c = 1; c < columns; ++c) q += ", ?";
+      return q + ")";
+    };
+    Statement run(db_, insert("runs", kRunColumns.size()));
+    Statement it(db_, insert("iterations", kIterationColumns.size()));
     for (const auto& r : runs) {
       const std::string variant = variants ? r.value("name", std::string("")) : "";
       run.bind(1, std::int64_t(p.id)).bind(2, variant).bind(3, r.at("policy").get<std::string>());
       run.bind(4, p.summary.at("gpus").get<std::int64_t>()).bind(5, r.at("iteration_time_s").get<double>());
       const auto b = breakdown_values(r.at("breakdown"));
-      for (int c = 0; c < kNumCategories; ++c) run.bind(6 + c, b[std::size_t(c)]);
+      for (int p = 0; p < kNumPhases; ++p) run.bind(6 + p, b[std::size_t(p)]);
       run.step();
       for (const auto& row : r.value("per_iteration", json::array())) {
         it.bind(1, std::int64_t(p.id)).bind(2, variant).bind(3, row.at("iteration").get<std::int64_t>());
-        it.bind(4, row.at("iteration_time_s").get<double>());
+        it.bind(4, std::int64_t(row.value("warmup", false))).bind(5, row.at("iteration_time_s").get<double>());
         const auto ib = breakdown_values(row.at("breakdown"));
-        for (int c = 0; c < kNumCategories; ++c) it.bind(5 + c, ib[std::size_t(c)]);
-        it.bind(10, row.value("max_mean_load", 0.0)).bind(11, row.value("dropped_tokens", std::int64_t(0)));
+        for (int p = 0; p < kNumPhases; ++p) it.bind(6 + p, ib[std::size_t(p)]);
+        it.bind(6 + kNumPhases, row.value("max_mean_load", 0.0)).bind(7 + kNumPhases, row.value("dropped_tokens", std::int64_t(0)));
         it.step();
       }
     }

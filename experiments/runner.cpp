@@ -26,12 +26,11 @@ double RunResult::mean_time() const {
   return its.empty() ? 0 : sum / double(its.size());
 }
 
-Breakdown RunResult::mean_breakdown() const {
+Attribution RunResult::mean_attribution() const {
   const auto its = measured();
-  Breakdown b;
-  for (const auto& it : its)
-    for (int c = 0; c < kNumCategories; ++c) b.seconds[c] += it.breakdown.seconds[c] / double(its.size());
-  return b;
+  Attribution sum;
+  for (const auto& it : its) sum += it.attribution;
+  return sum.scaled(its.empty() ? 0.0 : 1.0 / double(its.size()));
 }
 
 double RunResult::mean_load_stddev(int layer) const {
@@ -55,6 +54,17 @@ std::vector<double> RunResult::mean_gpu_load() const {
     if (it.gpu_load.empty()) return {};
     mean.resize(it.gpu_load.size(), 0.0);
     for (std::size_t g = 0; g < mean.size(); ++g) mean[g] += it.gpu_load[g] / double(its.size());
+  }
+  return mean;
+}
+
+std::vector<double> RunResult::mean_load_max_mean() const {
+  const auto its = measured();
+  std::vector<double> mean;
+  for (const auto& it : its) {
+    if (it.load_max_mean_per_layer.empty()) return {};
+    mean.resize(it.load_max_mean_per_layer.size(), 0.0);
+    for (std::size_t l = 0; l < mean.size(); ++l) mean[l] += it.load_max_mean_per_layer[l] / double(its.size());
   }
   return mean;
 }
@@ -118,12 +128,13 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     Timing timing = backend.execute(graph);
     policy->observe(graph, timing);
     rec.time = timing.makespan();
-    rec.breakdown = critical_path(graph, timing);
+    rec.attribution = attribute(graph, timing);
     rec.max_mean_load = max_mean_gpu_load(demand, cluster.num_gpus());  // before the gate drops
     rec.rerouted = report.rerouted_tokens;
     rec.shadowed = report.shadowed_experts;
     rec.decision_seconds = report.decision_seconds;
     rec.load_stddev_per_layer = report.load_stddev;
+    rec.load_max_mean_per_layer = report.load_max_mean;
     rec.gpu_load = report.gpu_load;
     rec.memory = report.memory;
     for (double m : timing.memory_peak) rec.device_memory_peak = std::max(rec.device_memory_peak, m);
@@ -198,12 +209,12 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
       values.push_back(best([](const RunResult& r) { return r.mean_time(); }));
     } else if (p.quantity() == PV::MOE_SPEEDUP) {
       values.push_back(best([](const RunResult& r) {
-        const Breakdown b = r.mean_breakdown();
-        return b.seconds[int(Category::moe)] + b.seconds[int(Category::all_to_all)];
+        return moe_layer_seconds(r.mean_breakdown());
       }));
-    } else if (p.quantity() == PV::ALL_TO_ALL || p.quantity() == PV::OTHER_COMM) {
-      const Category c = p.quantity() == PV::ALL_TO_ALL ? Category::all_to_all : Category::other;
-      values.push_back(best([c](const RunResult& r) { return r.mean_breakdown().seconds[int(c)]; }));
+    } else if (p.quantity() == PV::ALL_TO_ALL) {
+      values.push_back(best([](const RunResult& r) { return all_to_all_seconds(r.mean_breakdown()); }));
+    } else if (p.quantity() == PV::OTHER_COMM) {
+      values.push_back(best([](const RunResult& r) { return sparse_collective_seconds(r.mean_breakdown()); }));
     } else if (p.quantity() == PV::MEMORY) {
       values.push_back(best([](const RunResult& r) { return r.peak_memory().total() - r.peak_memory().activations; }));
     } else if (p.quantity() == PV::PARAM_MEMORY) {

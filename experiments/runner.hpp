@@ -26,8 +26,10 @@ struct IterationRecord {
   double decision_seconds = 0;         // wall time of the policy's decisions (not deterministic)
   double start = 0;          // simulated clock at the iteration's start, seconds
   double time = 0;           // iteration time (makespan), seconds
-  Breakdown breakdown;       // critical path by category
-  double max_mean_load = 0;  // mean over layers of max/mean tokens routed per GPU (before capacity drops)
+  Attribution attribution;   // where the time went: critical path and busy time per phase, per layer
+  double max_mean_load = 0;  // the routing's: mean over layers of max/mean tokens routed per GPU under
+                             // E/G experts per GPU, before capacity drops (what the policy is given)
+  std::vector<double> load_max_mean_per_layer;  // the policy's: per layer, max/mean token-slots computed per GPU
   std::vector<double> load_stddev_per_layer;  // std-dev over GPUs of the token-slots each computes
   std::vector<double> gpu_load;               // per GPU, token-slots its experts compute (all layers)
   MemoryUse memory;                           // of the GPU that needs the most (memory_model.hpp)
@@ -61,11 +63,16 @@ struct RunResult {
   /// The iterations the means are over: all but the warm-up (at least one).
   std::span<const IterationRecord> measured() const;
   double mean_time() const;
-  Breakdown mean_breakdown() const;
+  /// Means over the measured iterations.
+  Attribution mean_attribution() const;
+  Breakdown mean_breakdown() const { return mean_attribution().critical; }
   double mean_load_stddev(int layer) const;
   /// Per GPU, the mean over the measured iterations of the token-slots it computes (empty when the
   /// policy does not report it).
   std::vector<double> mean_gpu_load() const;
+  /// The load spread the policy leaves: per layer, max over mean of the token-slots the GPUs compute,
+  /// averaged over the measured iterations (empty when the policy does not report it).
+  std::vector<double> mean_load_max_mean() const;
   /// The most memory any GPU needed in any iteration.
   MemoryUse peak_memory() const;
 };

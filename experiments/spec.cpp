@@ -122,7 +122,15 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       t->set_split_experts(true);
     }
   }
+  const auto file_source = ex.spec.gating().source_case();
   for (const auto& o : overrides) apply_override(ex.spec, o);
+  if (file_source != spec::GatingSpec::SOURCE_NOT_SET && ex.spec.gating().source_case() != file_source) {
+    const auto o = override_of(overrides, "gating");
+    ex.notes.push_back(fmt::format("--set {}: replaces the spec's gating source ({}) by another; the spec's is not used",
+                                   o ? printable(*o) : "gating", file_source == spec::GatingSpec::kTrace ? "a trace replay"
+                                   : file_source == spec::GatingSpec::kGenerator ? "the generator"
+                                   : file_source == spec::GatingSpec::kZipf ? "Zipf" : "uniform"));
+  }
 
   // An error in the experiment spec: name the --set that caused it, else the file and line.
   auto in_spec = [&](const std::string& field, const std::string& message) -> InputError {
@@ -207,7 +215,13 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     }
     try {
       make_policy(run.policy())->validate(*cluster, *model, run.policy());
-      validate_gating(run.gating(), *model, int(run.iterations()));
+      const auto gating = validate_gating(run.gating(), *model, int(run.iterations()), run.seed());
+      if (&run == &s) {
+        ex.gating_source = gating.source;
+        ex.gating = gating.description;
+      }
+      if (!gating.note.empty() && std::find(ex.notes.begin(), ex.notes.end(), gating.note) == ex.notes.end())
+        ex.notes.push_back(gating.note);
     } catch (const FieldError& e) {
       throw error(e.field(), e.message());
     }

@@ -29,8 +29,12 @@ struct Experiment {
   std::vector<std::string> overrides;
   /// The variants to run instead of the spec itself, each the spec with its overrides applied.
   std::vector<std::pair<std::string, spec::ExperimentSpec>> variants;
-  /// What the user should know before the run: an override that variants override in turn.
+  /// What the user should know before the run: an override that variants override in turn, a
+  /// --set that replaced the spec's gating source, a trace deeper than the model.
   std::vector<std::string> notes;
+  /// What the routing is (GatingCheck: "trace PATH: iterations ...", "generator preset ..."); of the
+  /// spec itself (variants may set their own: summary.json names each variant's).
+  std::string gating_source, gating;
 };
 
 /// The real gating trace the demo replays when it is found (shared/traces/smartmoe-gpt-e32-k2-r16,

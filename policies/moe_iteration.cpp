@@ -142,6 +142,8 @@ class Builder {
       if (!zero_ && !sharded)
         for (int e = 0; e < E_; ++e) owned_[std::size_t(owner(int(l), e))] += 1;
       in.report.load_stddev.push_back(stddev(H));
+      const double mean_load = std::accumulate(H.begin(), H.end(), 0.0) / double(H.size());
+      in.report.load_max_mean.push_back(mean_load > 0 ? *std::max_element(H.begin(), H.end()) / mean_load : 1.0);
       in.report.gpu_load.resize(H.size(), 0.0);
       for (std::size_t g = 0; g < H.size(); ++g) in.report.gpu_load[g] += H[g];
     }

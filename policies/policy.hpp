@@ -30,6 +30,8 @@ struct PolicyReport {
   std::vector<double> load_stddev;
   /// Per GPU, the token-slots its experts compute, summed over the MoE layers (same source as above).
   std::vector<double> gpu_load;
+  /// Per MoE layer, the most token-slots any GPU's experts compute over the mean over GPUs (1: even).
+  std::vector<double> load_max_mean;
   int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
   /// The memory of the GPU that needs the most this iteration (filled by build_moe_iteration()).
   MemoryUse memory;

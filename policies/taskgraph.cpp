@@ -1,9 +1,11 @@
 #include "taskgraph.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <string_view>
 
 namespace moesim {
 
@@ -42,15 +44,119 @@ const char* collective_type_name(CollectiveType t) {
   return "?";
 }
 
-const char* category_name(Category c) {
-  switch (c) {
-    case Category::compute: return "compute";
-    case Category::moe: return "moe";
-    case Category::all_to_all: return "all_to_all";
-    case Category::all_reduce: return "all_reduce";
-    case Category::other: return "other";
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::dense_compute: return "dense_compute";
+    case Phase::routing: return "routing";
+    case Phase::codec: return "codec";
+    case Phase::expert_compute: return "expert_compute";
+    case Phase::compression: return "compression";
+    case Phase::dispatch: return "dispatch";
+    case Phase::combine: return "combine";
+    case Phase::sync: return "sync";
+    case Phase::replica_broadcast: return "replica_broadcast";
+    case Phase::replica_reduce: return "replica_reduce";
+    case Phase::parameter_gather: return "parameter_gather";
+    case Phase::expert_moves: return "expert_moves";
+    case Phase::dense_allreduce: return "dense_allreduce";
+    case Phase::optimizer: return "optimizer";
+    case Phase::idle: return "idle";
   }
   return "?";
+}
+
+namespace {
+
+// The names of moesim's ops and their phases. An op's label is [L<layer>.][fwd.|bwd.]<name>[...],
+// where <name> may end in a step number (S3, R3, C3) and "..." is a part (.p2), expert (.e5) or
+// group (.g0). docs/timeline.md explains each name; a test checks that it lists every one.
+struct OpName {
+  std::string_view name;
+  Phase phase;
+};
+constexpr OpName kOpNames[] = {
+    {"attention", Phase::dense_compute},          {"output", Phase::dense_compute},
+    {"gate", Phase::routing},                     {"count_exchange", Phase::routing},
+    {"host_sync", Phase::routing},                {"encode", Phase::codec},
+    {"decode", Phase::codec},                     {"experts", Phase::expert_compute},
+    {"C", Phase::expert_compute},                 {"partial_sum", Phase::expert_compute},
+    {"D", Phase::compression},                    {"a2a_dispatch", Phase::dispatch},
+    {"S", Phase::dispatch},                       {"a2a_combine", Phase::combine},
+    {"R", Phase::combine},                        {"experts_done", Phase::sync},
+    {"smart_done", Phase::sync},                  {"pipeline_done", Phase::sync},
+    {"sharded_done", Phase::sync},                {"replica_bcast", Phase::replica_broadcast},
+    {"replica_calibrate", Phase::replica_broadcast}, {"replica_regather", Phase::replica_broadcast},
+    {"replica_reduce", Phase::replica_reduce},    {"replica_allreduce", Phase::replica_reduce},
+    {"grads_reduce_scatter", Phase::replica_reduce}, {"expert_reduce_scatter", Phase::replica_reduce},
+    {"experts_allgather", Phase::parameter_gather}, {"experts_allgather_updated", Phase::parameter_gather},
+    {"expert_allgather", Phase::parameter_gather}, {"migrate", Phase::expert_moves},
+    {"migrations_done", Phase::expert_moves},     {"allreduce", Phase::dense_allreduce},
+    {"optimizer", Phase::optimizer},
+};
+
+// <name> of a label (see kOpNames), without its step number.
+std::string_view op_name(std::string_view label) {
+  auto skip = [&](std::string_view prefix) {
+    if (label.starts_with(prefix)) label.remove_prefix(prefix.size());
+  };
+  if (label.size() > 1 && label[0] == 'L' && std::isdigit(static_cast<unsigned char>(label[1]))) {
+    const auto dot = label.find('.');
+    label.remove_prefix(dot == std::string_view::npos ? label.size() : dot + 1);
+  }
+  skip("fwd.");
+  skip("bwd.");
+  label = label.substr(0, label.find('.'));
+  while (label.size() > 1 && std::isdigit(static_cast<unsigned char>(label.back()))) label.remove_suffix(1);
+  return label;
+}
+
+const OpName* find_op_name(std::string_view label) {
+  const auto name = op_name(label);
+  for (const auto& n : kOpNames)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+// An op's phase: from its name, or from its body where the name is not moesim's. A compression op
+// is one by its kind (ScheMoE's C1/C2 share the letter with FasterMoE's expert steps C<j>).
+Phase phase_of(const std::string& label, const std::variant<Compute, Transfer, Collective>& body) {
+  const auto* c = std::get_if<Compute>(&body);
+  if (c && c->kind == ComputeKind::compress) return Phase::compression;
+  if (const auto* n = find_op_name(label)) return n->phase;
+  if (c) switch (c->kind) {
+      case ComputeKind::grouped_gemm: return Phase::expert_compute;
+      case ComputeKind::gate: return Phase::routing;
+      case ComputeKind::encode:
+      case ComputeKind::decode: return Phase::codec;
+      case ComputeKind::optimizer: return Phase::optimizer;
+      default: return Phase::dense_compute;
+    }
+  if (const auto* k = std::get_if<Collective>(&body)) switch (k->type) {
+      case CollectiveType::all_to_all: return Phase::dispatch;
+      case CollectiveType::all_reduce: return Phase::dense_allreduce;
+      case CollectiveType::all_gather: return Phase::parameter_gather;
+      case CollectiveType::broadcast: return Phase::replica_broadcast;
+      default: return Phase::replica_reduce;
+    }
+  return Phase::expert_moves;  // a point-to-point transfer
+}
+
+}  // namespace
+
+bool known_op_name(const std::string& label) { return find_op_name(label) != nullptr; }
+
+std::vector<std::pair<std::string, Phase>> known_op_names() {
+  std::vector<std::pair<std::string, Phase>> names;
+  for (const auto& n : kOpNames) names.emplace_back(n.name, n.phase);
+  return names;
+}
+
+int op_layer(const std::string& label) {
+  if (label.size() < 2 || label[0] != 'L') return -1;
+  int layer = 0;
+  std::size_t i = 1;
+  for (; i < label.size() && std::isdigit(static_cast<unsigned char>(label[i])); ++i) layer = layer * 10 + (label[i] - '0');
+  return i > 1 && i < label.size() && label[i] == '.' ? layer : -1;
 }
 
 double Compute::flops() const {
@@ -113,16 +219,6 @@ void TaskGraph::drop_collective_matrices() {
     }
 }
 
-Category Op::category() const {
-  if (const auto* c = std::get_if<Compute>(&body))
-    return c->kind == ComputeKind::gemm || c->kind == ComputeKind::optimizer ? Category::compute : Category::moe;
-  if (const auto* c = std::get_if<Collective>(&body)) {
-    if (c->type == CollectiveType::all_to_all) return Category::all_to_all;
-    if (c->type == CollectiveType::all_reduce) return Category::all_reduce;
-  }
-  return Category::other;
-}
-
 std::vector<int> Op::ranks() const {
   if (const auto* c = std::get_if<Collective>(&body)) return c->group;
   return {rank};
@@ -130,6 +226,7 @@ std::vector<int> Op::ranks() const {
 
 OpId TaskGraph::add(Op op) {
   op.id = OpId(ops_.size());
+  op.phase = phase_of(op.label, op.body);
   for (OpId d : op.deps)
     if (d >= op.id) throw std::logic_error("TaskGraph: op '" + op.label + "' depends on a later op");
   for (int r : op.ranks())
@@ -175,25 +272,89 @@ double Timing::makespan() const { return end.empty() ? 0 : *std::max_element(end
 
 double Breakdown::total() const { return std::accumulate(std::begin(seconds), std::end(seconds), 0.0); }
 
-Breakdown critical_path(const TaskGraph& graph, const Timing& timing) {
-  Breakdown b;
-  if (graph.size() == 0) return b;
+Breakdown& Breakdown::operator+=(const Breakdown& o) {
+  for (int p = 0; p < kNumPhases; ++p) seconds[p] += o.seconds[p];
+  return *this;
+}
+
+Breakdown Breakdown::scaled(double f) const {
+  Breakdown b = *this;
+  for (double& x : b.seconds) x *= f;
+  return b;
+}
+
+namespace {
+void add_per_layer(std::vector<Breakdown>& to, const std::vector<Breakdown>& from) {
+  if (to.size() < from.size()) to.resize(from.size());
+  for (std::size_t l = 0; l < from.size(); ++l) to[l] += from[l];
+}
+}  // namespace
+
+Attribution& Attribution::operator+=(const Attribution& o) {
+  critical += o.critical;
+  busy += o.busy;
+  add_per_layer(layer_critical, o.layer_critical);
+  add_per_layer(layer_busy, o.layer_busy);
+  return *this;
+}
+
+Attribution Attribution::scaled(double f) const {
+  Attribution a;
+  a.critical = critical.scaled(f);
+  a.busy = busy.scaled(f);
+  for (const auto& b : layer_critical) a.layer_critical.push_back(b.scaled(f));
+  for (const auto& b : layer_busy) a.layer_busy.push_back(b.scaled(f));
+  return a;
+}
+
+double moe_layer_seconds(const Breakdown& b) {
+  return b[Phase::routing] + b[Phase::codec] + b[Phase::expert_compute] + b[Phase::compression] + b[Phase::dispatch] +
+         b[Phase::combine] + b[Phase::sync];
+}
+
+double all_to_all_seconds(const Breakdown& b) { return b[Phase::dispatch] + b[Phase::combine]; }
+
+double sparse_collective_seconds(const Breakdown& b) {
+  return b[Phase::replica_broadcast] + b[Phase::replica_reduce] + b[Phase::parameter_gather] + b[Phase::expert_moves];
+}
+
+Attribution attribute(const TaskGraph& graph, const Timing& timing) {
+  Attribution a;
+  if (graph.size() == 0) return a;
+  std::vector<int> layer(graph.size());
+  int layers = 0;
+  for (const auto& op : graph.ops()) layers = std::max(layers, (layer[op.id] = op_layer(op.label)) + 1);
+  a.layer_critical.resize(std::size_t(layers));
+  a.layer_busy.resize(std::size_t(layers));
+  auto add = [&](Breakdown& total, std::vector<Breakdown>& per_layer, OpId id, Phase p, double seconds) {
+    total.seconds[int(p)] += seconds;
+    if (layer[id] >= 0) per_layer[std::size_t(layer[id])].seconds[int(p)] += seconds;
+  };
+
+  // Busy: each op's time on each GPU it occupies (a collective: every GPU of its group).
+  const double per_gpu = 1.0 / graph.num_ranks();
+  for (const auto& op : graph.ops()) {
+    const auto* c = std::get_if<Collective>(&op.body);
+    const double gpus = c ? double(c->group.size()) : 1.0;
+    add(a.busy, a.layer_busy, op.id, op.phase, (timing.end[op.id] - timing.start[op.id]) * gpus * per_gpu);
+  }
+
+  // The critical path, from the op that ends last back to the first.
   const auto preds = graph.predecessors();
   OpId cur = OpId(std::max_element(timing.end.begin(), timing.end.end()) - timing.end.begin());
   while (true) {
-    const auto& op = graph.op(cur);
-    b.seconds[int(op.category())] += timing.end[cur] - timing.start[cur];
+    add(a.critical, a.layer_critical, cur, graph.op(cur).phase, timing.end[cur] - timing.start[cur]);
     if (preds[cur].empty()) {
-      b.seconds[int(Category::other)] += timing.start[cur];
+      add(a.critical, a.layer_critical, cur, Phase::idle, timing.start[cur]);
       break;
     }
     OpId best = preds[cur].front();
     for (OpId p : preds[cur])
       if (timing.end[p] > timing.end[best]) best = p;
-    b.seconds[int(Category::other)] += timing.start[cur] - timing.end[best];
+    add(a.critical, a.layer_critical, cur, Phase::idle, timing.start[cur] - timing.end[best]);
     cur = best;
   }
-  return b;
+  return a;
 }
 
 }  // namespace moesim

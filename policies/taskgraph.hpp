@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -151,12 +152,34 @@ struct Collective {
   double total_bytes() const;
 };
 
-/// What an op's time is accounted to in the critical-path breakdown.
-/// `moe`: the MoE layers' own compute (gate, encode/decode, experts, compression, partial sums);
-/// `compute`: the rest (attention and dense GEMMs, optimizer).
-enum class Category : std::uint8_t { compute, moe, all_to_all, all_reduce, other };
-const char* category_name(Category c);
-constexpr int kNumCategories = 5;
+/// What an op's time is accounted to: the phases of an iteration. An op's phase follows from its
+/// name (kOpNames in taskgraph.cpp, documented op by op in docs/timeline.md), or from its kind where
+/// the name is not one of moesim's (a calibration op, a test's).
+enum class Phase : std::uint8_t {
+  dense_compute,      // attention and dense-FFN GEMMs, the output layer
+  routing,            // the gate, the count exchange and the host's wait for the counts
+  codec,              // encode and decode: tokens into expert order and back
+  expert_compute,     // the experts' GEMMs (and sharded experts' partial sums)
+  compression,        // ScheMoE's compression and decompression of the all-to-all's payload
+  dispatch,           // the all-to-all that sends tokens to their experts
+  combine,            // the all-to-all that brings them back
+  sync,               // joins: every rank waits for the others (a step's end)
+  replica_broadcast,  // copies of experts sent to the GPUs that hold replicas
+  replica_reduce,     // gradients of replicated or sharded experts reduced to their owners
+  parameter_gather,   // sharded expert parameters gathered before use (ZeRO-3, Hecate's FSSDP)
+  expert_moves,       // experts moved to new GPUs (a rearrangement: parameters and optimizer state)
+  dense_allreduce,    // the dense part's gradient all-reduce
+  optimizer,          // the optimizer step
+  idle,               // on the critical path, no op runs (waiting; only in critical-path figures)
+};
+constexpr int kNumPhases = 15;
+const char* phase_name(Phase p);
+/// Whether `label` (an op's name) is one of the names kOpNames lists.
+bool known_op_name(const std::string& label);
+/// The names kOpNames lists, each with its phase.
+std::vector<std::pair<std::string, Phase>> known_op_names();
+/// The model layer an op belongs to ("L3.fwd.gate": 3), or -1 (the optimizer, the dense all-reduce).
+int op_layer(const std::string& label);
 
 struct Op {
   OpId id = 0;
@@ -165,8 +188,8 @@ struct Op {
   std::string label;  // "L3.fwd.a2a_dispatch"
   std::vector<OpId> deps;
   std::variant<Compute, Transfer, Collective> body;
+  Phase phase = Phase::dense_compute;  // set by TaskGraph::add from the label and the body
 
-  Category category() const;
   /// Ranks whose `stream` this op occupies.
   std::vector<int> ranks() const;
 };
@@ -206,13 +229,37 @@ struct Timing {
   double makespan() const;
 };
 
-/// The critical path's time per category. Walking back from the op that ends last, each step goes
-/// to the predecessor that ended last; gaps between ops count as `other`. The parts add up to the
-/// makespan exactly.
+/// Seconds per phase.
 struct Breakdown {
-  double seconds[kNumCategories] = {0, 0, 0, 0, 0};
+  double seconds[kNumPhases] = {};
   double total() const;
+  double operator[](Phase p) const { return seconds[int(p)]; }
+  Breakdown& operator+=(const Breakdown& o);
+  Breakdown scaled(double f) const;
 };
-Breakdown critical_path(const TaskGraph& graph, const Timing& timing);
+
+/// Where an iteration's time went, in total and per layer.
+/// `critical`: the critical path per phase. Walking back from the op that ends last, each step goes
+/// to the predecessor that ended last; a gap between the two is `idle`. The phases add up to the
+/// makespan exactly. `busy`: per phase, the seconds ops occupy a GPU's streams, summed over the
+/// GPUs and divided by their number (streams overlap, so the phases may add up to more than the
+/// makespan). Per layer: the same over the ops named "L<layer>."; a gap goes to the layer of the op
+/// that waited.
+struct Attribution {
+  Breakdown critical, busy;
+  std::vector<Breakdown> layer_critical, layer_busy;  // [layer]
+  Attribution& operator+=(const Attribution& o);
+  Attribution scaled(double f) const;
+};
+Attribution attribute(const TaskGraph& graph, const Timing& timing);
+
+/// Groups of phases that papers time. The MoE layer: routing, codec, expert compute, compression,
+/// dispatch, combine and the joins between them (ScheMoE Table 10, Tutel's layer figures).
+double moe_layer_seconds(const Breakdown& b);
+/// The token all-to-alls: dispatch and combine (Hecate Fig. 12's "A2A").
+double all_to_all_seconds(const Breakdown& b);
+/// The sparse collectives of replicating and sharding policies: replica broadcasts and reduces,
+/// parameter gathers and expert moves (Hecate Fig. 12's Rearr + SpAG + SpRS).
+double sparse_collective_seconds(const Breakdown& b);
 
 }  // namespace moesim

@@ -1,10 +1,14 @@
 // The moesim program as a user meets it: outputs, determinism, and bad input (exit status 2,
 // a message naming file, line and field, and no output written).
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
+#include "taskgraph.hpp"
 
 using namespace moesim;
 using Catch::Matchers::Contains;
@@ -52,8 +56,19 @@ TEST_CASE("moesim run writes the summary and a Chrome trace") {
   CHECK(summary["iterations"] == 2);
   const double t = summary["iteration_time_s"];
   double parts = 0;
-  for (const char* c : {"compute", "moe", "all_to_all", "all_reduce", "other"}) parts += summary["breakdown"][c].get<double>();
+  for (const auto& [phase, seconds] : summary["breakdown"].items()) parts += seconds.get<double>();
   CHECK(parts == Approx(t));
+  CHECK(summary["breakdown"].size() == kNumPhases);
+  CHECK(summary["breakdown"]["expert_compute"].get<double>() > 0);
+  // Per layer (the spec's 2), critical path and busy time per phase; the layers' critical paths
+  // are part of the iteration's.
+  REQUIRE(summary["per_layer"].size() == 2);
+  double layers = 0;
+  for (const auto& l : summary["per_layer"])
+    for (const auto& [phase, seconds] : l["critical_path"].items()) layers += seconds.get<double>();
+  CHECK(layers > 0);
+  CHECK(layers <= t * (1 + 1e-9));
+  CHECK(summary["per_layer"][1]["busy"]["dispatch"].get<double>() > 0);
   CHECK(summary["per_iteration"].size() == 2);
   const auto trace = nlohmann::json::parse(test::read_file(dir + "/timeline.json"));
   int complete = 0;
@@ -66,7 +81,19 @@ TEST_CASE("moesim run writes the summary and a Chrome trace") {
     }
   CHECK(complete > 0);
   CHECK(pids.size() == 16);  // one process per GPU
-  CHECK_THAT(out, Contains("iteration time"));
+  CHECK_THAT(out, Contains("iteration time") && Contains("routing: Zipf popularity, exponent 1, seed 1"));
+  CHECK(summary["routing"] == "Zipf popularity, exponent 1, seed 1");
+  // The CSVs: a row per iteration (the first marked warm-up when the spec leaves one out) with the
+  // iteration's time, and a row per layer.
+  const std::string iterations = test::read_file(dir + "/iterations.csv");
+  CHECK(std::count(iterations.begin(), iterations.end(), '\n') == 3);
+  CHECK(iterations.rfind("variant,policy,iteration,warmup,time_s,dense_compute_s,", 0) == 0);
+  const std::string first_row = iterations.substr(iterations.find('\n') + 1);
+  CHECK(first_row.rfind(fmt::format(",ep,0,{},{:.9g},", summary.value("warmup_iterations", 0) > 0 ? 1 : 0,
+                                    summary["per_iteration"][0]["iteration_time_s"].get<double>()), 0) == 0);
+  const std::string layers_csv = test::read_file(dir + "/layers.csv");
+  CHECK(std::count(layers_csv.begin(), layers_csv.end(), '\n') == 3);
+  CHECK_THAT(layers_csv, Contains(",ep,1,"));
 }
 
 TEST_CASE("the same spec and seed give an identical summary") {

@@ -61,25 +61,32 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   w.warmup = 5;  // never all of them
   CHECK(w.mean_time() == Approx(4.0));
 
-  // MOE_SPEEDUP: MoE-layer compute + all-to-all seconds of the critical path, not the whole iteration.
+  // MOE_SPEEDUP: the MoE-layer phases of the critical path, not the whole iteration.
   ExperimentResult m;
   m.runs = {run("base", {10}), run("moe", {9})};
-  m.runs[0].iterations[0].breakdown.seconds[int(Category::moe)] = 3;
-  m.runs[0].iterations[0].breakdown.seconds[int(Category::all_to_all)] = 3;
-  m.runs[0].iterations[0].breakdown.seconds[int(Category::compute)] = 4;
-  m.runs[1].iterations[0].breakdown.seconds[int(Category::moe)] = 1;
-  m.runs[1].iterations[0].breakdown.seconds[int(Category::all_to_all)] = 2;
-  m.runs[1].iterations[0].breakdown.seconds[int(Category::compute)] = 6;
+  auto& base = m.runs[0].iterations[0].attribution.critical.seconds;
+  auto& moe = m.runs[1].iterations[0].attribution.critical.seconds;
+  base[int(Phase::expert_compute)] = 2;
+  base[int(Phase::routing)] = 1;
+  base[int(Phase::dispatch)] = 3;
+  base[int(Phase::dense_compute)] = 4;
+  moe[int(Phase::expert_compute)] = 1;
+  moe[int(Phase::combine)] = 1.5;
+  moe[int(Phase::sync)] = 0.5;
+  moe[int(Phase::dense_compute)] = 6;
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MOE_SPEEDUP value: 1)"), m) == Approx(2.0));
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" value: 1)"), m) == Approx(10.0 / 9));
 
-  // ALL_TO_ALL and OTHER_COMM: those categories of the critical path; MEMORY and PARAM_MEMORY: the
-  // peak GPU's total without activations and its parameters (owned + materialized), baseline over variant.
-  m.runs[0].iterations[0].breakdown.seconds[int(Category::other)] = 0.5;
-  m.runs[1].iterations[0].breakdown.seconds[int(Category::other)] = 2;
+  // ALL_TO_ALL: dispatch and combine (base 3, moe 1.5); OTHER_COMM: the sparse collectives, not
+  // idle time; MEMORY and PARAM_MEMORY: the peak GPU's total without activations and its
+  // parameters (owned + materialized), baseline over variant.
+  base[int(Phase::replica_broadcast)] = 0.5;
+  moe[int(Phase::replica_reduce)] = 1;
+  moe[int(Phase::expert_moves)] = 1;
+  moe[int(Phase::idle)] = 7;
   m.runs[0].iterations[0].memory = {4, 1, 6, 2, 3, 1};  // total 16, parameters 4 + 1
   m.runs[1].iterations[0].memory = {4, 1, 6, 1, 0, 0};  // total 12, parameters 4
-  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: ALL_TO_ALL value: 1)"), m) == Approx(1.5));
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: ALL_TO_ALL value: 1)"), m) == Approx(2.0));
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: OTHER_COMM value: 1)"), m) == Approx(0.25));
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MEMORY value: 1)"), m) == Approx(14.0 / 11));
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: PARAM_MEMORY value: 1)"), m) == Approx(5.0 / 4));
@@ -95,7 +102,7 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   CHECK(simulated_value(claim(rb + "aggregate: MEAN"), b) == Approx((4 + 0.5 + 5 + 1) / 4));
 }
 
-TEST_CASE("the builder reports each layer's balance degree, the std-dev of the per-GPU computed load") {
+TEST_CASE("the builder reports each layer's balance degree and load spread of the per-GPU computed load") {
   // One HPWNV node (4 RTX 3090), one expert per GPU; every source sends 3 slots to expert 0 and 1
   // to expert 1. EP: GPU loads 12, 4, 0, 0 (std-dev sqrt(24) = 4.899). Expert 0 copied everywhere:
   // each GPU computes its own 3 slots for it, GPU 1 also the 4 for expert 1: 3, 7, 3, 3 (std-dev
@@ -109,15 +116,19 @@ TEST_CASE("the builder reports each layer's balance degree, the std-dev of the p
   RoutingMatrix R(4, 4);
   for (int s = 0; s < 4; ++s) R.mutable_at(s, 0) = 3, R.mutable_at(s, 1) = 1;
   const std::vector<RoutingMatrix> routing{R};
-  auto stddev = [&](std::vector<Replica> replicas) {
+  // The load spread, max over mean: EP 12 / 4 = 3; copied 7 / 4 = 1.75.
+  auto stats = [&](std::vector<Replica> replicas) {
     PolicyReport report;
     spec::PolicySpec ps;
     build_moe_iteration({cluster, model, gpu, ps, routing, report}, {{R, std::move(replicas)}}, {});
     REQUIRE(report.load_stddev.size() == 1);
-    return report.load_stddev[0];
+    REQUIRE(report.load_max_mean.size() == 1);
+    return std::pair{report.load_stddev[0], report.load_max_mean[0]};
   };
-  CHECK(stddev({}) == Approx(std::sqrt(24.0)));
-  CHECK(stddev({everywhere(0, 4, 4)}) == Approx(std::sqrt(3.0)));
+  CHECK(stats({}).first == Approx(std::sqrt(24.0)));
+  CHECK(stats({}).second == Approx(3.0));
+  CHECK(stats({everywhere(0, 4, 4)}).first == Approx(std::sqrt(3.0)));
+  CHECK(stats({everywhere(0, 4, 4)}).second == Approx(1.75));
 }
 
 TEST_CASE("a paper value naming a variant the experiment lacks is rejected") {

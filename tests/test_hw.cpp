@@ -88,7 +88,7 @@ TEST_CASE("every policy's iteration graph runs on the host device") {
     for (const auto& it : run.iterations) {
       CHECK(it.time > 0);
       CHECK(it.device_memory_peak > 0);
-      CHECK(it.breakdown.total() == Approx(it.time).epsilon(1e-9));
+      CHECK(it.attribution.critical.total() == Approx(it.time).epsilon(1e-9));
     }
     REQUIRE(!run.timings.empty());
     const Timing& t = run.timings.front();

@@ -3,6 +3,7 @@
 // report running and then reading an experiment, and the demo's table and files.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fmt/format.h>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "policy.hpp"
 #include "report.hpp"
 #include "results.hpp"
+#include "timeline_summary.hpp"
 
 using namespace moesim;
 using Catch::Matchers::Contains;
@@ -297,6 +299,43 @@ TEST_CASE("report: runs an experiment that has no results then reads the same nu
   CHECK(read[1].claims[0].simulated == ran[1].claims[0].simulated);
   o.only = {"nothing-matches"};
   CHECK_THROWS_AS(write_report(o), InputError);
+}
+
+TEST_CASE("timeline summary: per layer and GPU class, phases in order with their overlap with expert compute") {
+  // GPU 0 computes experts 0-2 ms while its combine runs 1-3 ms (half under experts); GPU 1
+  // computes experts 0-1 ms and combines 1-3 ms (none under). A later iteration is left out.
+  const auto dir = test::temp_dir("timeline-summary");
+  auto x = [](int pid, int tid, const char* name, const char* cat, double ts, double dur, int it) {
+    return nlohmann::json{{"ph", "X"}, {"pid", pid}, {"tid", tid}, {"name", name}, {"cat", cat},
+                          {"ts", ts}, {"dur", dur}, {"args", {{"iteration", it}}}};
+  };
+  nlohmann::json events = nlohmann::json::array();
+  for (int g = 0; g < 2; ++g)
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", g}, {"args", {{"name", "v: GPU " + std::to_string(g)}}}});
+  events.push_back(x(0, 1, "L0.fwd.a2a_combine", "combine", 1000, 2000, 1));
+  events.push_back(x(0, 0, "L0.fwd.experts", "expert_compute", 0, 2000, 1));
+  events.push_back(x(0, 0, "optimizer", "optimizer", 3000, 1000, 1));
+  events.push_back(x(1, 0, "L0.fwd.experts", "expert_compute", 0, 1000, 1));
+  events.push_back(x(1, 1, "L0.fwd.a2a_combine", "combine", 1000, 2000, 1));
+  events.push_back(x(1, 0, "L0.fwd.experts", "expert_compute", 5000, 9000, 2));  // iteration 2: not read
+  test::write_file(dir + "/timeline.json", nlohmann::json{{"traceEvents", events}}.dump());
+
+  const std::string out = timeline_summary(dir);
+  INFO(out);
+  CHECK_THAT(out, Contains("variant v, iteration 1, 2 GPUs") && Contains("hottest: GPU 0, 2.000 ms") &&
+                      Contains("median one (GPU 1, 1.000 ms)"));
+  const auto row = [&](const std::string& gpu, const std::string& phase) {
+    const auto at = out.find(fmt::format("{:<10}{:<20}", gpu, phase));
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  CHECK_THAT(row("hottest 0", "combine"), Contains("1.000     2.000            50%"));
+  CHECK_THAT(row("median 1", "combine"), Contains("1.000     2.000             0%"));
+  CHECK_THAT(row("hottest 0", "expert_compute"), Contains("0.000     2.000              -"));
+  CHECK(out.find("hottest 0 expert_compute") < out.find("hottest 0 combine"));  // in the order they start
+  CHECK(out.find("L0 ") < out.find("other  hottest 0 optimizer"));              // the layers, then the rest
+  CHECK_THROWS_WITH(timeline_summary(dir, {"", 5}), Contains("--layer 5"));
+  CHECK_THROWS_WITH(timeline_summary(dir, {"w", -1}), Contains("--variant w") && Contains("it has: v"));
+  CHECK_THROWS_WITH(timeline_summary(dir + "/nothing"), Contains("no timeline.json"));
 }
 
 TEST_CASE("demo: one table row per policy with its results and figures and where to go next") {

@@ -182,10 +182,20 @@ TEST_CASE("the critical path adds up to every iteration's time") {
   const auto r = run_experiment(ex).runs.front();
   REQUIRE(r.iterations.size() == 2);
   for (const auto& it : r.iterations) {
-    CHECK(it.breakdown.total() == Approx(it.time).epsilon(1e-12));
-    CHECK(it.breakdown.seconds[int(Category::compute)] > 0);
-    CHECK(it.breakdown.seconds[int(Category::all_to_all)] > 0);
-    CHECK(it.breakdown.seconds[int(Category::all_reduce)] > 0);
+    const auto& a = it.attribution;
+    CHECK(a.critical.total() == Approx(it.time).epsilon(1e-12));
+    CHECK(a.critical[Phase::dense_compute] > 0);
+    CHECK(all_to_all_seconds(a.critical) > 0);
+    CHECK(a.critical[Phase::dense_allreduce] > 0);
+    // Per layer: both layers are on the path, and they hold all of it but the dense part's
+    // all-reduce and the optimizer (the ops outside the layers).
+    REQUIRE(a.layer_critical.size() == 2);
+    double layers = 0;
+    for (const auto& l : a.layer_critical) layers += l.total();
+    CHECK(a.layer_critical[0].total() > 0);
+    CHECK(a.layer_critical[1].total() > 0);
+    CHECK(layers + a.critical[Phase::dense_allreduce] + a.critical[Phase::optimizer] <= it.time * (1 + 1e-12));
+    CHECK(a.busy[Phase::expert_compute] > 0);
   }
   CHECK(r.iterations[1].start == Approx(r.iterations[0].time));  // iterations run back to back
 }

@@ -132,6 +132,12 @@ TEST_CASE("sweep: killed with SIGKILL then resumed or sharded then merged it equ
   CHECK(csv.rfind("point,policy.name,gating.zipf.exponent,seed,variant,policy,gpus,iteration_time_s,", 0) == 0);
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 18);
   CHECK_THAT(csv, Contains("\n17,pro-prophet,1.5,2,,pro-prophet,16,"));
+  // Per iteration, the warm-up marked (the base spec leaves none out: every row 0).
+  REQUIRE(test::run_command(bin + " results export " + dir + "/full.db --iterations --out " + dir + "/its.csv", out) == 0);
+  const std::string its = test::read_file(dir + "/its.csv");
+  CHECK(its.rfind("point,policy.name,gating.zipf.exponent,seed,variant,iteration,warmup,time_s,dense_compute_s,", 0) == 0);
+  CHECK(std::count(its.begin(), its.end(), '\n') == 1 + 18 * 2);
+  CHECK_THAT(its, Contains("\n17,pro-prophet,1.5,2,,1,0,"));
 
   // A database of another sweep is refused, by resume and by merge.
   test::write_file(dir + "/other.textproto", test::read_file(spec) + "set: \"model.top_k=1\"\n");
@@ -147,6 +153,9 @@ TEST_CASE("sweep: killed with SIGKILL then resumed or sharded then merged it equ
     o.figures = {"speedup"};
     o.out = dir + "/plots";
     CHECK(fs::file_size(plot({dir + "/full.db"}, o).at(0)) > 1000);
+    // Without -o, a database named from its own folder (the README's example): figures beside it.
+    REQUIRE(test::run_command("cd " + dir + " && " + bin + " plot full.db --figure speedup", out) == 0);
+    CHECK(fs::file_size(dir + "/speedup.pdf") > 1000);
   }
 }
 

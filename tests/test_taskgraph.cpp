@@ -1,6 +1,10 @@
 // The TaskGraph contract and the critical-path walk.
 #include <catch2/catch.hpp>
 
+#include <set>
+
+#include "helpers.hpp"
+#include "policy.hpp"
 #include "taskgraph.hpp"
 
 using namespace moesim;
@@ -20,17 +24,72 @@ TEST_CASE("stream order makes ops on one stream of one rank predecessors") {
   CHECK_THROWS(g.add_compute(2, "bad", {}));        // rank out of range
 }
 
-TEST_CASE("the critical path adds up to the makespan on a hand case") {
-  TaskGraph g(1);
-  const OpId a = g.add_compute(0, "a", {});
-  const OpId b = g.add_collective(Stream::comm, "b", {CollectiveType::all_to_all, {0}, {0}, "linear"}, {a});
-  g.add_compute(0, "c", {}, {b});
-  Timing t{{0, 1, 3.5}, {1, 3, 4}, {}};  // a: 0-1, b: 1-3, gap 0.5, c: 3.5-4
-  const auto br = critical_path(g, t);
-  CHECK(br.seconds[int(Category::compute)] == Approx(1.5));
-  CHECK(br.seconds[int(Category::all_to_all)] == Approx(2));
-  CHECK(br.seconds[int(Category::other)] == Approx(0.5));
-  CHECK(br.total() == Approx(t.makespan()));
+TEST_CASE("the critical path adds up to the makespan on a hand case, per phase and per layer") {
+  // Two ranks. Layer 0: rank 0's attention 0-1, a dispatch 1-3 over both, a gap (rank 1's gate
+  // ends at 3.5), rank 0's experts 3.5-4; outside the layers rank 1's optimizer 4-6, after both.
+  TaskGraph g(2);
+  const OpId a = g.add_compute(0, "L0.fwd.attention", {});
+  const OpId d = g.add_collective(Stream::comm, "L0.fwd.a2a_dispatch", {CollectiveType::all_to_all, {0, 1}, {0, 0, 0, 0}, "linear"}, {a});
+  const OpId gate = g.add_compute(1, "L0.fwd.gate", {ComputeKind::gate, {}, 0});
+  const OpId e = g.add_compute(0, "L0.fwd.experts", {ComputeKind::grouped_gemm, {}, 0}, {d, gate});
+  const OpId o = g.add_compute(1, "optimizer", {ComputeKind::optimizer, {}, 0}, {e});
+  Timing t{{0, 1, 0, 3.5, 4}, {1, 3, 3.5, 4, 6}, {}};
+  const auto at = attribute(g, t);
+  CHECK(g.op(a).phase == Phase::dense_compute);
+  CHECK(g.op(o).phase == Phase::optimizer);
+  // The path: optimizer ← experts ← gate (ended at 3.5, after the dispatch's 3) ← nothing.
+  CHECK(at.critical[Phase::optimizer] == Approx(2));
+  CHECK(at.critical[Phase::expert_compute] == Approx(0.5));
+  CHECK(at.critical[Phase::routing] == Approx(3.5));
+  CHECK(at.critical[Phase::dispatch] == 0);
+  CHECK(at.critical.total() == Approx(t.makespan()));
+  REQUIRE(at.layer_critical.size() == 1);
+  CHECK(at.layer_critical[0].total() == Approx(4));  // all but the optimizer
+  // Busy, per GPU: the dispatch occupies both GPUs 2 s (2 × 2 / 2), the others one GPU each.
+  CHECK(at.busy[Phase::dispatch] == Approx(2));
+  CHECK(at.busy[Phase::dense_compute] == Approx(0.5));
+  CHECK(at.busy[Phase::routing] == Approx(1.75));
+  CHECK(at.busy[Phase::optimizer] == Approx(1));
+  CHECK(at.layer_busy[0][Phase::optimizer] == 0);
+
+  // A gap between an op and the one it waited for is idle, in the layer of the op that waited.
+  TaskGraph h(1);
+  const OpId x = h.add_compute(0, "L1.bwd.attention", {});
+  h.add_compute(0, "L0.bwd.experts", {ComputeKind::grouped_gemm, {}, 0}, {x});
+  const auto gap = attribute(h, Timing{{0, 3}, {1, 4}, {}});
+  CHECK(gap.critical[Phase::idle] == Approx(2));
+  CHECK(gap.layer_critical.at(0)[Phase::idle] == Approx(2));
+  CHECK(gap.layer_critical.at(1)[Phase::idle] == 0);
+}
+
+TEST_CASE("an op's phase follows from its name, and from its kind where the name is not moesim's") {
+  TaskGraph g(2);
+  const std::vector<int> both{0, 1};
+  auto coll = [&](const char* label, CollectiveType type) {
+    return g.op(g.add_collective(Stream::comm, label, {type, both, {0, 0, 0, 0}, "linear"})).phase;
+  };
+  CHECK(coll("L3.bwd.S2", CollectiveType::all_to_all) == Phase::dispatch);      // FasterMoE's step 2 send
+  CHECK(coll("L3.bwd.R12", CollectiveType::all_to_all) == Phase::combine);
+  CHECK(coll("L3.fwd.a2a_combine.p1", CollectiveType::all_to_all) == Phase::combine);
+  CHECK(coll("L3.fwd.count_exchange", CollectiveType::all_to_all) == Phase::routing);
+  CHECK(coll("L0.fwd.smart_done", CollectiveType::all_to_all) == Phase::sync);
+  CHECK(coll("migrations_done", CollectiveType::all_to_all) == Phase::expert_moves);
+  CHECK(coll("L2.fwd.replica_bcast.e7", CollectiveType::broadcast) == Phase::replica_broadcast);
+  CHECK(coll("L2.bwd.replica_reduce.e7", CollectiveType::reduce) == Phase::replica_reduce);
+  CHECK(coll("L2.fwd.experts_allgather", CollectiveType::all_gather) == Phase::parameter_gather);
+  CHECK(coll("allreduce.dense", CollectiveType::all_reduce) == Phase::dense_allreduce);
+  CHECK(coll("mystery", CollectiveType::all_gather) == Phase::parameter_gather);  // by kind
+  // C<j> is a FasterMoE expert step; ScheMoE's C1/C2 parts are compression by their kind.
+  CHECK(g.op(g.add_compute(0, "L1.fwd.C3", {ComputeKind::grouped_gemm, {}, 0})).phase == Phase::expert_compute);
+  CHECK(g.op(g.add_compute(0, "L1.fwd.C1.p0", {ComputeKind::compress, {}, 0})).phase == Phase::compression);
+  CHECK(g.op(g.add_compute(0, "L1.fwd.host_sync", {ComputeKind::elementwise, {}, 0})).phase == Phase::routing);
+  CHECK(g.op(g.add_compute(0, "calibrate.cover", {ComputeKind::elementwise, {}, 0})).phase == Phase::dense_compute);
+  CHECK(known_op_name("L12.bwd.expert_reduce_scatter.g3"));
+  CHECK_FALSE(known_op_name("calibrate.cover"));
+  CHECK(op_layer("L12.bwd.gate") == 12);
+  CHECK(op_layer("optimizer") == -1);
+  CHECK(op_layer("L.x") == -1);
+  CHECK(op_layer("L3") == -1);
 }
 
 // An all-to-all's matrix is stored once and viewed: as counts × bytes per token, transposed for
@@ -108,4 +167,36 @@ TEST_CASE("a group step of a byte matrix keeps the entries from each group to th
   CHECK_THROWS(whole.group_step(2, 3));            // only 3 steps
   CHECK_THROWS(whole.transposed().group_step(2, 0));
   CHECK_THROWS(whole.group_step(2, 1).group_step(2, 1));
+}
+
+TEST_CASE("every op of every policy has a known name, and docs/timeline.md explains each name") {
+  // Each policy at its defaults, and Tutel with sharded experts (r = 2 on 16 GPUs, 8 experts).
+  std::set<std::string> seen;
+  auto check = [&](const test::SmallSetup& t, spec::PolicySpec ps) {
+    INFO(ps.name());
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+    for (const auto& op : g.ops()) {
+      INFO(op.label);
+      CHECK(known_op_name(op.label));
+      seen.insert(op.label);
+    }
+  };
+  const test::SmallSetup small;
+  for (const auto& name : policy_names()) {
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    check(small, ps);
+  }
+  spec::PolicySpec sharded;
+  sharded.set_name("tutel");
+  sharded.mutable_tutel()->set_parallel_r(2);
+  check(test::SmallSetup({"model.experts=8", "policy.name=tutel"}), sharded);
+  CHECK(seen.size() > 100);
+
+  const std::string doc = test::read_file(std::string(MOESIM_SOURCE_DIR) + "/docs/timeline.md");
+  for (const auto& [name, phase] : known_op_names()) {
+    INFO(name);
+    CHECK_THAT(doc, Catch::Matchers::Contains("| `" + name + "` | " + phase_name(phase) + " |"));
+  }
 }

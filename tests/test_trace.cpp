@@ -380,6 +380,34 @@ TEST_CASE("a trace that does not match the model is rejected before any work") {
           "holds 3 iteration(s)");
 }
 
+TEST_CASE("what the routing is, and what a replay or a --set leaves out, is said before the run") {
+  const auto dir = test::temp_dir("replay-notes");
+  const auto path = write_small_trace(dir + "/t.trace", 3);  // 2 layers, 4 experts, iterations 0-2
+  const std::vector<std::string> small = {"cluster.platform=rtx2080ti-pcie", "cluster.nodes=1", "model.experts=4",
+                                          "iterations=2", "gating.trace.path=" + path};
+  auto with = [&](std::vector<std::string> sets, std::vector<std::string> more) {
+    sets.insert(sets.end(), more.begin(), more.end());
+    return load_experiment(test::kBaseSpec, sets);
+  };
+  // The whole trace: the source named with its path and the iterations replayed; one note, that
+  // the trace replaces the spec file's Zipf gating.
+  const auto all = with(small, {"model.layers=2"});
+  REQUIRE(all.notes.size() == 1);
+  CHECK_THAT(all.notes[0], Contains("--set gating.trace.path=") && Contains("replaces the spec's gating source (Zipf)"));
+  CHECK(all.gating_source == "trace");
+  CHECK_THAT(all.gating, Contains(path) && Contains("iterations 0-1") && Contains("2-layer"));
+  // A model with fewer layers than the trace replays its first ones, and says so.
+  const auto one = with(small, {"model.layers=1"});
+  REQUIRE(one.notes.size() == 2);
+  CHECK_THAT(one.notes[1], Contains("the trace has 2 layers, the model 1") && Contains("first 1"));
+  const auto gen = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "gating.generator.preset=aux", "seed=7"});
+  REQUIRE(gen.notes.size() == 1);
+  CHECK_THAT(gen.notes[0], Contains("--set gating.generator.preset=aux") && Contains("Zipf"));
+  CHECK_THAT(gen.gating, Contains("generator preset aux") && Contains("seed 7"));
+  // A --set of the source the spec has already is no switch.
+  CHECK(load_experiment(test::kBaseSpec, {"cluster.nodes=2", "gating.zipf.exponent=1.2"}).notes.empty());
+}
+
 TEST_CASE("rescaling keeps the load distribution, its drift and the source similarity") {
   // A synthetic naive trace (16 sources × 32 experts), rescaled to 64 sources × 128 experts.
   const auto dir = test::temp_dir("rescale");

@@ -246,17 +246,25 @@ class TraceSource final : public GatingSource {
 
 }  // namespace
 
-void validate_gating(const spec::GatingSpec& g, const MoeModel& model, int iterations) {
+GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, int iterations, std::uint64_t seed) {
   if (g.has_zipf() && !(g.zipf().exponent() >= 0 && std::isfinite(g.zipf().exponent())))
     throw FieldError("gating.zipf.exponent", "must be a finite number >= 0 (0 is uniform popularity)");
   if (g.has_generator()) {
+    GeneratorParams p;
     try {
-      resolve_generator(g.generator());
+      p = resolve_generator(g.generator());
     } catch (const FieldError& e) {
       throw FieldError("gating.generator." + e.field(), e.message());
     }
+    const std::string preset = g.generator().preset().empty() ? "naive" : g.generator().preset();
+    return {"generator",
+            fmt::format("generator preset {} (as resolved: sigma_pop {:g}, zipf_exponent {:g}, sigma_slow {:g}, "
+                        "sigma_fast {:g}, hot_fraction {:g}), seed {}",
+                        preset, p.sigma_pop, p.zipf_exponent, p.sigma_slow, p.sigma_fast, p.hot_fraction, seed),
+            ""};
   }
-  if (!g.has_trace()) return;
+  if (g.has_zipf()) return {"zipf", fmt::format("Zipf popularity, exponent {:g}, seed {}", g.zipf().exponent(), seed), ""};
+  if (!g.has_trace()) return {"uniform", fmt::format("uniform: every expert alike, seed {}", seed), ""};
   const auto& t = g.trace();
   if (t.path().empty()) throw FieldError("gating.trace.path", "is empty; name a .trace file (`moesim trace import` makes one)");
   std::optional<TraceReader> reader;
@@ -299,6 +307,18 @@ void validate_gating(const spec::GatingSpec& g, const MoeModel& model, int itera
                      fmt::format("the selected range holds {} iteration(s) of the trace, the experiment asks for {}; "
                                  "lower `iterations` or widen the range",
                                  available, iterations));
+  GatingCheck check{"trace",
+                    fmt::format("trace {}: iterations {}-{}{} of its {}-layer, {}-expert records{}", t.path(), first, last,
+                                stride > 1 ? fmt::format(" (every {}th)", stride) : "", h.layers(), h.experts(),
+                                splits && int(h.experts()) != model.experts()
+                                    ? fmt::format(", each expert split over {}", model.experts() / int(h.experts()))
+                                    : ""),
+                    ""};
+  if (int(h.layers()) > model.layers())
+    check.note = fmt::format("gating.trace: the trace has {} layers, the model {}: its first {} are replayed (set "
+                             "model.layers={} for all of them)",
+                             h.layers(), model.layers(), model.layers(), h.layers());
+  return check;
 }
 
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& g, const MoeModel& model, int gpus,

@@ -27,7 +27,14 @@ class GatingSource {
 /// relative to the experiment: "gating.trace.path", ...): a trace must exist, match the model's
 /// experts (or divide them, with split_experts) and top-k, have at least its layers (a deeper
 /// trace gives its first layers), and hold records in the selected range.
-void validate_gating(const spec::GatingSpec& gating, const MoeModel& model, int iterations);
+/// Returns what the run replays, for the console and summary.json, and what the user should know
+/// (a deeper trace of which only the first layers are replayed).
+struct GatingCheck {
+  std::string source;       // uniform, zipf, generator or trace
+  std::string description;  // "trace PATH: iterations 1001-1030 of 24-layer records, layers 0-11 replayed"
+  std::string note;         // "" when nothing needs saying
+};
+GatingCheck validate_gating(const spec::GatingSpec& gating, const MoeModel& model, int iterations, std::uint64_t seed);
 
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& gating, const MoeModel& model, int gpus,
                                                  std::uint64_t seed);
