@@ -267,15 +267,19 @@ int main(int argc, char** argv) {
 
   auto* compare_cmd = app.add_subcommand(
       "compare",
-      "Two runs of one spec side by side: iteration time, critical-path phases, op classes, the ops that differ most\n"
+      "Two runs side by side: iteration time, critical-path phases, op classes, the ops that differ most\n"
       "  moesim run experiments/hw/moe-small.textproto --out sim-out\n"
       "  moesim run experiments/hw/moe-small.textproto --backend hw --out gpu-out\n"
-      "  moesim compare sim-out gpu-out");
+      "  moesim compare sim-out gpu-out\n"
+      "  moesim compare moesim-out moesim-out --a-variant ep --b-variant hecate   two variants of one run");
   std::string compare_a, compare_b;
   CompareOptions compare_options;
   compare_cmd->add_option("A", compare_a, "A results directory (or its summary.json)")->required();
   compare_cmd->add_option("B", compare_b, "Another, of the same spec")->required();
   compare_cmd->add_option("--top", compare_options.top_ops, "How many of the most different ops to list")->capture_default_str();
+  compare_cmd->add_option("--a-variant", compare_options.a_variant,
+                          "Compare this variant of A (with --b-variant: two variants, of one run when A and B are the same)");
+  compare_cmd->add_option("--b-variant", compare_options.b_variant, "... with this variant of B");
 
   auto* timeline_cmd = app.add_subcommand("timeline", "Read a run's timeline.json");
   timeline_cmd->require_subcommand(1);

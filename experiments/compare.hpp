@@ -1,7 +1,7 @@
-// `moesim compare A B`: two runs of the same spec side by side — typically the simulated one and a
-// hardware backend's — phase by phase (the critical path's categories), op class by op class
-// (labels with their layer and part numbers folded: "L#.fwd.experts") and op by op (the same
-// iteration, op id and rank in both timelines).
+// `moesim compare A B`: two runs side by side — typically the simulated one and a hardware
+// backend's, or two variants of one run — phase by phase (the critical path's), op class by op
+// class (labels with their layer and part numbers folded: "L#.fwd.experts") and op by op (the same
+// iteration, op id and rank in both timelines; only the ops that differ are listed).
 #pragma once
 #include <string>
 
@@ -9,6 +9,9 @@ namespace moesim {
 
 struct CompareOptions {
   int top_ops = 10;  // the ops with the largest differences to list
+  /// One variant of A against one of B (two variants of one run: A and B the same directory);
+  /// empty: every variant the two have in common, by name.
+  std::string a_variant, b_variant;
 };
 
 /// The comparison as text. A and B: results directories or their summary.json files (their

@@ -55,6 +55,14 @@ TEST_CASE("moesim compare matches a simulated and a host run op by op") {
   CHECK_THAT(out, Contains("L#.fwd.experts") && Contains("L#.bwd.a2a_combine"));  // classes fold layers, not "a2a"
   CHECK_THAT(out, Contains("the 3 ops that differ most"));
   CHECK_THAT(out, Contains("0 of A's not found in B"));  // the same graph on both backends
+  // A run against itself: no op differs, and none is listed.
+  REQUIRE(test::run_command(kBin + " compare " + dir + "/sim " + dir + "/sim", out) == 0);
+  CHECK_THAT(out, Contains("no op differs between the") && !Contains("differ most"));
+  // Two variants of one run: phases and op classes side by side, each class counted in its own run.
+  REQUIRE(test::run_command(kBin + " compare " + dir + "/sim " + dir + "/sim --a-variant ep --b-variant fastermoe", out) == 0);
+  CHECK_THAT(out, Contains("ep vs fastermoe") && Contains("L#.fwd.replica_bcast.e#") && Contains("B ops"));
+  CHECK(test::run_command(kBin + " compare " + dir + "/sim " + dir + "/sim --b-variant tutel", out) == 2);
+  CHECK_THAT(out, Contains("--a-variant tutel") && Contains("it has: ep, fastermoe"));
   // Not a results directory: exit 2, named.
   CHECK(test::run_command(kBin + " compare " + dir + "/nothing " + dir + "/host", out) == 2);
   CHECK_THAT(out, Contains(dir + "/nothing") && Contains("no summary.json"));
