@@ -183,8 +183,19 @@ int cmd_collective(const CollectiveSweep& sweep, const std::string& out, bool qu
   return 0;
 }
 
+// A platform, its errors naming file, line and field as `moesim run` does.
+Cluster platform_cluster(const std::string& name) {
+  ParsedFile file;
+  const spec::ClusterSpec spec = load_platform(name, &file);
+  try {
+    return Cluster(spec);
+  } catch (const FieldError& e) {
+    throw InputError(file.describe(e.field(), e.message()));
+  }
+}
+
 int cmd_platform_show(const std::string& name) {
-  const Cluster c(load_platform(name));
+  const Cluster c = platform_cluster(name);
   const auto& s = c.spec();
   fmt::print("{}: {}\n", s.name(), s.description());
   fmt::print("  nodes {} × {} GPUs ({}), {} GiB, {:.0f} GB/s memory\n", s.nodes(), s.node().gpus(), s.gpu().model(),
@@ -245,6 +256,11 @@ int main(int argc, char** argv) {
                   "Override a spec field, e.g. --set cluster.nodes=4 --set model.top_k=1 "
                   "--set gating.zipf.exponent=1.2 (repeatable)");
   run->add_flag("--quiet,-q", quiet, "No progress on stderr");
+  unsigned seeds = 0;
+  run->add_option("--seeds", seeds,
+                  "Run everything with N seeds (the spec's seed, +1, ...): times and paper values as mean and 95% "
+                  "confidence interval, a claim inside the noise said so (same as --set seeds=N)")
+      ->check(CLI::Range(1u, 1000u));
   std::string backend = "sim";
   run->add_option("--backend", backend,
                   "sim: the SimGrid model of the spec's cluster. host: the same graphs executed on this CPU (threads "
@@ -390,6 +406,11 @@ int main(int argc, char** argv) {
                          "The causes OUT/fidelity.md gives the claims that miss (Ledger in proto/moesim.proto)")
       ->capture_default_str();
   report_cmd->add_flag("--run", report_options.run, "Run (and save under RESULTS) the experiments that have no results yet");
+  report_cmd->add_option("--seeds", report_options.seeds,
+                         "With --run, run each experiment with N seeds: every claim as mean ± 95% interval, its verdict on "
+                         "the interval (N times the time)")
+      ->check(CLI::Range(1u, 1000u))
+      ->capture_default_str();
   report_cmd->add_option("--only", report_options.only, "Only specs whose path contains one of these")->delimiter(',');
   report_cmd->add_option("--exclude", report_options.exclude, "Leave out specs whose path contains one of these")->delimiter(',');
   report_cmd->add_flag("--quiet,-q", quiet, "No progress on stderr");
@@ -495,6 +516,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*run) {
+      if (seeds > 0) sets.push_back(fmt::format("seeds={}", seeds));
       return cmd_run(spec_path.empty() ? std::nullopt : std::optional(spec_path), out, sets, quiet, backend);
     }
     if (*plist) {

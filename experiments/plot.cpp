@@ -1,6 +1,7 @@
 #include "plot.hpp"
 
 #include "results.hpp"
+#include "runner.hpp"
 #include "spec.hpp"
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -38,6 +40,7 @@ struct Run {
   std::string group, name;  // "GROUP/NAME" variants: group and name; otherwise group ""
   int gpus = 0;
   double time = 0;  // mean iteration time, seconds
+  std::vector<double> seed_times;  // with several seeds, each seed's mean iteration time
   double breakdown[kNumPhases] = {};  // critical path per phase, seconds
   std::vector<double> gpu_load;                                 // token-slots computed per GPU
   std::vector<std::vector<std::vector<double>>> expert_load;    // iteration × layer × expert
@@ -51,7 +54,25 @@ struct Inputs {
   std::string timeline;                     // a timeline.json
   std::string trace;                        // a gating trace
   fs::path first_dir;                       // where figures go by default
+  // What the summaries ran, for a figure's caption: platform, model, routing; and the tokens per
+  // GPU of each (one value: weak scaling).
+  std::set<std::string> platforms, models, routings;
+  std::set<long> tokens_per_gpu;
 };
+
+// A caption line: platform, model and routing of the summaries read (each, or "several"), and for
+// several cluster sizes whether the scaling was weak (tokens per GPU fixed).
+std::string caption(const Inputs& in, bool scaling) {
+  auto one = [](const std::set<std::string>& v, const char* what) {
+    return v.size() == 1 ? *v.begin() : fmt::format("{} {}", v.size(), what);
+  };
+  if (in.platforms.empty()) return "";
+  std::string c = fmt::format("{}; {}; {}", one(in.platforms, "platforms"), one(in.models, "models"), one(in.routings, "routings"));
+  if (scaling)
+    c += in.tokens_per_gpu.size() == 1 ? fmt::format("; weak scaling, {} tokens per GPU", *in.tokens_per_gpu.begin())
+                                       : "; tokens per GPU vary";
+  return c.size() > 96 ? c.substr(0, 93) + "..." : c;  // what fits above a figure of one paper column
+}
 
 
 Run run_from_json(const json& j, int gpus) {
@@ -65,6 +86,8 @@ Run run_from_json(const json& j, int gpus) {
   }
   r.gpus = gpus;
   r.time = j.at("iteration_time_s").get<double>();
+  if (const auto s = j.find("iteration_time_over_seeds"); s != j.end() && s->contains("per_seed_s"))
+    r.seed_times = s->at("per_seed_s").get<std::vector<double>>();
   for (int p = 0; p < kNumPhases; ++p) r.breakdown[p] = j.at("breakdown").value(phase_name(Phase(p)), 0.0);
   if (j.contains("gpu_load")) r.gpu_load = j["gpu_load"].get<std::vector<double>>();
   for (const auto& it : j.value("per_iteration", json::array()))
@@ -86,6 +109,24 @@ void add_summary(const json& j, const std::string& name, const std::string& wher
     in.summaries.push_back(std::move(runs));
     in.summary_names.push_back(name);
     in.series_suffix.emplace_back();
+    if (j.contains("platform") && j.contains("model")) {
+      const auto& m = j["model"];
+      in.platforms.insert(fmt::format("{} × {} GPUs", j.value("platform", "?"), gpus));
+      in.models.insert(fmt::format("{} ({} layers, {} experts, top-{})", m.value("name", "model"), m.value("layers", 0),
+                                   m.value("experts", 0), m.value("top_k", 0)));
+      // The routing in a few words: a trace's file name (not where it lies, nor which iterations),
+      // a generator's preset and seed (its parameters are in summary.json).
+      std::string routing = j.value("routing", j.value("gating", std::string("?")));
+      if (routing.rfind("trace ", 0) == 0) {
+        routing = routing.substr(6, routing.find(": ") == std::string::npos ? std::string::npos : routing.find(": ") - 6);
+        const fs::path path = routing;  // its folder and name: "smartmoe-gpt-e32-k2-r16/trace.csv"
+        routing = "trace " + (path.parent_path().filename() / path.filename()).string();
+      } else if (const auto open = routing.find(" ("), close = routing.find("), "); open != std::string::npos && close != std::string::npos) {
+        routing = routing.substr(0, open) + routing.substr(close + 1);
+      }
+      in.routings.insert(routing);
+      in.tokens_per_gpu.insert(m.value("tokens_per_gpu", 0L));
+    }
   } catch (const json::exception& e) {
     throw InputError(fmt::format("{}: not a moesim summary.json ({})", where, e.what()));
   }
@@ -267,29 +308,43 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
   const std::string baseline = o.baseline.empty() ? names.front() : o.baseline;
   if (std::find(names.begin(), names.end(), baseline) == names.end())
     throw InputError(fmt::format("--baseline {}: no run of that name (runs: {})", baseline, fmt::join(names, ", ")));
-  std::map<std::pair<std::string, std::string>, double> time;
-  for (const auto& r : runs) time[{r.group, r.name}] = r.time;
-  // speedup(g, n) = time of the group's baseline / time of n; nullopt where either is missing.
-  auto speedup = [&](const std::string& g, const std::string& n) -> std::optional<double> {
-    const auto base = time.find({g, baseline}), t = time.find({g, n});
-    if (base == time.end() || t == time.end() || t->second <= 0) return std::nullopt;
-    return base->second / t->second;
+  std::map<std::pair<std::string, std::string>, const Run*> by_name;
+  for (const auto& r : runs) by_name[{r.group, r.name}] = &r;
+  // speedup(g, n) = time of the group's baseline / time of n; nullopt where either is missing. With
+  // several seeds, the mean of the seeds' paired speedups, and its 95% confidence half-width.
+  auto speedup_ci = [&](const std::string& g, const std::string& n) -> std::optional<std::pair<double, double>> {
+    const auto base = by_name.find({g, baseline}), t = by_name.find({g, n});
+    if (base == by_name.end() || t == by_name.end() || t->second->time <= 0) return std::nullopt;
+    const auto &b = base->second->seed_times, &v = t->second->seed_times;
+    if (b.size() < 2 || b.size() != v.size()) return std::pair{base->second->time / t->second->time, 0.0};
+    std::vector<double> paired;
+    for (std::size_t k = 0; k < b.size(); ++k) paired.push_back(b[k] / v[k]);
+    return std::pair{std::accumulate(paired.begin(), paired.end(), 0.0) / double(paired.size()), ci95_half_width(paired)};
   };
-  double top = 1;
+  auto speedup = [&](const std::string& g, const std::string& n) -> std::optional<double> {
+    const auto x = speedup_ci(g, n);
+    return x ? std::optional(x->first) : std::nullopt;
+  };
+  double top = 1;  // the axis: up to the top of the highest error bar
   for (const auto& g : groups)
     for (const auto& n : names)
-      if (const auto x = speedup(g, n)) top = std::max(top, *x);
+      if (const auto x = speedup_ci(g, n)) top = std::max(top, x->first + x->second);
   std::string body = fmt::format("set ylabel {}\nset yrange [0:{:.3f}]\n", gp_string("Speedup over " + baseline + " (x)"), top * 1.18);
   body += "set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front\n";
   if (groups.size() == 1) {  // one bar per run, named on the axis, its value above it
     body += "$bars << EOD\n";
+    bool seeds = false;
     for (const auto& n : names)
-      if (const auto x = speedup(groups[0], n)) body += fmt::format("{} {:.4f}\n", data_string(n), *x);
+      if (const auto x = speedup_ci(groups[0], n)) {
+        body += fmt::format("{} {:.4f} {:.4f}\n", data_string(n), x->first, x->second);
+        seeds = seeds || x->second > 0;
+      }
     const bool many = names.size() > 8;  // steeper, smaller names and values
     body += fmt::format("EOD\nset xtics rotate by {} right{}\nset boxwidth 0.7\nset xrange [-0.6:*]\n", many ? 45 : 30,
                         many ? " font ',7'" : "");
-    body += fmt::format("plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, "
-                        "'' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',{}'\n", many ? 6 : 7);
+    body += fmt::format("plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable{}, "
+                        "'' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',{}'\n",
+                        seeds ? ", '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle" : "", many ? 6 : 7);
     return {"speedup", body};
   }
   body += "$data << EOD\ngroup";  // a row per group, a column per run name
@@ -353,7 +408,15 @@ Figure lines_figure(const std::string& name, const std::vector<std::string>& ord
     plot += fmt::format("{}$s{} using 1:2 with linespoints lt {} title {}", k ? ", " : "", k, k % 8 + 1, gp_string(s));
     ++k;
   }
-  body += "set logscale x 2\nset logscale y 10\nset xlabel 'GPUs'\nset ylabel " + gp_string(ylabel) +
+  // A log y axis where the values span a decade or more; else a linear one from 0, where a speedup
+  // of 1.2 and of 1.3 look apart and the baseline's line at 1 is seen.
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const auto& [s, points] : series)
+    for (const auto& [gpus, v] : points)
+      if (v > 0) lo = std::min(lo, v), hi = std::max(hi, v);
+  const bool log_y = hi > 0 && hi / lo >= 10;
+  body += std::string("set logscale x 2\n") + (log_y ? "set logscale y 10\n" : "set yrange [0:*]\n") +
+          "set xlabel 'GPUs'\nset ylabel " + gp_string(ylabel) +
           "\nset key top left Left reverse opaque font ',7'\nset format y '%g'\n" + plot + "\n";
   return {name, body};
 }
@@ -590,6 +653,9 @@ std::vector<std::string> plot(const std::vector<std::string>& inputs, const Plot
                  : f == "load"      ? load_figure(in, o)
                  : f == "heatmap"   ? heatmap_figure(in, o)
                                     : timeline_figure(in, o);
+    if (const auto c = caption(in, f == "scaling"); !c.empty() && (f == "speedup" || f == "breakdown" || f == "scaling") &&
+                                                     in.collectives.empty())
+      fig.body = fmt::format("set title {} font ',5' noenhanced\n", gp_string(c)) + fig.body;
     written.push_back(render(fig, o.format, out));
   }
   return written;

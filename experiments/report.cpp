@@ -46,9 +46,12 @@ std::string claims_table(const std::vector<PaperComparison>& claims) {
   std::string out = "| claim | paper | simulated | ratio | tolerance | verdict | source |\n|---|---:|---:|---:|---:|---|---|\n";
   for (const auto& c : claims) {
     const bool ran = std::isfinite(c.simulated);
+    const std::string verdict = ran ? c.verdict() : "not run";
     out += fmt::format("| {} | {:.2f} | {} | {} | ±{:.0f}% | {} | {} |\n", c.paper.claim(), c.paper.value(),
-                       ran ? fmt::format("{:.2f}", c.simulated) : "—", ran ? fmt::format("{:.2f}", c.ratio()) : "—",
-                       c.tolerance() * 100, !ran ? "not run" : c.pass() ? "pass" : "**fail**", c.paper.source());
+                       !ran ? "—" : c.per_seed.size() > 1 ? fmt::format("{:.3f} ± {:.3f}", c.simulated, c.ci95)
+                                                        : fmt::format("{:.3f}", c.simulated),
+                       ran ? fmt::format("{:.3f}", c.ratio()) : "—", c.tolerance() * 100,
+                       verdict == "fail" ? "**fail**" : verdict, c.paper.source());
   }
   return out;
 }
@@ -165,7 +168,7 @@ std::string verdicts_json(const std::vector<ReportEntry>& entries) {
     for (const auto& c : e.claims)
       if (std::isfinite(c.simulated))
         claims.push_back({{"experiment", e.name}, {"claim", c.paper.claim()}, {"paper", c.paper.value()},
-                          {"simulated", c.simulated}, {"pass", c.pass()}});
+                          {"simulated", c.simulated}, {"pass", c.pass()}, {"verdict", c.verdict()}});
   return json{{"claims", claims}}.dump(1) + "\n";
 }
 
@@ -326,11 +329,17 @@ ReportEntry experiment_entry(const std::string& path, const fs::path& results) {
   json summary = json::object();
   if (const auto file = results / ex.spec.name() / "summary.json"; fs::exists(file)) std::ifstream(file) >> summary;
   for (const auto& p : ex.spec.paper()) {
-    double simulated = std::numeric_limits<double>::quiet_NaN();
+    PaperComparison c{p, std::numeric_limits<double>::quiet_NaN()};
     for (const auto& row : summary.value("paper", json::array()))  // the same claim of the same variant
       if (row.value("claim", "") == p.claim() && row.value("variant", "") == p.variant())
-        if (const auto v = row.find("simulated_value"); v != row.end() && v->is_number()) simulated = v->get<double>();
-    e.claims.push_back({p, simulated});
+        if (const auto v = row.find("simulated_value"); v != row.end() && v->is_number()) {
+          c.simulated = v->get<double>();
+          c.ci95 = row.value("simulated_ci95", 0.0);
+          if (const auto s = row.find("simulated_per_seed"); s != row.end() && s->is_array())
+            for (const auto& x : *s)
+              if (x.is_number()) c.per_seed.push_back(x.get<double>());
+        }
+    e.claims.push_back(c);
   }
   return e;
 }
@@ -392,7 +401,9 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
                                                   const auto file = load_collective_sweep(path);
                                                   write_collective_results(dir, file.sweep, run_collective_sweep(file.sweep), &file);
                                                 } else {
-                                                  const auto ex = load_experiment(path, {});
+                                                  const auto ex = load_experiment(
+                                                      path, o.seeds > 1 ? std::vector<std::string>{fmt::format("seeds={}", o.seeds)}
+                                                                        : std::vector<std::string>{});
                                                   write_results(dir, ex, run_experiment(ex));
                                                 }
                                               },

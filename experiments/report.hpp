@@ -71,6 +71,7 @@ struct ReportOptions {
   std::string out = "report";               // OUT/report.md, OUT/fidelity.md, OUT/claims.json and OUT/figures/
   std::string ledger = "report/ledger.textproto";  // the causes fidelity.md gives; "" or missing: none
   bool run = false;                         // run the experiments that have no results yet
+  unsigned seeds = 1;                       // with `run`: each experiment with this many seeds
   std::vector<std::string> only, exclude;   // substrings of spec paths to keep / leave out
   std::string command;                      // the command line, quoted in the report
 };

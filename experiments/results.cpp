@@ -68,6 +68,9 @@ nlohmann::json run_json(const RunResult& r) {
   j["iterations"] = r.iterations.size();
   if (r.warmup > 0) j["warmup_iterations"] = r.warmup;  // left out of the means below
   j["iteration_time_s"] = r.mean_time();
+  if (!r.seed_times.empty())  // several seeds; everything else here is the first seed's
+    j["iteration_time_over_seeds"] = {{"seeds", r.seed_times.size()}, {"mean_s", r.seeds_mean_time()},
+                                      {"ci95_s", r.seeds_ci95()}, {"per_seed_s", r.seed_times}};
   const Attribution a = r.mean_attribution();
   j["breakdown"] = breakdown_json(a.critical);  // the critical path per phase: adds up to iteration_time_s
   j["busy"] = breakdown_json(a.busy);           // per phase, seconds a GPU's streams are busy (mean over GPUs)
@@ -149,7 +152,7 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
   auto& variants = j["variants"] = nlohmann::json::array();
   for (const auto& r : result.runs) variants.push_back(run(r));
   auto& paper = j["paper"] = nlohmann::json::array();
-  for (const auto& c : result.paper)
+  for (const auto& c : result.paper) {
     paper.push_back({{"claim", c.paper.claim()},
                      {"variant", c.paper.variant()},
                      {"baseline", std::vector<std::string>(c.paper.baseline().begin(), c.paper.baseline().end())},
@@ -161,7 +164,13 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
                      {"tolerance", c.tolerance()},
                      {"simulated_value", c.simulated},
                      {"ratio", c.ratio()},
-                     {"pass", c.pass()}});
+                     {"pass", c.pass()},
+                     {"verdict", c.verdict()}});
+    if (c.per_seed.size() > 1) {
+      paper.back()["simulated_ci95"] = c.ci95;
+      paper.back()["simulated_per_seed"] = c.per_seed;
+    }
+  }
   return j;
 }
 
@@ -207,13 +216,20 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
           if (c->tokens) args["tokens"] = c->tokens;
         } else if (const auto* c = std::get_if<Collective>(&op.body)) {
           args["algorithm"] = c->algorithm;
+          // What this GPU sends: an all-to-all's row (the whole collective in mbytes_total), a ring
+          // collective's buffer.
           args["mbytes"] = c->total_bytes() / 1e6;
+          if (!c->sent.empty()) args["mbytes_total"] = c->total_bytes() / 1e6;
         } else {
           args["mbytes"] = std::get<Transfer>(op.body).bytes / 1e6;
         }
-        for (int rank : op.ranks())
+        const auto* coll = std::get_if<Collective>(&op.body);
+        const auto ranks = op.ranks();
+        for (std::size_t i = 0; i < ranks.size(); ++i) {
+          if (coll && !coll->sent.empty()) args["mbytes"] = coll->sent[i] / 1e6;
           emit({{"name", op.label}, {"cat", phase_name(op.phase)}, {"ph", "X"}, {"ts", start * 1e6},
-                {"dur", (end - start) * 1e6}, {"pid", base + rank}, {"tid", int(op.stream)}, {"args", args}});
+                {"dur", (end - start) * 1e6}, {"pid", base + ranks[i]}, {"tid", int(op.stream)}, {"args", args}});
+        }
       }
     }
   }
@@ -221,12 +237,15 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
 }
 
 std::string paper_table(const std::vector<PaperComparison>& rows) {
-  std::string out = "| claim | paper | simulated | ratio | within tolerance | source |\n|---|---:|---:|---:|---|---|\n";
+  // With several seeds the simulated value is their mean ± its 95% confidence half-width, and the
+  // verdict is on that interval (PaperComparison::verdict).
+  std::string out = "| claim | paper | simulated | ratio | verdict | source |\n|---|---:|---:|---:|---|---|\n";
   for (const auto& c : rows)
     out += !std::isfinite(c.simulated)
                ? fmt::format("| {} | {:.2f}× | not run | | | {} |\n", c.paper.claim(), c.paper.value(), c.paper.source())
-               : fmt::format("| {} | {:.2f}× | {:.2f}× | {:.2f} | {} | {} |\n", c.paper.claim(), c.paper.value(),
-                             c.simulated, c.ratio(), c.pass() ? "yes" : "no", c.paper.source());
+               : fmt::format("| {} | {:.2f}× | {:.3f}×{} | {:.3f} | {} | {} |\n", c.paper.claim(), c.paper.value(),
+                             c.simulated, c.per_seed.size() > 1 ? fmt::format(" ± {:.3f}", c.ci95) : "", c.ratio(),
+                             c.verdict(), c.paper.source());
   return out;
 }
 
@@ -341,6 +360,10 @@ std::string run_block(const Experiment& ex, const RunResult& r) {
                                 r.name.empty() ? "" : " / " + r.name, r.gpus, ex.cluster_spec.nodes(),
                                 ex.cluster_spec.name(), r.policy, r.iterations.size());
   out += fmt::format("  {:<18}{:>12}\n", "iteration time", fmt::format("{:.3f} ms", t * 1e3));
+  if (r.seed_times.size() > 1)
+    out += fmt::format("  {:<18}{:>12}  ± {:.3f} ms (95% confidence), the rest of this block the first seed's\n",
+                       fmt::format("over {} seeds", r.seed_times.size()), fmt::format("{:.3f} ms", r.seeds_mean_time() * 1e3),
+                       r.seeds_ci95() * 1e3);
   out += fmt::format("  {:<18}{:>12}  {:>6}  {:>12}  (docs/timeline.md)\n", "phase", "critical path", "", "busy per GPU");
   for (int p = 0; p < kNumPhases; ++p)
     if (a.critical.seconds[p] > 0 || a.busy.seconds[p] > 0)
@@ -394,6 +417,19 @@ std::string comparison_table(const Experiment& ex, const ExperimentResult& resul
     out += fmt::format("  {:<28}{:<22}{:>12.1f}{:>9.2f}×{:>11.1f}%{:>14}{:>12}\n", r.name, r.policy, t * 1e3,
                        first.mean_time() / t, t > 0 ? 100 * all_to_all_seconds(r.mean_breakdown()) / t : 0.0,
                        spread_cell(r), memory_cell(ex, r));
+  }
+  if (first.seed_times.size() > 1) {  // the first seed above; over the seeds, mean and 95% interval
+    out += fmt::format("\n  over {} seeds (mean ± 95% confidence half-width; the speedup paired seed by seed)\n",
+                       first.seed_times.size());
+    out += fmt::format("  {:<28}{:>22}{:>22}\n", "variant", "iteration ms", "speedup");
+    for (const auto& r : result.runs) {
+      std::vector<double> speedups;
+      for (std::size_t k = 0; k < r.seed_times.size(); ++k) speedups.push_back(first.seed_times[k] / r.seed_times[k]);
+      const double mean = std::accumulate(speedups.begin(), speedups.end(), 0.0) / double(speedups.size());
+      out += fmt::format("  {:<28}{:>22}{:>22}\n", r.name,
+                         fmt::format("{:.1f} ± {:.1f}", r.seeds_mean_time() * 1e3, r.seeds_ci95() * 1e3),
+                         fmt::format("{:.3f} ± {:.3f}×", mean, ci95_half_width(speedups)));
+    }
   }
   if (std::any_of(result.runs.begin(), result.runs.end(), [&](const RunResult& r) { return !fits(ex, r); }))
     out += fmt::format("\n  OOM: needs more than the {:.0f} GiB of one {} (memory model: README, Memory)\n",

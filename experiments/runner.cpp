@@ -1,5 +1,7 @@
 #include "runner.hpp"
 
+#include <boost/math/distributions/students_t.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -26,6 +28,31 @@ double RunResult::mean_time() const {
   return its.empty() ? 0 : sum / double(its.size());
 }
 
+double ci95_half_width(const std::vector<double>& samples) {
+  const std::size_t n = samples.size();
+  if (n < 2) return 0;
+  const double mean = std::accumulate(samples.begin(), samples.end(), 0.0) / double(n);
+  double ss = 0;
+  for (double x : samples) ss += (x - mean) * (x - mean);
+  const boost::math::students_t t(double(n - 1));
+  return boost::math::quantile(t, 0.975) * std::sqrt(ss / double(n - 1)) / std::sqrt(double(n));
+}
+
+double RunResult::seeds_mean_time() const {
+  return seed_times.empty() ? mean_time()
+                            : std::accumulate(seed_times.begin(), seed_times.end(), 0.0) / double(seed_times.size());
+}
+
+double RunResult::seeds_ci95() const { return ci95_half_width(seed_times); }
+
+std::string PaperComparison::verdict() const {
+  const double lo = (simulated - ci95) / paper.value(), hi = (simulated + ci95) / paper.value();
+  const double tol = tolerance();
+  if (lo >= 1 - tol && hi <= 1 + tol) return "pass";
+  if (hi < 1 - tol || lo > 1 + tol) return "fail";
+  return "inside the noise";
+}
+
 Attribution RunResult::mean_attribution() const {
   const auto its = measured();
   Attribution sum;
@@ -47,26 +74,24 @@ MemoryUse RunResult::peak_memory() const {
   return peak;
 }
 
-std::vector<double> RunResult::mean_gpu_load() const {
-  const auto its = measured();
+namespace {
+// Entry by entry, the mean over `its` of a per-iteration vector; empty where an iteration lacks it.
+std::vector<double> mean_of(std::span<const IterationRecord> its, std::vector<double> IterationRecord::*field) {
   std::vector<double> mean;
   for (const auto& it : its) {
-    if (it.gpu_load.empty()) return {};
-    mean.resize(it.gpu_load.size(), 0.0);
-    for (std::size_t g = 0; g < mean.size(); ++g) mean[g] += it.gpu_load[g] / double(its.size());
+    const auto& v = it.*field;
+    if (v.empty()) return {};
+    mean.resize(v.size(), 0.0);
+    for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += v[i] / double(its.size());
   }
   return mean;
 }
+}  // namespace
+
+std::vector<double> RunResult::mean_gpu_load() const { return mean_of(measured(), &IterationRecord::gpu_load); }
 
 std::vector<double> RunResult::mean_load_max_mean() const {
-  const auto its = measured();
-  std::vector<double> mean;
-  for (const auto& it : its) {
-    if (it.load_max_mean_per_layer.empty()) return {};
-    mean.resize(it.load_max_mean_per_layer.size(), 0.0);
-    for (std::size_t l = 0; l < mean.size(); ++l) mean[l] += it.load_max_mean_per_layer[l] / double(its.size());
-  }
-  return mean;
+  return mean_of(measured(), &IterationRecord::load_max_mean_per_layer);
 }
 
 namespace {
@@ -176,17 +201,37 @@ ExperimentResult run_experiment(const Experiment& ex, const std::function<void(i
 
   std::vector<std::pair<std::string, spec::ExperimentSpec>> runs = ex.variants;
   if (runs.empty()) runs.emplace_back("", ex.spec);
+  const int seeds = std::max(1, int(ex.spec.seeds()));
   int total = 0, done = 0;
-  for (const auto& [name, s] : runs) total += int(s.iterations());
+  for (const auto& [name, s] : runs) total += seeds * int(s.iterations());
   ExperimentResult result;
   result.backend = backend->name();
-  for (const auto& [name, s] : runs) {
-    result.runs.push_back(run_one(s, cluster, gpu, *backend, [&] {
-      if (progress) progress(++done, total);
-    }));
-    result.runs.back().name = name;
+  result.paper.resize(std::size_t(ex.spec.paper_size()));
+  // Seed by seed: every run, then the paper's values from that seed's runs. The first seed's runs
+  // are kept whole; of the others, their times and paper values.
+  for (int k = 0; k < seeds; ++k) {
+    ExperimentResult this_seed;
+    for (const auto& [name, spec] : runs) {
+      spec::ExperimentSpec s = spec;
+      s.set_seed(spec.seed() + std::uint64_t(k));
+      this_seed.runs.push_back(run_one(s, cluster, gpu, *backend, [&] {
+        if (progress) progress(++done, total);
+      }));
+      this_seed.runs.back().name = name;
+    }
+    for (int i = 0; i < ex.spec.paper_size(); ++i)
+      result.paper[std::size_t(i)].per_seed.push_back(simulated_value(ex.spec.paper(i), this_seed));
+    if (k == 0) result.runs = std::move(this_seed.runs);
+    if (seeds > 1)
+      for (std::size_t r = 0; r < result.runs.size(); ++r)
+        result.runs[r].seed_times.push_back((k == 0 ? result.runs : this_seed.runs)[r].mean_time());
   }
-  for (const auto& p : ex.spec.paper()) result.paper.push_back({p, simulated_value(p, result)});
+  for (int i = 0; i < ex.spec.paper_size(); ++i) {
+    auto& c = result.paper[std::size_t(i)];
+    c.paper = ex.spec.paper(i);
+    c.simulated = std::accumulate(c.per_seed.begin(), c.per_seed.end(), 0.0) / double(c.per_seed.size());
+    c.ci95 = ci95_half_width(c.per_seed);
+  }
   return result;
 }
 

@@ -59,10 +59,16 @@ struct RunResult {
   int first_graph = 0;
 
   int warmup = 0;  // leading iterations left out of the means (ExperimentSpec.warmup_iterations)
+  /// With several seeds (ExperimentSpec.seeds), each seed's mean iteration time, the first seed's
+  /// first; everything else in this run is the first seed's.
+  std::vector<double> seed_times;
 
   /// The iterations the means are over: all but the warm-up (at least one).
   std::span<const IterationRecord> measured() const;
   double mean_time() const;
+  /// The mean iteration time over the seeds and its 95% confidence half-width (0 with one seed).
+  double seeds_mean_time() const;
+  double seeds_ci95() const;
   /// Means over the measured iterations.
   Attribution mean_attribution() const;
   Breakdown mean_breakdown() const { return mean_attribution().critical; }
@@ -77,13 +83,22 @@ struct RunResult {
   MemoryUse peak_memory() const;
 };
 
+/// The half-width of the 95% confidence interval of the mean of `samples` (Student's t with n − 1
+/// degrees of freedom); 0 for fewer than two samples.
+double ci95_half_width(const std::vector<double>& samples);
+
 /// A paper's number next to the simulated one.
 struct PaperComparison {
   spec::PaperValue paper;
-  double simulated = 0;  // see simulated_value()
+  double simulated = 0;  // see simulated_value(); with several seeds, the mean over them
+  double ci95 = 0;       // its 95% confidence half-width over the seeds (0: one seed)
+  std::vector<double> per_seed = {};
   double ratio() const { return simulated / paper.value(); }
   double tolerance() const { return paper.tolerance() > 0 ? paper.tolerance() : 0.15; }
   bool pass() const { return std::abs(ratio() - 1) <= tolerance(); }
+  /// On the interval: "pass" (all of it within tolerance), "fail" (none of it), or "inside the
+  /// noise" (the interval straddles the tolerance's edge). With one seed, pass or fail.
+  std::string verdict() const;
 };
 
 struct ExperimentResult {

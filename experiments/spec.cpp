@@ -200,6 +200,9 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     if (run.warmup_iterations() >= run.iterations())
       throw error("warmup_iterations", fmt::format("{} warm-up iterations leave none of the {} to measure; use fewer, or "
                                                    "more iterations", run.warmup_iterations(), run.iterations()));
+    if (run.seeds() > 1000) throw error("seeds", fmt::format("{} is more than 1000", run.seeds()));
+    if (run.seeds() != s.seeds())
+      throw error("seeds", "is the experiment's (every variant runs with each seed); set it outside the variants");
     if (run.sim().ideal() != s.sim().ideal())
       throw error("sim.ideal", "is the experiment's (its variants share the cluster); set it outside the variants");
     if (run.sim().timeline_iterations() > run.iterations())

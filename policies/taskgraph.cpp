@@ -214,6 +214,11 @@ double Collective::total_bytes() const { return bytes.total(); }
 void TaskGraph::drop_collective_matrices() {
   for (auto& op : ops_)
     if (auto* c = std::get_if<Collective>(&op.body)) {
+      if (c->type == CollectiveType::all_to_all && c->bytes.size() > 1) {
+        const std::size_t n = c->group.size();
+        c->sent.assign(n, 0.0);
+        c->bytes.for_each(n, [&](std::size_t i, std::size_t, double b) { return c->sent[i] += b, true; });
+      }
       const double total = c->total_bytes();
       c->bytes = {total};
     }

@@ -149,6 +149,9 @@ struct Collective {
   std::vector<int> group;
   CollectiveBytes bytes;
   std::string algorithm;
+  /// An all-to-all's bytes each member of `group` sends (the matrix's rows), kept by
+  /// TaskGraph::drop_collective_matrices() when it replaces the matrix by its total.
+  std::vector<double> sent = {};
   double total_bytes() const;
 };
 
@@ -200,8 +203,9 @@ class TaskGraph {
 
   int num_ranks() const { return num_ranks_; }
   const std::vector<Op>& ops() const { return ops_; }
-  /// Replaces each collective's G × G byte matrix by its total (one entry): for a graph kept after
-  /// it ran, for its timeline (at 2,048 GPUs a matrix is 33 MB).
+  /// Replaces each collective's G × G byte matrix by its total (one entry) and its row sums
+  /// (Collective::sent): for a graph kept after it ran, for its timeline (at 2,048 GPUs a matrix is
+  /// 33 MB).
   void drop_collective_matrices();
   const Op& op(OpId id) const { return ops_[id]; }
   std::size_t size() const { return ops_.size(); }

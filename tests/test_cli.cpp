@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -81,6 +82,15 @@ TEST_CASE("moesim run writes the summary and a Chrome trace") {
     }
   CHECK(complete > 0);
   CHECK(pids.size() == 16);  // one process per GPU
+  // An all-to-all's events carry what each GPU sends; over the GPUs, the whole all-to-all.
+  std::map<int, double> sent, total;  // per op id
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X" && e["cat"] == "dispatch") {
+      sent[e["args"]["op"].get<int>()] += e["args"]["mbytes"].get<double>();
+      total[e["args"]["op"].get<int>()] = e["args"]["mbytes_total"].get<double>();
+    }
+  REQUIRE(!sent.empty());
+  for (const auto& [op, mb] : sent) CHECK(mb == Approx(total[op]));
   CHECK_THAT(out, Contains("iteration time") && Contains("routing: Zipf popularity, exponent 1, seed 1"));
   CHECK(summary["routing"] == "Zipf popularity, exponent 1, seed 1");
   // The CSVs: a row per iteration (the first marked warm-up when the spec leaves one out) with the
@@ -155,6 +165,25 @@ TEST_CASE("missing files, unknown platforms and unknown policies are rejected") 
   expect_rejected(test::kBaseSpec + " " + "--set cluster.platform=dgx-z", dir, {"unknown platform 'dgx-z'", "dgx-a100"});
   expect_rejected(test::kBaseSpec + " " + "--set policy.name=magic", dir, {"unknown policy 'magic'", "ep"});
   expect_rejected(test::kBaseSpec + " " + "--set policy.all_to_all=telepathy", dir, {"unknown algorithm 'telepathy'", "linear"});
+}
+
+TEST_CASE("a custom platform's error names its file, line and field, from run and from platform show") {
+  // The DGX H100 of the catalog, exported, with a NIC that no link reaches (it was an internal
+  // error, map::at).
+  const auto dir = test::temp_dir("custom-platform");
+  std::string text, out;
+  REQUIRE(test::run_command(kBin + " platform export dgx-h100", text) == 0);
+  const auto at = text.find("  p2p_peers:");
+  REQUIRE(at != std::string::npos);
+  text.insert(at, "  nics {\n    name: \"nic8\"\n    gbits_per_s: 400\n  }\n");
+  const int line = int(std::count(text.begin(), text.begin() + long(at), '\n')) + 2;  // the name's line
+  test::write_file(dir + "/h100.textproto", text);
+  const std::string where = fmt::format("{}/h100.textproto:{}: field 'node.nics[8].name': 'nic8' is in no link", dir, line);
+  CHECK(test::run_command(kBin + " platform show " + dir + "/h100.textproto", out) == 2);
+  CHECK_THAT(out, Contains(where));
+  CHECK(test::run_command(kBin + " run " + test::kBaseSpec + kSmall + " --set cluster.platform=" + dir + "/h100.textproto --out " + dir + "/o", out) == 2);
+  CHECK_THAT(out, Contains(where));
+  CHECK_FALSE(fs::exists(dir + "/o"));
 }
 
 TEST_CASE("help is available at every level") {

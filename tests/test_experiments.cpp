@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
 #include "moe_iteration.hpp"
@@ -189,4 +190,60 @@ TEST_CASE("a run too short for a steady timeline shows it from the first iterati
   const auto r = run_experiment(ex).runs.front();
   CHECK(r.first_graph == 0);
   CHECK(r.graphs.size() == 2);
+}
+
+TEST_CASE("a confidence interval on known samples, and a claim's verdict on its interval") {
+  // {1, 2, 3}: mean 2, s = 1, t(0.975, 2 d.f.) = 4.302653: half-width 4.302653 / sqrt(3) = 2.484138.
+  CHECK(ci95_half_width({1, 2, 3}) == Approx(2.484138).epsilon(1e-6));
+  // {10, 12}: s = sqrt(2), t(0.975, 1) = 12.706205: 12.706205 · sqrt(2) / sqrt(2) = 12.706205.
+  CHECK(ci95_half_width({10, 12}) == Approx(12.706205).epsilon(1e-6));
+  CHECK(ci95_half_width({5}) == 0);
+  CHECK(ci95_half_width({2, 2, 2}) == 0);
+  // A paper value of 2.0 within ±15%: [1.7, 2.3].
+  spec::PaperValue p;
+  p.set_value(2.0);
+  auto verdict = [&](double simulated, double ci) { return PaperComparison{p, simulated, ci, {}}.verdict(); };
+  CHECK(verdict(2.0, 0.1) == "pass");
+  CHECK(verdict(2.0, 0.5) == "inside the noise");  // [1.5, 2.5] straddles both edges
+  CHECK(verdict(2.25, 0.1) == "inside the noise");
+  CHECK(verdict(3.0, 0.1) == "fail");
+  CHECK(verdict(1.6, 0.0) == "fail");
+  CHECK(verdict(1.75, 0.0) == "pass");
+}
+
+TEST_CASE("seeds: with --seeds N every variant runs N times, times and claims as mean and 95% interval") {
+  const auto dir = test::temp_dir("seeds");
+  const std::string spec = dir + "/seeds.textproto";
+  test::write_file(spec, R"(name: "seeds"
+cluster { platform: "dgx-a100" nodes: 2 }
+model { layers: 2 d_model: 512 d_ffn: 1024 experts: 16 top_k: 2 seq_len: 128 tokens_per_gpu: 512 heads: 8 dtype: FP16 }
+gating { zipf { exponent: 1.2 } }
+iterations: 2
+seed: 5
+variants { name: "ep" set: "policy.name=ep" }
+variants { name: "shadow" set: "policy.name=fastermoe-shadow" }
+paper { claim: "shadowing vs EP" variant: "shadow" baseline: "ep" value: 1.2 }
+)");
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " run " + spec + " --seeds 3 -q --out " + dir + "/out", out) == 0);
+  INFO(out);
+  const auto s = nlohmann::json::parse(test::read_file(dir + "/out/summary.json"));
+  for (const auto& v : s["variants"]) {
+    const auto& over = v["iteration_time_over_seeds"];
+    REQUIRE(over["per_seed_s"].size() == 3);
+    CHECK(over["per_seed_s"][0].get<double>() == v["iteration_time_s"].get<double>());  // the first seed's run in full
+    const auto times = over["per_seed_s"].get<std::vector<double>>();
+    CHECK(times[0] != times[1]);  // each seed routes its own tokens
+    CHECK(over["mean_s"].get<double>() == Approx((times[0] + times[1] + times[2]) / 3));
+    CHECK(over["ci95_s"].get<double>() == Approx(ci95_half_width(times)));
+  }
+  const auto& claim = s["paper"][0];
+  REQUIRE(claim["simulated_per_seed"].size() == 3);
+  CHECK(claim["simulated_ci95"].get<double>() > 0);
+  CHECK(claim.contains("verdict"));
+  CHECK_THAT(out, Contains("over 3 seeds") && Contains(" ± "));
+  // The seed count is the experiment's: a variant that sets its own is refused.
+  test::write_file(spec, test::read_file(spec) + "variants { name: \"x\" set: \"seeds=2\" }\n");
+  CHECK(test::run_command(std::string(MOESIM_BIN) + " run " + spec + " -q --out " + dir + "/bad", out) == 2);
+  CHECK_THAT(out, Contains("set it outside the variants"));
 }

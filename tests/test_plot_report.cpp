@@ -158,9 +158,9 @@ TEST_CASE("report: pass and fail and not run on hand cases") {
   x.spec_path = "x.textproto", x.name = "x", x.description = "an experiment", x.claims = claims, x.figure = "figures/x/speedup.png";
   const std::string md = report_markdown({x}, "moesim report");
   CHECK_THAT(md, Contains("5 claims from 1 experiments: 2 pass, 2 fail, 1 not run"));
-  CHECK_THAT(md, Contains("| claim | 2.00 | 2.20 | 1.10 | ±15% | pass |"));
-  CHECK_THAT(md, Contains("| claim | 2.00 | 2.50 | 1.25 | ±30% | pass |"));
-  CHECK_THAT(md, Contains("| claim | 2.00 | 1.60 | 0.80 | ±15% | **fail** |"));
+  CHECK_THAT(md, Contains("| claim | 2.00 | 2.200 | 1.100 | ±15% | pass |"));
+  CHECK_THAT(md, Contains("| claim | 2.00 | 2.500 | 1.250 | ±30% | pass |"));
+  CHECK_THAT(md, Contains("| claim | 2.00 | 1.600 | 0.800 | ±15% | **fail** |"));
   CHECK_THAT(md, Contains("| claim | 2.00 | — | — | ±15% | not run |"));
   CHECK_THAT(md, Contains("![x](figures/x/speedup.png)"));
 }
