@@ -51,10 +51,10 @@ TEST_CASE("every placement policy computes plain EP's outputs and gradients on t
     variants.emplace_back(name, s);
   }
   std::set<std::string> copied, migrated;
+  const hw::DataPathRun ep = hw::run_data_path(cluster, model, gpu, ex.spec.policy(), 4, 7, 3.0);  // once for all
   for (const auto& [name, s] : variants) {
     INFO("policy " << name);
     const hw::DataPathRun run = hw::run_data_path(cluster, model, gpu, s.policy(), 4, 7, 3.0);
-    const hw::DataPathRun ep = hw::run_data_path(cluster, model, gpu, ex.spec.policy(), 4, 7, 3.0);
     for (std::size_t it = 0; it < run.numbers.size(); ++it) {
       INFO("iteration " << it);
       const hw::LayerNumbers ref = hw::reference_layer(run.problems[it]);
