@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "collective_sweep.hpp"
 #include "errors.hpp"
@@ -57,6 +58,7 @@ struct Inputs {
   // What the summaries ran, for a figure's caption: platform, model, routing; and the tokens per
   // GPU of each (one value: weak scaling).
   std::set<std::string> platforms, models, routings;
+  std::set<int> gpus;
   std::set<long> tokens_per_gpu;
 };
 
@@ -67,10 +69,13 @@ std::string caption(const Inputs& in, bool scaling) {
     return v.size() == 1 ? *v.begin() : fmt::format("{} {}", v.size(), what);
   };
   if (in.platforms.empty()) return "";
-  std::string c = fmt::format("{}; {}; {}", one(in.platforms, "platforms"), one(in.models, "models"), one(in.routings, "routings"));
-  if (scaling)
-    c += in.tokens_per_gpu.size() == 1 ? fmt::format("; weak scaling, {} tokens per GPU", *in.tokens_per_gpu.begin())
-                                       : "; tokens per GPU vary";
+  const std::string gpus = in.gpus.size() == 1 ? fmt::format("{} GPUs", *in.gpus.begin())
+                                                : fmt::format("{}-{} GPUs", *in.gpus.begin(), *in.gpus.rbegin());
+  std::string c = fmt::format("{} × {}; ", one(in.platforms, "platforms"), gpus);
+  if (scaling)  // first: the caption is cut at the end where it is long
+    c += in.tokens_per_gpu.size() == 1 ? fmt::format("weak scaling, {} tokens per GPU; ", *in.tokens_per_gpu.begin())
+                                       : "tokens per GPU vary; ";
+  c += fmt::format("{}; {}", one(in.models, "models"), one(in.routings, "routings"));
   return c.size() > 96 ? c.substr(0, 93) + "..." : c;  // what fits above a figure of one paper column
 }
 
@@ -111,7 +116,8 @@ void add_summary(const json& j, const std::string& name, const std::string& wher
     in.series_suffix.emplace_back();
     if (j.contains("platform") && j.contains("model")) {
       const auto& m = j["model"];
-      in.platforms.insert(fmt::format("{} × {} GPUs", j.value("platform", "?"), gpus));
+      in.platforms.insert(j.value("platform", "?"));
+      in.gpus.insert(gpus);
       in.models.insert(fmt::format("{} ({} layers, {} experts, top-{})", m.value("name", "model"), m.value("layers", 0),
                                    m.value("experts", 0), m.value("top_k", 0)));
       // The routing in a few words: a trace's file name (not where it lies, nor which iterations),
@@ -417,7 +423,7 @@ Figure lines_figure(const std::string& name, const std::vector<std::string>& ord
   const bool log_y = hi > 0 && hi / lo >= 10;
   body += std::string("set logscale x 2\n") + (log_y ? "set logscale y 10\n" : "set yrange [0:*]\n") +
           "set xlabel 'GPUs'\nset ylabel " + gp_string(ylabel) +
-          "\nset key top left Left reverse opaque font ',7'\nset format y '%g'\n" + plot + "\n";
+          "\nset key below Left reverse font ',6'\nset format y '%g'\n" + plot + "\n";
   return {name, body};
 }
 
@@ -441,15 +447,18 @@ Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
                                                       : "Collective";
     return lines_figure("scaling", order, series, what + " time (ms)");
   }
-  std::map<int, double> base;  // GPUs -> the baseline's time
-  for (const auto& runs : in.summaries)
-    for (const auto& r : runs)
-      if (r.name == o.baseline) base[r.gpus] = r.time;
+  // The baseline's time at each GPU count, of the same group and the same other swept fields (a
+  // sweep's series suffix): each series over its own baseline.
+  std::map<std::tuple<int, std::string, std::string>, double> base;
+  for (std::size_t s = 0; s < in.summaries.size(); ++s)
+    for (const auto& r : in.summaries[s])
+      if (r.name == o.baseline) base[{r.gpus, r.group, in.series_suffix[s]}] = r.time;
   for (std::size_t s = 0; s < in.summaries.size(); ++s)
     for (const auto& r : in.summaries[s]) {
       const std::string name = label(r) + (in.series_suffix[s].empty() ? "" : " " + in.series_suffix[s]);
+      const auto b = base.find({r.gpus, r.group, in.series_suffix[s]});
       if (o.baseline.empty()) add(name, r.gpus, r.time * 1e3);
-      else if (base.count(r.gpus)) add(name, r.gpus, base[r.gpus] / r.time);
+      else if (b != base.end()) add(name, r.gpus, b->second / r.time);
     }
   if (!o.baseline.empty() && base.empty()) throw InputError("--baseline " + o.baseline + ": no run of that name");
   return lines_figure("scaling", order, series, o.baseline.empty() ? "Iteration time (ms)" : "Speedup over " + o.baseline + " (x)");

@@ -114,6 +114,35 @@ TEST_CASE("plot: every figure type renders to a PDF and a PNG of one paper colum
   CHECK(plot({dir + "/run"}, all).size() == figure_names().size() - 1);
 }
 
+TEST_CASE("plot: a scaling speedup divides each group by its own baseline, on a linear axis under a decade") {
+  if (gnuplot_path().empty()) {
+    WARN("skipped: gnuplot is not installed");
+    return;
+  }
+  // Two cluster sizes, groups x and y: a is 2× ep in x and 1.1× ep in y, at both sizes.
+  const auto dir = test::temp_dir("plot-scaling");
+  for (int gpus : {16, 32}) {
+    nlohmann::json s = {{"name", "s"}, {"gpus", gpus}, {"platform", "dgx-a100"},
+                        {"model", {{"name", "m"}, {"layers", 2}, {"experts", gpus}, {"top_k", 2}, {"tokens_per_gpu", 1024}}},
+                        {"routing", "Zipf popularity, exponent 1, seed 1"}};
+    for (const auto& [name, t] : std::vector<std::pair<std::string, double>>{{"x/ep", 0.2}, {"x/a", 0.1}, {"y/ep", 0.11}, {"y/a", 0.1}})
+      s["variants"].push_back({{"name", name}, {"policy", "p"}, {"iteration_time_s", t}, {"breakdown", nlohmann::json::object()}});
+    fs::create_directories(dir + "/" + std::to_string(gpus));
+    test::write_file(dir + "/" + std::to_string(gpus) + "/summary.json", s.dump());
+  }
+  PlotOptions o;
+  o.figures = {"scaling"};
+  o.baseline = "ep";
+  o.out = dir + "/fig";
+  plot({dir + "/16", dir + "/32"}, o);
+  const std::string gp = test::read_file(dir + "/fig/scaling.gp");
+  INFO(gp);
+  CHECK_THAT(gp, Contains("16 2\n32 2\n"));      // x/a over x/ep
+  CHECK_THAT(gp, Contains("16 1.1\n32 1.1\n"));  // y/a over y/ep, not over x/ep
+  CHECK_THAT(gp, Contains("set yrange [0:*]") && !Contains("set logscale y"));
+  CHECK_THAT(gp, Contains("dgx-a100 × 16-32 GPUs") && Contains("weak scaling, 1024 tokens per GPU"));
+}
+
 TEST_CASE("plot: bad input names the file or option and what to give instead") {
   const auto dir = test::temp_dir("plot-bad");
   PlotOptions o;
