@@ -115,11 +115,18 @@ void add_summary(const json& j, const std::string& name, const std::string& wher
     in.summary_names.push_back(name);
     in.series_suffix.emplace_back();
     if (j.contains("platform") && j.contains("model")) {
-      const auto& m = j["model"];
       in.platforms.insert(j.value("platform", "?"));
       in.gpus.insert(gpus);
-      in.models.insert(fmt::format("{} ({} layers, {} experts, top-{})", m.value("name", "model"), m.value("layers", 0),
-                                   m.value("experts", 0), m.value("top_k", 0)));
+      auto add_model = [&](const json& m) {
+        in.models.insert(fmt::format("{} ({} layers, {} experts, top-{})", m.value("name", "model"), m.value("layers", 0),
+                                     m.value("experts", 0), m.value("top_k", 0)));
+      };
+      const auto& m = j["model"];
+      bool spec_model_run = !j.contains("variants");
+      for (const auto& v : j.value("variants", json::array()))  // variants of their own model, or the spec's
+        if (v.contains("model")) add_model(v["model"]);
+        else spec_model_run = true;
+      if (spec_model_run) add_model(m);
       // The routing in a few words: a trace's file name (not where it lies, nor which iterations),
       // a generator's preset and seed (its parameters are in summary.json).
       std::string routing = j.value("routing", j.value("gating", std::string("?")));
@@ -327,10 +334,6 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
     for (std::size_t k = 0; k < b.size(); ++k) paired.push_back(b[k] / v[k]);
     return std::pair{std::accumulate(paired.begin(), paired.end(), 0.0) / double(paired.size()), ci95_half_width(paired)};
   };
-  auto speedup = [&](const std::string& g, const std::string& n) -> std::optional<double> {
-    const auto x = speedup_ci(g, n);
-    return x ? std::optional(x->first) : std::nullopt;
-  };
   double top = 1;  // the axis: up to the top of the highest error bar
   for (const auto& g : groups)
     for (const auto& n : names)
@@ -353,20 +356,26 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
                         seeds ? ", '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle" : "", many ? 6 : 7);
     return {"speedup", body};
   }
-  body += "$data << EOD\ngroup";  // a row per group, a column per run name
-  for (const auto& n : names) body += " " + data_string(n);
+  // A row per group; per run name two columns, the speedup and its 95% half-width (0: one seed).
+  bool seeds = false;
+  body += "$data << EOD\ngroup";
+  for (const auto& n : names) body += " " + data_string(n) + " ci";
   body += "\n";
   for (const auto& g : groups) {
     body += data_string(g);
     for (const auto& n : names) {
-      const auto x = speedup(g, n);
-      body += x ? fmt::format(" {:.4f}", *x) : " ?";
+      const auto x = speedup_ci(g, n);
+      body += x ? fmt::format(" {:.4f} {:.4f}", x->first, x->second) : " ? ?";
+      seeds = seeds || (x && x->second > 0);
     }
     body += "\n";
   }
-  body += "EOD\nset style data histograms\nset style histogram clustered gap 1\nset boxwidth 0.9\n"
-          "set key top left horizontal\nset xtics rotate by 20 right\n";
-  body += fmt::format("plot for [i=2:{}] $data using i:xtic(1) title columnheader(i)\n", names.size() + 1);
+  body += fmt::format("EOD\nset style data histograms\nset style histogram {} gap 1\nset boxwidth 0.9\n"
+                      "set key top left horizontal\nset xtics rotate by 20 right\n",
+                      seeds ? "errorbars lw 1" : "clustered");
+  body += seeds ? fmt::format("plot for [i=0:{}] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)\n",
+                              names.size() - 1)
+                : fmt::format("plot for [i=0:{}] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)\n", names.size() - 1);
   return {"speedup", body};
 }
 

@@ -127,10 +127,12 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
   j["nodes"] = ex.cluster_spec.nodes();
   j["gpus"] = result.runs.front().gpus;
   j["seed"] = s.seed();
-  j["model"] = {{"name", s.model().name()},         {"layers", s.model().layers()},
-                {"d_model", s.model().d_model()},   {"d_ffn", s.model().d_ffn()},
-                {"experts", s.model().experts()},   {"top_k", s.model().top_k()},
-                {"tokens_per_gpu", s.model().tokens_per_gpu()}};
+  auto model_json = [](const spec::ModelSpec& m) {
+    return nlohmann::json{{"name", m.name()},       {"layers", m.layers()}, {"d_model", m.d_model()},
+                          {"d_ffn", m.d_ffn()},     {"experts", m.experts()}, {"top_k", m.top_k()},
+                          {"tokens_per_gpu", m.tokens_per_gpu()}};
+  };
+  j["model"] = model_json(s.model());
   const char* sources[] = {"uniform", "uniform", "zipf", "generator", "trace"};
   j["gating"] = sources[s.gating().source_case() <= 4 ? s.gating().source_case() : 0];
   if (!ex.gating.empty()) j["routing"] = ex.gating;  // trace path and iterations, or preset, parameters and seed
@@ -150,7 +152,11 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
     return j;
   }
   auto& variants = j["variants"] = nlohmann::json::array();
-  for (const auto& r : result.runs) variants.push_back(run(r));
+  for (std::size_t v = 0; v < result.runs.size(); ++v) {
+    variants.push_back(run(result.runs[v]));
+    if (v < ex.variants.size() && ex.variants[v].second.model().SerializeAsString() != s.model().SerializeAsString())
+      variants.back()["model"] = model_json(ex.variants[v].second.model());  // a variant's own model
+  }
   auto& paper = j["paper"] = nlohmann::json::array();
   for (const auto& c : result.paper) {
     paper.push_back({{"claim", c.paper.claim()},

@@ -222,6 +222,7 @@ iterations: 2
 seed: 5
 variants { name: "ep" set: "policy.name=ep" }
 variants { name: "shadow" set: "policy.name=fastermoe-shadow" }
+variants { name: "ep-1" set: "policy.name=ep" set: "model.layers=1" }
 paper { claim: "shadowing vs EP" variant: "shadow" baseline: "ep" value: 1.2 }
 )");
   std::string out;
@@ -237,6 +238,9 @@ paper { claim: "shadowing vs EP" variant: "shadow" baseline: "ep" value: 1.2 }
     CHECK(over["mean_s"].get<double>() == Approx((times[0] + times[1] + times[2]) / 3));
     CHECK(over["ci95_s"].get<double>() == Approx(ci95_half_width(times)));
   }
+  // A variant with a model of its own says so; the others run the spec's.
+  CHECK(s["variants"][2]["model"]["layers"] == 1);
+  CHECK_FALSE(s["variants"][0].contains("model"));
   const auto& claim = s["paper"][0];
   REQUIRE(claim["simulated_per_seed"].size() == 3);
   CHECK(claim["simulated_ci95"].get<double>() > 0);
