@@ -17,19 +17,20 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over zero3 (x)'
 set yrange [0:5.725]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "zero3" "zero2" "fastmoe" "fastermoe"
-"gpt-s" 1.0000 1.3506 1.9843 3.9145
-"gpt-l" 1.0000 1.4119 3.1268 4.8518
-"bert-deep" 1.0000 1.3039 1.0580 3.0061
-"bert-deep-l" 1.0000 1.3641 1.6460 3.5233
+group "zero3" ci "zero2" ci "fastmoe" ci "fastermoe" ci
+"gpt-s" 1.0000 0.0000 1.3506 0.0000 1.9843 0.0000 3.9145 0.0000
+"gpt-l" 1.0000 0.0000 1.4119 0.0000 3.1268 0.0000 4.8518 0.0000
+"bert-deep" 1.0000 0.0000 1.3039 0.0000 1.0580 0.0000 3.0061 0.0000
+"bert-deep-l" 1.0000 0.0000 1.3641 0.0000 1.6460 0.0000 3.5233 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:5] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:3] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

@@ -17,19 +17,20 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
 set yrange [0:1.561]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "fastmoe" "smart"
-"gpt-s" 1.0000 1.2760
-"gpt-l" 1.0000 1.1407
-"bert-deep" 1.0000 1.3230
-"bert-deep-l" 1.0000 1.1484
+group "fastmoe" ci "smart" ci
+"gpt-s" 1.0000 0.0000 1.2760 0.0000
+"gpt-l" 1.0000 0.0000 1.1407 0.0000
+"bert-deep" 1.0000 0.0000 1.3230 0.0000
+"bert-deep-l" 1.0000 0.0000 1.1484 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:3] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:1] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

@@ -17,21 +17,22 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'p3dn-v100 × 32 GPUs; GPT-MoE-S (12 layers, 64 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
 set yrange [0:7.692]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate" "hecate-rm"
-"b1" 1.0000 2.3995 0.9438 1.7758 2.4952 2.4952
-"b2" 1.0000 2.7430 0.9453 1.8758 3.7303 3.7303
-"b3" 1.0000 3.2229 0.8839 1.9385 4.4849 4.4095
-"b4" 1.0000 3.4666 0.9012 1.9491 5.4082 5.2444
-"b5" 1.0000 3.8268 0.9810 1.9563 6.0456 5.8019
-"b6" 1.0000 3.9775 0.9496 1.9684 6.5187 6.3500
+group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci "hecate-rm" ci
+"b1" 1.0000 0.0000 2.3995 0.0000 0.9438 0.0000 1.7758 0.0000 2.4952 0.0000 2.4952 0.0000
+"b2" 1.0000 0.0000 2.7430 0.0000 0.9453 0.0000 1.8758 0.0000 3.7303 0.0000 3.7303 0.0000
+"b3" 1.0000 0.0000 3.2229 0.0000 0.8839 0.0000 1.9385 0.0000 4.4849 0.0000 4.4095 0.0000
+"b4" 1.0000 0.0000 3.4666 0.0000 0.9012 0.0000 1.9491 0.0000 5.4082 0.0000 5.2444 0.0000
+"b5" 1.0000 0.0000 3.8268 0.0000 0.9810 0.0000 1.9563 0.0000 6.0456 0.0000 5.8019 0.0000
+"b6" 1.0000 0.0000 3.9775 0.0000 0.9496 0.0000 1.9684 0.0000 6.5187 0.0000 6.3500 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:7] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:5] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

@@ -17,19 +17,20 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'p3dn-v100 × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
 set yrange [0:3.733]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.5793 1.0778 2.0377 3.1634
-"gpt-l" 1.0000 2.4438 1.0824 2.0049 2.6431
-"bert" 1.0000 2.8365 1.0878 2.2138 2.0275
-"bert-deep" 1.0000 2.8839 1.0508 2.0622 2.0122
+group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
+"gpt-s" 1.0000 0.0000 2.5793 0.0000 1.0778 0.0000 2.0377 0.0000 3.1634 0.0000
+"gpt-l" 1.0000 0.0000 2.4438 0.0000 1.0824 0.0000 2.0049 0.0000 2.6431 0.0000
+"bert" 1.0000 0.0000 2.8365 0.0000 1.0878 0.0000 2.2138 0.0000 2.0275 0.0000
+"bert-deep" 1.0000 0.0000 2.8839 0.0000 1.0508 0.0000 2.0622 0.0000 2.0122 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:6] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:4] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

@@ -17,19 +17,20 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'p3dn-v100 × 32 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
 set yrange [0:4.402]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "ep" "fastermoe" "smartmoe" "flexmoe" "hecate"
-"gpt-s" 1.0000 2.7430 0.9453 1.8758 3.7303
-"gpt-l" 1.0000 2.8003 0.9586 1.9065 3.0419
-"bert" 1.0000 2.9437 0.9475 1.9660 2.0401
-"bert-deep" 1.0000 3.0333 0.9222 1.9084 1.9651
+group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
+"gpt-s" 1.0000 0.0000 2.7430 0.0000 0.9453 0.0000 1.8758 0.0000 3.7303 0.0000
+"gpt-l" 1.0000 0.0000 2.8003 0.0000 0.9586 0.0000 1.9065 0.0000 3.0419 0.0000
+"bert" 1.0000 0.0000 2.9437 0.0000 0.9475 0.0000 1.9660 0.0000 2.0401 0.0000
+"bert-deep" 1.0000 0.0000 3.0333 0.0000 0.9222 0.0000 1.9084 0.0000 1.9651 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:6] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:4] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

@@ -17,20 +17,21 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
 set yrange [0:1.950]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "deepspeed" "fastermoe" "pro-prophet"
-"S" 1.0000 1.3588 1.5001
-"M" 1.0000 1.2816 1.3720
-"L" 1.0000 1.1773 1.2971
-"DS" 1.0000 1.4430 1.6527
-"DM" 1.0000 1.3207 1.4600
+group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
+"S" 1.0000 0.0000 1.3588 0.0000 1.5001 0.0000
+"M" 1.0000 0.0000 1.2816 0.0000 1.3720 0.0000
+"L" 1.0000 0.0000 1.1773 0.0000 1.2971 0.0000
+"DS" 1.0000 0.0000 1.4430 0.0000 1.6527 0.0000
+"DM" 1.0000 0.0000 1.3207 0.0000 1.4600 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:4] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

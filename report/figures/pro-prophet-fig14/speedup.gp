@@ -17,17 +17,18 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'rtx3090-pcie × 16 GPUs; 2 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over baseline (x)'
 set yrange [0:1.619]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "baseline" "planner" "scheduler" "full"
-"k1" 1.0000 1.0915 1.1835 1.1725
-"k2" 1.0000 1.1964 1.3486 1.3720
+group "baseline" ci "planner" ci "scheduler" ci "full" ci
+"k1" 1.0000 0.0000 1.0915 0.0000 1.1835 0.0000 1.1725 0.0000
+"k2" 1.0000 0.0000 1.1964 0.0000 1.3486 0.0000 1.3720 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:5] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:3] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

@@ -17,17 +17,18 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'rtx3090-pcie × 16 GPUs; 2 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over planner (x)'
 set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "planner" "top2" "top3"
-"k1" 1.0000 0.8458 0.7590
-"k2" 1.0000 0.9542 0.9140
+group "planner" ci "top2" ci "top3" ci
+"k1" 1.0000 0.0000 0.8458 0.0000 0.7590 0.0000
+"k2" 1.0000 0.0000 0.9542 0.0000 0.9140 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:4] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

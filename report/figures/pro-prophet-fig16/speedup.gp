@@ -17,25 +17,26 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'rtx3090-pcie × 16 GPUs; 10 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over planner (x)'
 set yrange [0:1.291]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
-group "planner" "fastermoe"
-"S-k1" 1.0000 1.0588
-"S-k2" 1.0000 1.0943
-"M-k1" 1.0000 1.0281
-"M-k2" 1.0000 1.0712
-"L-k1" 1.0000 1.0204
-"L-k2" 1.0000 1.0132
-"DS-k1" 1.0000 1.0718
-"DS-k2" 1.0000 1.0877
-"DM-k1" 1.0000 1.0422
-"DM-k2" 1.0000 1.0636
+group "planner" ci "fastermoe" ci
+"S-k1" 1.0000 0.0000 1.0588 0.0000
+"S-k2" 1.0000 0.0000 1.0943 0.0000
+"M-k1" 1.0000 0.0000 1.0281 0.0000
+"M-k2" 1.0000 0.0000 1.0712 0.0000
+"L-k1" 1.0000 0.0000 1.0204 0.0000
+"L-k2" 1.0000 0.0000 1.0132 0.0000
+"DS-k1" 1.0000 0.0000 1.0718 0.0000
+"DS-k2" 1.0000 0.0000 1.0877 0.0000
+"DM-k1" 1.0000 0.0000 1.0422 0.0000
+"DM-k2" 1.0000 0.0000 1.0636 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=2:3] $data using i:xtic(1) title columnheader(i)
+plot for [i=0:1] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)

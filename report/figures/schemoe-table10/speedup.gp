@@ -17,16 +17,17 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
+set title 'rtx2080ti-pcie × 32 GPUs; ScheMoE ablation layer (1 layers, 32 experts, top-1); uniform: eve...' font ',5' noenhanced
 set ylabel 'Speedup over naive (x)'
 set yrange [0:1.373]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
-"naive" 1.0000
-"z" 1.1325
-"zp" 1.1325
-"full" 1.1635
+"naive" 1.0000 0.0000
+"z" 1.1325 0.0000
+"zp" 1.1325 0.0000
+"full" 1.1635 0.0000
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7
 set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

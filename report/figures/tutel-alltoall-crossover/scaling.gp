@@ -57,6 +57,6 @@ set logscale x 2
 set logscale y 10
 set xlabel 'GPUs'
 set ylabel 'All-to-all time (ms)'
-set key top left Left reverse opaque font ',7'
+set key below Left reverse font ',6'
 set format y '%g'
 plot $s0 using 1:2 with linespoints lt 1 title 'linear 1 MiB', $s1 using 1:2 with linespoints lt 2 title 'linear 32 MiB', $s2 using 1:2 with linespoints lt 3 title 'linear 256 MiB', $s3 using 1:2 with linespoints lt 4 title '2dh 1 MiB', $s4 using 1:2 with linespoints lt 5 title '2dh 32 MiB', $s5 using 1:2 with linespoints lt 6 title '2dh 256 MiB'
