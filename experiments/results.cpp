@@ -242,6 +242,13 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
   out << "\n]}\n";
 }
 
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
 std::string paper_table(const std::vector<PaperComparison>& rows) {
   // With several seeds the simulated value is their mean ± its 95% confidence half-width, and the
   // verdict is on that interval (PaperComparison::verdict).
@@ -270,14 +277,6 @@ std::string phase_cells(const Breakdown& b) {
   return c;
 }
 
-// A variant's name as a CSV cell (quoted where it holds a comma or a quote).
-std::string csv_cell(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
-}
-
 // iterations.csv: one row per variant and iteration, warm-up marked, the critical path per phase.
 std::string iterations_csv(const ExperimentResult& result) {
   std::string out = "variant,policy,iteration,warmup,time_s" + phase_header("") + ",max_mean_load,dropped_tokens\n";
@@ -285,7 +284,7 @@ std::string iterations_csv(const ExperimentResult& result) {
     const std::size_t measured_from = r.iterations.size() - r.measured().size();  // RunResult::measured()
     for (std::size_t i = 0; i < r.iterations.size(); ++i) {
       const auto& it = r.iterations[i];
-      out += fmt::format("{},{},{},{},{:.9g}{},{:.6g},{}\n", csv_cell(r.name), r.policy, it.iteration,
+      out += fmt::format("{},{},{},{},{:.9g}{},{:.6g},{}\n", csv_field(r.name), r.policy, it.iteration,
                          i < measured_from ? 1 : 0, it.time, phase_cells(it.attribution.critical), it.max_mean_load, it.dropped);
     }
   }
@@ -299,7 +298,7 @@ std::string layers_csv(const ExperimentResult& result) {
   for (const auto& r : result.runs) {
     const auto a = r.mean_attribution();
     for (std::size_t l = 0; l < a.layer_critical.size(); ++l)
-      out += fmt::format("{},{},{}{}{}\n", csv_cell(r.name), r.policy, l, phase_cells(a.layer_critical[l]),
+      out += fmt::format("{},{},{}{}{}\n", csv_field(r.name), r.policy, l, phase_cells(a.layer_critical[l]),
                          phase_cells(a.layer_busy[l]));
   }
   return out;

@@ -23,6 +23,10 @@ void write_timeline(std::ostream& out, const ExperimentResult& r);
 /// sweep's); a row whose simulated value is not finite reads "not run".
 std::string paper_table(const std::vector<PaperComparison>& rows);
 
+/// `s` as one CSV field (RFC 4180): as it is, or quoted with its quotes doubled where it holds a
+/// comma, a quote or a newline.
+std::string csv_field(const std::string& s);
+
 /// Writes DIR/summary.json, DIR/timeline.json and, with paper values, DIR/paper.md, each through
 /// a temporary file renamed into place, so a reader never sees half a file.
 void write_results(const std::string& dir, const Experiment& ex, const ExperimentResult& r);

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "errors.hpp"
+#include "results.hpp"
 #include "taskgraph.hpp"
 
 namespace moesim {
@@ -106,13 +107,6 @@ class Statement {
   sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
 };
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
-}
 
 // The breakdown columns in Phase order.
 std::vector<double> breakdown_values(const json& b) {
