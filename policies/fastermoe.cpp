@@ -13,6 +13,7 @@
 
 #include <limits>
 #include <optional>
+#include <tuple>
 #include "errors.hpp"
 #include "gating.hpp"
 #include "moe_iteration.hpp"
@@ -82,36 +83,39 @@ std::vector<int> dynamic_shadowing(const CostModel& cost, const MoeModel& model,
 }
 
 /// The released rule: laekov/fastmoe `fmoe/fastermoe/shadow_policy.py`, global_policy() (ee3c561,
-/// unchanged in substance since 91a5e79). Experts sorted by load, B_0 ≥ B_1 ≥ ...:
+/// unchanged in substance since 91a5e79). Loads sorted, B_0 ≥ B_1 ≥ ...:
 ///   lat_base = 3·comp·B_0 + 4·send_feature·B_0
 ///   for i = 0, 1, ...:  shadow_time += send_model
 ///                       lat_new = 3·comp·B_{i+1} + 4·send_feature·B_{i+1} + shadow_time
 ///                       if lat_new < lat_base: lat_base = lat_new, shadow expert i; else stop
-/// with the code's constants, not the platform's (its environment variables' defaults):
-/// bw_net = 50e9/8 B/s (FMOE_FASTER_GLBPLC_NETBW), bw_mm = 11.5e12 FLOP/s (..._GPUTP), alpha = 2
-/// (..._ALPHA; the layer's d_model is set, alpha is not), data_size = 4 B; comp = 4·alpha·d²/bw_mm,
-/// send_feature = d·4/bw_net, send_model = 2·alpha·d²·4/bw_net. Each step must beat the last one
-/// accepted, so two equally hot experts stop it at once (Hecate §2.5's "strict trigger conditions").
-/// One choice: B_k is expert k's load summed over the sources, as the loop evidently intends. The
-/// code as released sums the gathered [rank, expert] counts over the experts (.sum(1)): each rank's
-/// total, equal for every rank under top-k gating, so it shadows nothing at all
-/// (shared/notes/fidelity-diagnosis.md §3: 0 of 64 routings on 16 ranks); that case is the policy
-/// without shadowing (fastermoe-smart).
-std::vector<int> released_shadowing(const MoeModel& model, const RoutingMatrix& R) {
-  constexpr double bw_net = 50e9 / 8, bw_mm = 11.5e12, alpha = 2, data_size = 4;
-  const double d = model.spec().d_model(), alpha_h2 = alpha * d * d;
-  const double send_feature = d * data_size / bw_net, send_model = 2 * alpha_h2 * data_size / bw_net;
-  const double comp = 4 * alpha_h2 / bw_mm;
-  const int E = R.experts;
-  std::vector<double> B(E);
-  for (int e = 0; e < E; ++e) B[e] = double(R.expert_load(e));
-  std::vector<int> order(E);
+/// with the code's constants, not the platform's (ReleasedConstants: its environment variables'
+/// defaults) and data_size = 4 B: comp = 4·alpha·d²/bw_mm, send_feature = d·4/bw_net,
+/// send_model = 2·alpha·d²·4/bw_net. Each step must beat the last one accepted, so two equally hot
+/// experts stop it at once (Hecate §2.5's "strict trigger conditions").
+/// The loads B: the gathered [rank, expert] counts summed per expert (per_expert, what the loop is
+/// written for), or, as shipped, with .sum(1): per rank, so B has one entry per rank and the "expert"
+/// shadowed at step i is the one numbered like the i-th rank in that order. Under top-k gating every
+/// rank's sum is the same and nothing is shadowed (shared/notes/fidelity-diagnosis.md §3).
+/// tests/data/fastermoe-released-policy.tsv holds the released function's own decisions
+/// (tools/fastermoe_released_policy.py); tests/test_fastermoe.cpp checks this one against every row.
+std::vector<int> released_shadowing(double d, const RoutingMatrix& R, ReleasedCounting counting,
+                                    const ReleasedConstants& k) {
+  constexpr double data_size = 4;
+  const double alpha_h2 = k.alpha * d * d;
+  const double send_feature = d * data_size / k.bw_net, send_model = 2 * alpha_h2 * data_size / k.bw_net;
+  const double comp = 4 * alpha_h2 / k.bw_mm;
+  std::vector<double> B;
+  if (counting == ReleasedCounting::per_expert)
+    for (int e = 0; e < R.experts; ++e) B.push_back(double(R.expert_load(e)));
+  else
+    for (int s = 0; s < R.sources; ++s) B.push_back(double(R.row_sum(s)));
+  std::vector<int> order(B.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return B[a] > B[b]; });
   auto lat = [&](double b) { return 3 * comp * b + 4 * send_feature * b; };
   double lat_base = lat(B[order[0]]), shadow_time = 0;
   std::vector<int> chosen;
-  for (int i = 0; i + 1 < E; ++i) {
+  for (std::size_t i = 0; i + 1 < order.size(); ++i) {
     shadow_time += send_model;
     const double lat_new = lat(B[order[i + 1]]) + shadow_time;
     if (!(lat_new < lat_base)) break;
@@ -151,20 +155,38 @@ std::int64_t topology_aware_gate(RoutingMatrix& R, const Cluster& cluster, std::
 
 namespace {
 
+// FasterMoE's configurations. Paper: the paper's techniques as named (`fastermoe`,
+// `fastermoe-shadow`, `fastermoe-smart`). Released: `fastermoe-released`, the switches and constants
+// of laekov/fastmoe as shipped, read from policy.fastermoe.released.
+enum class Config { paper, released };
+
 class FasterMoe final : public Policy {
  public:
-  FasterMoe(std::string name, bool shadow, bool smart) : name_(std::move(name)), shadow_(shadow), smart_(smart) {}
+  FasterMoe(std::string name, bool shadow, bool smart, Config config = Config::paper)
+      : name_(std::move(name)), shadow_(shadow), smart_(smart), config_(config) {}
   std::string name() const override { return name_; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
     const auto& f = spec.fastermoe();
     const std::int64_t gs = f.group_size() ? std::int64_t(f.group_size()) : 4;
-    if (smart_ && cluster.num_gpus() % std::min<std::int64_t>(gs, cluster.num_gpus()) != 0)
+    if (smart(f) && cluster.num_gpus() % std::min<std::int64_t>(gs, cluster.num_gpus()) != 0)
       throw FieldError("policy.fastermoe.group_size",
                        fmt::format("{} GPUs do not split into groups of {}; use a divisor of the GPU count", cluster.num_gpus(), gs));
     if (!(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))  // whatever the gate: never a silent NaN
       throw FieldError("policy.fastermoe.outgoing_fraction", "must be in [0, 1] (0 means the released default, 0.14)");
+    if (config_ != Config::released) return;
+    const auto& r = f.released();
+    if (r.shadow() && !r.schedule())
+      throw FieldError("policy.fastermoe.released.shadow",
+                       "the release calls its shadowing policy only from the smart schedule's forward "
+                       "(fmoe/fastermoe/schedule.py): set released.schedule: true as well, or use policy "
+                       "fastermoe-shadow for shadowing with a blocking schedule");
+    for (const auto& [field, set, value] : {std::tuple{"netbw_bytes_per_s", r.has_netbw_bytes_per_s(), r.netbw_bytes_per_s()},
+                                           std::tuple{"gputp_flops", r.has_gputp_flops(), r.gputp_flops()},
+                                           std::tuple{"alpha", r.has_alpha(), r.alpha()}})
+      if (set && !(value > 0 && std::isfinite(value)))
+        throw FieldError(std::string("policy.fastermoe.released.") + field, "must be a positive number (leave it out for the release's default)");
   }
 
   TaskGraph build_iteration(const IterationInput& in) override {
@@ -177,23 +199,36 @@ class FasterMoe final : public Policy {
       LayerPlan plan{routing, {}};
       if (f.topology_gate() != spec::FasterMoeSpec::NONE && in.cluster.nodes() > 1)
         in.report.rerouted_tokens += topology_aware_gate(plan.routing, in.cluster, in.model.tokens_per_gpu(), gate_limit(in));
-      if (shadow_) {
-        const auto experts = f.shadow_variant() == spec::FasterMoeSpec::RELEASED
-                                 ? released_shadowing(in.model, plan.routing)
-                                 : dynamic_shadowing(*cost_, in.model, plan.routing);
-        for (int e : experts) plan.replicas.push_back(everywhere(e, in.model.experts(), in.cluster.num_gpus()));
-      }
+      if (shadow(f))
+        for (int e : shadowed(f, in, plan.routing))
+          plan.replicas.push_back(everywhere(e, in.model.experts(), in.cluster.num_gpus()));
       in.report.shadowed_experts += int(plan.replicas.size());
       plans.push_back(std::move(plan));
     }
     in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ScheduleOptions schedule;
-    schedule.smart = smart_;
+    schedule.smart = smart(f);
     schedule.group_size = int(std::min<std::int64_t>(f.group_size() ? f.group_size() : 4, in.cluster.num_gpus()));
     return build_moe_iteration(in, plans, schedule);
   }
 
  private:
+  bool shadow(const spec::FasterMoeSpec& f) const { return config_ == Config::released ? f.released().shadow() : shadow_; }
+  bool smart(const spec::FasterMoeSpec& f) const { return config_ == Config::released ? f.released().schedule() : smart_; }
+
+  std::vector<int> shadowed(const spec::FasterMoeSpec& f, const IterationInput& in, const RoutingMatrix& routing) const {
+    const double d = in.model.spec().d_model();
+    if (config_ == Config::paper)
+      return f.shadow_variant() == spec::FasterMoeSpec::RELEASED ? released_shadowing(d, routing, ReleasedCounting::per_expert)
+                                                                 : dynamic_shadowing(*cost_, in.model, routing);
+    const auto& r = f.released();
+    ReleasedConstants k;
+    if (r.has_netbw_bytes_per_s()) k.bw_net = r.netbw_bytes_per_s();
+    if (r.has_gputp_flops()) k.bw_mm = r.gputp_flops();
+    if (r.has_alpha()) k.alpha = r.alpha();
+    return released_shadowing(d, routing, r.counting() == spec::FasterMoeSpec::Released::PER_EXPERT ? ReleasedCounting::per_expert : ReleasedCounting::per_rank, k);
+  }
+
   // L of §4.3: W_net / (M · W_local) · B token-slots per worker, B = T·k; or the released fraction
   // of the tokens (each picked token keeps one off-node slot).
   double gate_limit(const IterationInput& in) const {
@@ -209,6 +244,7 @@ class FasterMoe final : public Policy {
 
   std::string name_;
   bool shadow_, smart_;
+  Config config_;
   std::optional<CostModel> cost_;
 };
 
@@ -217,5 +253,8 @@ class FasterMoe final : public Policy {
 std::unique_ptr<Policy> make_fastermoe() { return std::make_unique<FasterMoe>("fastermoe", true, true); }
 std::unique_ptr<Policy> make_fastermoe_shadow() { return std::make_unique<FasterMoe>("fastermoe-shadow", true, false); }
 std::unique_ptr<Policy> make_fastermoe_smart() { return std::make_unique<FasterMoe>("fastermoe-smart", false, true); }
+std::unique_ptr<Policy> make_fastermoe_released() {
+  return std::make_unique<FasterMoe>("fastermoe-released", false, false, Config::released);
+}
 
 }  // namespace moesim

@@ -9,6 +9,7 @@ std::unique_ptr<Policy> make_expert_parallel();
 std::unique_ptr<Policy> make_fastermoe();
 std::unique_ptr<Policy> make_fastermoe_shadow();
 std::unique_ptr<Policy> make_fastermoe_smart();
+std::unique_ptr<Policy> make_fastermoe_released();
 std::unique_ptr<Policy> make_zero2();
 std::unique_ptr<Policy> make_zero3();
 std::unique_ptr<Policy> make_pro_prophet();
@@ -31,6 +32,7 @@ const Entry kPolicies[] = {
     {"fastermoe", make_fastermoe},
     {"fastermoe-shadow", make_fastermoe_shadow},
     {"fastermoe-smart", make_fastermoe_smart},
+    {"fastermoe-released", make_fastermoe_released},
     {"zero2", make_zero2},
     {"zero3", make_zero3},
     {"pro-prophet", make_pro_prophet},

@@ -4,7 +4,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fmt/format.h>
+#include <fstream>
+#include <functional>
 #include <iostream>
+#include <sstream>
 #include <set>
 
 #include "cost_model.hpp"
@@ -101,7 +104,7 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
   for (int s = 0; s < 16; ++s)
     for (int e = 0; e < 16; ++e) uniform.mutable_at(s, e) = 512;
   CHECK(dynamic_shadowing(cost, m, uniform).empty());
-  CHECK(released_shadowing(m, uniform).empty());
+  CHECK(released_shadowing(1024, uniform, ReleasedCounting::per_expert).empty());
   // Experts 5 and 11 take 3/8 of every source's slots each (B = 49,152 tokens ≫ α·H = 2048:
   // sending the inputs costs more than sending the model, Eq. 9); shadowing only one of them leaves
   // the other's worker as slow as before, shadowing both wins. The other 14 share 1/4
@@ -125,18 +128,69 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
   // 4.81 µs per token; send_model = 2·2·1024²·4/6.25e9 = 2.68 ms. One hot expert: lat_base =
   // 65,536 · 4.81 µs = 315 ms; shadowing expert 7 leaves B_1 = 4,384: 21.1 + 2.68 = 23.8 ms < 315,
   // taken; then B_2 ≈ 4,384 again: 21.1 + 5.37 = 26.4 ms > 23.8, stop. Exactly {7}.
-  CHECK(released_shadowing(m, one) == std::vector<int>{7});
+  CHECK(released_shadowing(1024, one, ReleasedCounting::per_expert) == std::vector<int>{7});
   // Two equally hot experts: shadowing the first leaves the second as hot (49,152 tokens) plus a
   // model transfer, which never beats lat_base: the released rule shadows nothing where Algorithm 1
   // shadows both (Hecate's "strict trigger conditions").
-  CHECK(released_shadowing(m, hot).empty());
+  CHECK(released_shadowing(1024, hot, ReleasedCounting::per_expert).empty());
   // A halving tail (64k, 32k, ..., 1k, then 512s): each step is taken while its saving beats one
   // more model transfer. lat_new in ms: 157.6 + 2.7 = 160.3, 78.8 + 5.4 = 84.2, 39.4 + 8.1 = 47.5,
   // 19.7 + 10.7 = 30.4, 9.9 + 13.4 = 23.3, 4.9 + 16.1 = 21.0 (each below the last: taken), then
   // 2.5 + 18.8 = 21.3 > 21.0: stop. The six hottest.
   RoutingMatrix zipf(16, 16);
   for (int e = 0; e < 16; ++e) zipf.mutable_at(0, e) = e < 8 ? 65536 >> e : 512;  // one source holds the loads
-  CHECK(released_shadowing(m, zipf) == std::vector<int>{0, 1, 2, 3, 4, 5});
+  CHECK(released_shadowing(1024, zipf, ReleasedCounting::per_expert) == std::vector<int>{0, 1, 2, 3, 4, 5});
+}
+
+// The released function's own decisions (tools/fastermoe_released_policy.py ran laekov/fastmoe's
+// global_policy in a gloo group of 4, 8 and 16 ranks over 246 routings): moesim's released rule must
+// shadow exactly the experts it shadowed, summing the counts as shipped (per rank) and per expert,
+// under the environment constants each row set.
+TEST_CASE("the released shadowing rule reproduces every decision of laekov/fastmoe's global_policy") {
+  std::ifstream in(std::string(MOESIM_SOURCE_DIR) + "/tests/data/fastermoe-released-policy.tsv");
+  REQUIRE(in);
+  auto split = [](const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    for (std::string f; std::getline(ss, f, sep);) out.push_back(f);
+    return out;
+  };
+  auto experts = [&](const std::string& s) {
+    std::vector<int> v;
+    if (s != "-")
+      for (const auto& f : split(s, ',')) v.push_back(std::stoi(f));
+    return v;
+  };
+  int rows = 0, shadowing_rows = 0, as_shipped_rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto f = split(line, '\t');
+    REQUIRE(f.size() == 9);
+    const int W = std::stoi(f[0]), E = W * std::stoi(f[1]);
+    const double d = std::stod(f[2]);
+    ReleasedConstants k;
+    if (f[3] != "-") k.bw_net = std::stod(f[3]);
+    if (f[4] != "-") k.bw_mm = std::stod(f[4]);
+    if (f[5] != "-") k.alpha = std::stod(f[5]);
+    const auto counts = split(f[6], ',');
+    REQUIRE(counts.size() == std::size_t(W) * E);
+    RoutingMatrix R(W, E);
+    for (int r = 0; r < W; ++r)
+      for (int e = 0; e < E; ++e) R.mutable_at(r, e) = std::stoll(counts[std::size_t(r) * E + e]);
+    for (const auto& [counting, column] : {std::pair{ReleasedCounting::per_rank, 7}, std::pair{ReleasedCounting::per_expert, 8}}) {
+      auto got = released_shadowing(d, R, counting, k);
+      std::sort(got.begin(), got.end());
+      INFO(fmt::format("row {}: {} ranks, d_model {}, {} counting", rows + 1, W, d,
+                       counting == ReleasedCounting::per_rank ? "per-rank" : "per-expert"));
+      CHECK(got == experts(f[std::size_t(column)]));
+    }
+    shadowing_rows += f[8] != "-";
+    as_shipped_rows += f[7] != "-";
+    ++rows;
+  }
+  CHECK(rows == 246);
+  CHECK(shadowing_rows > rows / 2);  // the table exercises the rule, not only its empty answer
+  CHECK(as_shipped_rows > 0);        // ranks sending unequal slots: the only case the shipped sum acts on
 }
 
 TEST_CASE("every policy computes each routed token-slot exactly once") {
@@ -160,6 +214,46 @@ TEST_CASE("every policy computes each routed token-slot exactly once") {
     if (std::string(name).find("shadow") != std::string::npos || std::string(name) == "fastermoe")
       CHECK(report.shadowed_experts > 0);
   }
+}
+
+TEST_CASE("fastermoe-released: the release's switches, off by default, and its shipped counting") {
+  const test::SmallSetup t;
+  const auto routing = t.routing(11);
+  auto build = [&](const std::string& name, const std::function<void(spec::FasterMoeSpec::Released&)>& set = {}) {
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    if (set) set(*ps.mutable_fastermoe()->mutable_released());
+    PolicyReport report;
+    auto policy = make_policy(ps);
+    policy->validate(t.cluster, t.model, ps);
+    auto g = policy->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    std::vector<std::string> labels;
+    for (const auto& op : g.ops()) labels.push_back(op.label);
+    return std::pair{labels, report.shadowed_experts};
+  };
+  // Both environment switches off (the release's default): FastMoE, i.e. EP's iteration op by op.
+  CHECK(build("fastermoe-released").first == build("ep").first);
+  // FMOE_FASTER_SCHEDULE_ENABLE alone: the smart schedule.
+  const auto smart = build("fastermoe-smart");
+  CHECK(build("fastermoe-released", [](auto& r) { r.set_schedule(true); }).first == smart.first);
+  // Both on, counts summed per rank as shipped: every rank sends as many slots, nothing is shadowed.
+  const auto shipped = build("fastermoe-released", [](auto& r) { r.set_schedule(true), r.set_shadow(true); });
+  CHECK(shipped.second == 0);
+  CHECK(shipped.first == smart.first);
+  // Per expert: the experts the rule picks, layer by layer.
+  int expected = 0;
+  for (const auto& R : routing)
+    expected += int(released_shadowing(t.model.spec().d_model(), R, ReleasedCounting::per_expert).size());
+  REQUIRE(expected > 0);
+  const auto per_expert = build("fastermoe-released", [](auto& r) {
+    r.set_schedule(true), r.set_shadow(true), r.set_counting(spec::FasterMoeSpec::Released::PER_EXPERT);
+  });
+  CHECK(per_expert.second == expected);
+  // Shadowing without the smart schedule is no configuration of the release: refused, by field.
+  CHECK_THROWS_WITH(build("fastermoe-released", [](auto& r) { r.set_shadow(true); }),
+                    Catch::Contains("policy.fastermoe.released.shadow") && Catch::Contains("schedule"));
+  CHECK_THROWS_WITH(build("fastermoe-released", [](auto& r) { r.set_alpha(-1); }),
+                    Catch::Contains("policy.fastermoe.released.alpha"));
 }
 
 TEST_CASE("the all-to-alls send the routing they were built from, even once the caller changes it") {
