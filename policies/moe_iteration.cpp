@@ -169,10 +169,14 @@ class Builder {
       experts.grads /= G;
       experts.optimizer /= G;
       experts.materialized = E * P * b.grad;
-    } else if (schedule_.shard_r > 0) {  // 1/s of an expert per GPU; a 1/r slice gathered at a time
+    } else if (schedule_.shard_r > 0) {  // 1/s of an expert per GPU; 1/r slices gathered
+      // Every layer's gathered slice stays until its backward (autograd keeps it, sharded_layer());
+      // a layer's slice of gradients lives until its reduce-scatter. r = s gathers nothing.
       experts = expert_state(in_.model, L / (G / E));
-      experts.materialized = P / schedule_.shard_r * (b.param + b.grad);
-      experts.materialized_params = P / schedule_.shard_r * b.param;
+      if (G / E > schedule_.shard_r) {
+        experts.materialized_params = L * P / schedule_.shard_r * b.param;
+        experts.materialized = experts.materialized_params + P / schedule_.shard_r * b.grad;
+      }
     }
     const MemoryUse dense = dense_memory(in_.model);
     MemoryUse peak;
@@ -662,8 +666,10 @@ class Builder {
 
   // Tutel's sharded experts (ScheduleOptions::shard_r = r ≥ 1, s = G/E): dispatch the repeated
   // tokens, all-gather each subgroup's 1/r slice of its expert (s/r GPUs each holding 1/s), run the
-  // slice on the tokens received (the GEMMs' hidden dimension d_ffn/r), combine; backward the same
-  // with the gradients reduce-scattered back to the 1/s shards.
+  // slice on the tokens received (the GEMMs' hidden dimension d_ffn/r), combine. Backward as
+  // released (microsoft/tutel 82af7aa, tutel/impls/communicate.py PrimAllgather.zero_gather: an
+  // autograd function whose backward is a reduce-scatter; the GEMMs keep the gathered weights for
+  // their backward): no gather again, only the gradients reduce-scattered back to the 1/s shards.
   OpId sharded_layer(int l, bool bwd) {
     const char* dir = bwd ? "bwd" : "fwd";
     const int s = G_ / E_, r = schedule_.shard_r, g = s / r;
@@ -675,7 +681,7 @@ class Builder {
       std::vector<int> sub(static_cast<std::size_t>(g));
       std::iota(sub.begin(), sub.end(), first);
       OpId id = dispatch;
-      if (g > 1)
+      if (g > 1 && !bwd)
         id = g_.add_collective(Stream::comm, fmt::format("L{}.{}.expert_allgather.g{}", l, dir, first / g),
                                {CollectiveType::all_gather, sub, {slice}, "ring"}, {dispatch});
       for (int t = first; t < first + g; ++t) gathered[std::size_t(t)] = id;

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "helpers.hpp"
+#include "memory_model.hpp"
 #include "gating.hpp"
 #include "runner.hpp"
 #include "tutel.hpp"
@@ -131,12 +132,24 @@ TEST_CASE("sharded experts compute every token-slot's full expert once, for ever
     const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
     CHECK(report.parallel_r == r);
     double flops = 0;
+    int gathers[2] = {0, 0}, scatters = 0;  // forward, backward
     for (const auto& op : g.ops()) {
       if (op.label == "L0.fwd.experts") flops += std::get<Compute>(op.body).flops();
       if (op.label == "L0.fwd.a2a_dispatch") moved[r] = std::get<Collective>(op.body).total_bytes();
+      if (op.label.find("expert_allgather") != std::string::npos) ++gathers[op.label.find(".bwd.") != std::string::npos];
+      scatters += op.label.find("bwd.expert_reduce_scatter") != std::string::npos;
     }
     INFO("r = " << r);
     CHECK(flops == Approx(want).epsilon(1e-3));  // token counts rounded per GPU
+    // As released (zero_gather's backward is a reduce-scatter, the gathered weights kept): each of
+    // the 16 / (s / r) subgroups gathers in the forward and reduce-scatters in the backward, and the
+    // backward gathers nothing; r = s has nothing to gather or scatter.
+    const int subgroups = r < 4 ? 16 / (4 / r) : 0;
+    CHECK(gathers[0] == subgroups);
+    CHECK(gathers[1] == 0);
+    CHECK(scatters == subgroups);
+    // The memory: each layer's gathered 1/r slice is held until its backward.
+    if (r < 4) CHECK(report.memory.materialized_params == Approx(model.expert_params() / r * state_bytes(model.dtype()).param));
   }
   CHECK(moved[4] == Approx(4 * moved[1]));
   CHECK(moved[2] == Approx(2 * moved[1]));
