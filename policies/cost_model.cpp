@@ -78,7 +78,7 @@ double CostModel::lowering_time(const Lowering& lowering, bool floors) const {
     double t = 0;
     for (const auto& step : lane) {
       std::fill(load.begin(), load.end(), 0.0);
-      for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds, step.rounds);
+      for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds, step.rounds * step.messages);
       t += std::max(max_time(load), floors ? step.min_seconds : 0.0);
     }
     longest = std::max(longest, t);

@@ -636,6 +636,7 @@ class Builder {
     auto wire = [&](bool transpose) {
       Collective c = exchange(l, transpose);
       c.bytes = c.bytes.scaled(schedule_.wire_ratio / r);
+      c.messages = schedule_.messages_per_peer;
       return c;
     };
     std::vector<std::vector<OpId>> ready(static_cast<std::size_t>(r), ready_);  // what each part's dispatch waits for

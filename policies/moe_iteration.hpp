@@ -98,6 +98,9 @@ struct ScheduleOptions {
   /// → experts → compress → combine → decompress, in OptSche's order (pipelined_layer()).
   int partitions = 1;
   double wire_ratio = 1;            // bytes on the wire / payload bytes (a compressor's bits / dtype bits)
+  /// Messages a part's linear all-to-all sends each peer (Collective::messages): Tutel's pipelined
+  /// all-to-all sends one per expert slice, ΔE = E/G.
+  int messages_per_peer = 1;
   double compress_bytes_per_s = 0;  // compressor throughput; 0 = no compress / decompress tasks
   std::string all_to_all;           // the MoE all-to-alls' algorithm instead of policy.all_to_all
   /// Tutel's adaptive parallelism with fewer experts than GPUs (tutel.md §1.4): expert e sharded

@@ -152,6 +152,9 @@ struct Collective {
   /// An all-to-all's bytes each member of `group` sends (the matrix's rows), kept by
   /// TaskGraph::drop_collective_matrices() when it replaces the matrix by its total.
   std::vector<double> sent = {};
+  /// Messages each pair's bytes go as, in equal parts, in the linear all-to-all (each pays its NIC's
+  /// per-message overhead): Tutel's pipelined all-to-all sends one per expert slice, ΔE per peer.
+  int messages = 1;
   double total_bytes() const;
 };
 

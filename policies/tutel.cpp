@@ -152,6 +152,11 @@ class Tutel final : public Policy {
     schedule.partitions = current_.degree;
     schedule.all_to_all = current_.all_to_all;
     const int W = in.cluster.num_gpus(), E = in.model.experts();
+    // Pipelined, the released linear all-to-all sends each part as E slices, one ncclSend per
+    // expert: ΔE = E/W messages to each peer (microsoft/tutel 82af7aa, tutel/custom/custom_kernel.cpp
+    // nccl_all_to_all_scatter_async / _gather_async, num_slices_per_split = E; tutel/impls/
+    // communicate.py AllToAllScatterAsync). Unpipelined it is one all_to_all_single: one message.
+    if (current_.degree > 1 && E > W && current_.all_to_all == "linear") schedule.messages_per_peer = E / W;
     schedule.dense_encode = t.dense_encode();
     schedule.per_source_gemms = t.has_flexible_alltoall() && !t.flexible_alltoall();
     const int r = t.has_parallel_r() ? t.parallel_r() : switching_rule(in);

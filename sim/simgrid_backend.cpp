@@ -440,7 +440,7 @@ struct SimBackend::Impl {
     s.any_intra = s.any_inter = s.crosses = false;
     s.nic_latency = 0;
     s.intra_pair = -1, s.hops = 0;
-    const double scale = step.rounds;
+    const double scale = step.rounds, messages = step.messages;
     double longest_intra = -1;  // the latency of intra_pair
     // Plain pointers and locals: a million calls a step, and through the vectors' members the
     // compiler reloaded every data pointer at each one.
@@ -465,7 +465,7 @@ struct SimBackend::Impl {
         if (const double latency = latency_of[local_src * g + local_dst]; latency > longest_intra)
           s.intra_pair = int(local_src * g + local_dst), longest_intra = latency;
       } else {
-        const double bytes = (sent + overhead[local_src]) * scale * one;
+        const double bytes = (sent + overhead[local_src] * messages) * scale * one;
         crosses |= one > 0;
         nic_latency = std::max(nic_latency, to_nic[local_src] * one);
         out[src] += bytes;
@@ -493,7 +493,7 @@ struct SimBackend::Impl {
   struct Measured {
     CollectiveBytes bytes;  // held, so that its values outlive the entry
     std::vector<int> group;
-    int rounds = 1;
+    int rounds = 1, messages = 1;
     StepBytes s;
   };
   std::deque<Measured> measured;  // this execute()'s
@@ -502,8 +502,9 @@ struct SimBackend::Impl {
     const Collective* c = step.all_pairs;
     if (!c) return measure(step);
     for (const auto& m : measured)
-      if (m.bytes.same_view(c->bytes) && m.rounds == step.rounds && m.group == c->group) return m.s;
-    measured.push_back({c->bytes, c->group, step.rounds, measure(step)});
+      if (m.bytes.same_view(c->bytes) && m.rounds == step.rounds && m.messages == step.messages && m.group == c->group)
+        return m.s;
+    measured.push_back({c->bytes, c->group, step.rounds, step.messages, measure(step)});
     return measured.back().s;
   }
 
@@ -626,10 +627,11 @@ struct SimBackend::Impl {
     return tasks;
   }
 
-  // A transfer (× scale) as a two-host parallel task, with its NIC's per-message overhead unless it
-  // is a latency `probe`: bytes over the route's narrowest link plus the route's latency, alone.
-  sg4::ExecPtr transfer_task(const Transfer& t, double scale, bool probe = false) {
-    const double bytes = (t.bytes + (probe ? 0 : cluster.message_overhead_bytes(t.src, t.dst))) * scale;
+  // A transfer (× scale) as a two-host parallel task, with its NIC's per-message overhead for each
+  // of its `messages` unless it is a latency `probe`: bytes over the route's narrowest link plus the
+  // route's latency, alone.
+  sg4::ExecPtr transfer_task(const Transfer& t, double scale, bool probe = false, int messages = 1) {
+    const double bytes = (t.bytes + (probe ? 0 : messages * cluster.message_overhead_bytes(t.src, t.dst))) * scale;
     auto exec = sg4::Exec::init();
     if (t.src == t.dst) {
       exec->set_hosts({hosts[std::size_t(t.src)]});
@@ -725,7 +727,7 @@ struct SimBackend::Impl {
           if (options.aggregate && step.sends())
             flows = aggregated_tasks(bytes());
           else
-            for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds));
+            for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds, false, step.messages));
           for (auto& f : flows) {
             last->add_successor(f);
             ends.push_back(keep(f));

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 
+#include "collectives/collectives.hpp"
 #include "helpers.hpp"
 #include "memory_model.hpp"
 #include "gating.hpp"
@@ -153,4 +154,36 @@ TEST_CASE("sharded experts compute every token-slot's full expert once, for ever
   }
   CHECK(moved[4] == Approx(4 * moved[1]));
   CHECK(moved[2] == Approx(2 * moved[1]));
+}
+
+TEST_CASE("Tutel's pipelined linear all-to-all sends a peer one message per expert slice, as released") {
+  // 16 GPUs, 64 experts: ΔE = 4 slices of C/d·M to each peer in each part (custom_kernel.cpp's
+  // nccl_all_to_all_scatter_async); unpipelined, one all_to_all_single: one message a peer.
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.experts=64", "model.layers=1", "policy.name=tutel"});
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
+  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
+  const auto routing = gating->next();
+  for (const auto& [degree, algorithm, messages] : {std::tuple{2, "linear", 4}, std::tuple{1, "linear", 1}, std::tuple{4, "2dh", 1}}) {
+    spec::PolicySpec ps = ex.spec.policy();
+    ps.mutable_tutel()->set_degree(std::uint32_t(degree));
+    ps.mutable_tutel()->set_all_to_all(algorithm);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    int all_to_alls = 0;
+    for (const auto& op : g.ops())
+      if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::all_to_all && c->total_bytes() > 1e3) {
+        INFO(op.label << " at degree " << degree);
+        CHECK(c->messages == messages);
+        ++all_to_alls;
+      }
+    CHECK(all_to_alls == 2 * 2 * degree);  // dispatch and combine, forward and backward, a part each
+  }
+  // 2DH's lowering sends each phase's aggregated chunk as one message whatever ΔE (AllToAll2DAsync).
+  Collective c{CollectiveType::all_to_all, {}, std::vector<double>(16 * 16, 1e6), "2dh"};
+  for (int i = 0; i < 16; ++i) c.group.push_back(i);
+  c.messages = 4;
+  for (const auto& lane : lower(c, cluster))
+    for (const auto& step : lane) CHECK(step.messages == 1);
 }

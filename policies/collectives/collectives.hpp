@@ -32,6 +32,9 @@ struct Step {
   std::vector<Copy> copies;
   int rounds = 1;
   int serial_rounds = 1;
+  /// Messages each transfer goes as in a round (Collective::messages), each paying its NIC's
+  /// per-message overhead.
+  int messages = 1;
   /// The step lasts at least this many seconds whatever its links allow: a kernel's throughput
   /// limit (NCCL's per-channel Tree cap, tree_allreduce.cpp). 0: none.
   double min_seconds = 0;

@@ -12,6 +12,7 @@ Lowering lower_linear_alltoall(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
   Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) { return c.bytes.at(i, j, n); });
   if (step.transfers.empty()) return {};
+  step.messages = c.messages;
   return one_step(std::move(step));
 }
 
@@ -31,6 +32,7 @@ Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& clus
   Step step;
   step.all_pairs = &c;
   step.serial_rounds = serial_rounds(rounds, cluster.p2p_peers());
+  step.messages = c.messages;
   return one_step(std::move(step));
 }
 
