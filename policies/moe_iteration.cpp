@@ -643,25 +643,43 @@ class Builder {
     if (compress)
       for (int p = 0; p < r; ++p)
         for (int k = 0; k < G_; ++k) ready[std::size_t(p)][std::size_t(k)] = codec(k, "C1", p, sent[std::size_t(k)], {ready_[std::size_t(k)]});
+    // A part's all-to-all. Pipe-A2A as released (Fragile-azalea/ScheMoE 402975e,
+    // schemoe/custom/comm/pipe.cpp: each peer's send/recv on the communicator and stream of its lane,
+    // is_intra) is two ops: the intra-node lane on the comm stream, the inter-node lane on comm2, each
+    // in order across the parts, so a part's intra-node exchange starts once the previous part's
+    // intra-node one is done, whatever the network still carries. Other algorithms: one op.
+    auto send = [&](const char* what, bool transpose, int p, const std::vector<OpId>& deps) {
+      Collective c = wire(transpose);
+      const std::string name = fmt::format("L{}.{}.{}.p{}", l, dir, what, p);
+      if (c.algorithm != "pipe") return std::vector<OpId>{g_.add_collective(Stream::comm, name, std::move(c), deps)};
+      std::vector<OpId> lanes;
+      for (const int lane : {0, 1}) {
+        Collective half = c;
+        half.lane = lane;
+        lanes.push_back(g_.add_collective(lane == 0 ? Stream::comm : Stream::comm2, name + (lane == 0 ? ".intra" : ".inter"),
+                                          std::move(half), deps));
+      }
+      return lanes;
+    };
     const auto parts = static_cast<std::size_t>(r);
-    std::vector<OpId> A1(parts), A2(parts);
-    for (int p = 0; p < r; ++p)
-      A1[std::size_t(p)] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch.p{}", l, dir, p), wire(false), ready[std::size_t(p)]);
+    std::vector<std::vector<OpId>> A1(parts), A2(parts);
+    for (int p = 0; p < r; ++p) A1[std::size_t(p)] = send("a2a_dispatch", false, p, ready[std::size_t(p)]);
     std::vector<std::vector<OpId>> done(parts, std::vector<OpId>(static_cast<std::size_t>(G_)));
     for (int p = 0; p < r; ++p)
       for (int k = 0; k < G_; ++k) {
-        OpId in = A1[std::size_t(p)];
-        if (compress) in = codec(k, "D1", p, received[std::size_t(k)], {in});
-        OpId out = add_expert_op(l, k, fmt::format("L{}.{}.experts.p{}", l, dir, p), 0, G_, bwd, {in}, p, r);
+        std::vector<OpId> in = A1[std::size_t(p)];
+        if (compress) in = {codec(k, "D1", p, received[std::size_t(k)], in)};
+        OpId out = add_expert_op(l, k, fmt::format("L{}.{}.experts.p{}", l, dir, p), 0, G_, bwd, in, p, r);
         if (compress) out = codec(k, "C2", p, received[std::size_t(k)], {out});
         done[std::size_t(p)][std::size_t(k)] = out;
       }
-    for (int p = 0; p < r; ++p)
-      A2[std::size_t(p)] = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine.p{}", l, dir, p), wire(true), done[std::size_t(p)]);
-    std::vector<OpId> last(A2);
-    if (compress)
-      for (int p = 0; p < r; ++p)
-        for (int k = 0; k < G_; ++k) last.push_back(codec(k, "D2", p, sent[std::size_t(k)], {A2[std::size_t(p)]}));
+    for (int p = 0; p < r; ++p) A2[std::size_t(p)] = send("a2a_combine", true, p, done[std::size_t(p)]);
+    std::vector<OpId> last;
+    for (int p = 0; p < r; ++p) {
+      if (!compress) last.insert(last.end(), A2[std::size_t(p)].begin(), A2[std::size_t(p)].end());
+      else
+        for (int k = 0; k < G_; ++k) last.push_back(codec(k, "D2", p, sent[std::size_t(k)], A2[std::size_t(p)]));
+    }
     return join(fmt::format("L{}.{}.pipeline_done", l, dir), last);
   }
 

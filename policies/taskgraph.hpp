@@ -155,6 +155,9 @@ struct Collective {
   /// Messages each pair's bytes go as, in equal parts, in the linear all-to-all (each pays its NIC's
   /// per-message overhead): Tutel's pipelined all-to-all sends one per expert slice, ΔE per peer.
   int messages = 1;
+  /// Pipe-A2A run as two ops, one per lane (ScheMoE's pipelined layer): 0 sends only the pairs inside
+  /// a node, 1 only those between nodes; −1 (default) both, side by side.
+  int lane = -1;
   double total_bytes() const;
 };
 

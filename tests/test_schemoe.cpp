@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <iostream>
+#include <map>
 #include <random>
 
+#include "collectives/collectives.hpp"
 #include "helpers.hpp"
 #include "moe_iteration.hpp"
 #include "routing.hpp"
@@ -131,4 +133,70 @@ TEST_CASE("the simulated ScheMoE layer follows OptSche's recurrence and beats se
   // fp16 payloads: 8 bits on the wire is a half, 16 bits all of it.
   CHECK(wire16 == Approx(2 * wire8));
   CHECK(wire8 == Approx(16.0 * 8192 * 1024 * 2 / 2));  // 16 GPUs' 8192 slots of 1024 fp16, local ones included
+}
+
+TEST_CASE("Pipe-A2A's two lanes run as independent streams across ScheMoE's parts, as released") {
+  // Two RTX 2080 Ti nodes (PCIe inside, a 79 Gb/s NIC between), uniform routing, r = 2 parts, no
+  // compressor, all dispatches ready together. pipe.cpp sends each peer on its lane's communicator
+  // and stream: part 1's intra-node exchange starts as soon as part 0's intra-node one ends, while
+  // part 0's inter-node one still runs (or the other way round, whichever lane is shorter); and each
+  // lane is the pipe algorithm's own lane.
+  const Cluster cluster(test::platform("rtx2080ti-pcie", 2));
+  spec::ModelSpec ms;
+  ms.set_name("layer");
+  ms.set_layers(1);
+  ms.set_d_model(1024);
+  ms.set_d_ffn(2048);
+  ms.set_experts(8);
+  ms.set_top_k(1);
+  ms.set_seq_len(2048);
+  ms.set_tokens_per_gpu(8192);
+  ms.set_heads(16);
+  ms.set_dtype(spec::FP32);
+  const MoeModel model(ms);
+  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+  SimBackend sim(cluster, gpu);
+  RoutingMatrix R(8, 8);
+  for (auto& x : R.mutable_counts()) x = 1024;
+  const std::vector<RoutingMatrix> routing{R};
+  spec::PolicySpec ps;
+  ps.set_name("schemoe");
+  ps.set_all_to_all("pipe");
+  ps.mutable_schemoe()->set_partitions(2);
+  ps.mutable_schemoe()->mutable_compressor()->set_name("none");
+  PolicyReport report;
+  const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+  const auto t = sim.execute(g);
+  std::map<std::string, OpId> id;
+  for (const auto& op : g.ops())
+    if (op.label.rfind("L0.fwd.a2a_dispatch.", 0) == 0) id[op.label.substr(20)] = op.id;
+  REQUIRE(id.size() == 4);
+  const OpId intra0 = id.at("p0.intra"), inter0 = id.at("p0.inter"), intra1 = id.at("p1.intra"), inter1 = id.at("p1.inter");
+  CHECK(g.ops()[intra0].stream == Stream::comm);
+  CHECK(g.ops()[inter0].stream == Stream::comm2);
+  // Whichever lane ends first goes on to part 1 at once, not held back by the other.
+  const bool intra_first = t.end[intra0] < t.end[inter0];
+  const OpId short0 = intra_first ? intra0 : inter0, long0 = intra_first ? inter0 : intra0;
+  const OpId short1 = intra_first ? intra1 : inter1, long1 = intra_first ? inter1 : intra1;
+  CHECK(t.end[short0] < 0.9 * t.end[long0]);
+  CHECK(t.start[short1] == Approx(t.end[short0]));
+  CHECK(t.start[long1] == Approx(t.end[long0]));
+  // Each lane sends exactly its half of the pairs: together, the part's whole exchange.
+  const auto& whole = std::get<Collective>(g.ops()[intra0].body);
+  double intra_bytes = 0, inter_bytes = 0;
+  for (const auto& lane : lower(whole, cluster))
+    for (const auto& step : lane)
+      for (const auto& tr : step.transfers) {
+        CHECK(cluster.node_of(tr.src) == cluster.node_of(tr.dst));
+        intra_bytes += tr.bytes;
+      }
+  for (const auto& lane : lower(std::get<Collective>(g.ops()[inter0].body), cluster))
+    for (const auto& step : lane)
+      for (const auto& tr : step.transfers) {
+        CHECK(cluster.node_of(tr.src) != cluster.node_of(tr.dst));
+        inter_bytes += tr.bytes;
+      }
+  const double part = 8.0 * 8192 * 1024 * 4 / 2;  // 8 GPUs' 8192 fp32 slots, half a part each
+  CHECK(intra_bytes + inter_bytes == Approx(part * 7 / 8));  // the local slots do not move
+  CHECK(inter_bytes == Approx(part / 2));
 }

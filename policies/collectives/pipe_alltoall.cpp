@@ -3,7 +3,8 @@
 // the inter-node ones on another, running concurrently. Each communicator has its own NCCL
 // channels, so each lane keeps `p2p_peers` rounds in flight, and intra-node traffic (PCIe /
 // NVLink) no longer waits in the same rounds as the network's: t = max(t_intra, t_inter) (Eq. 16)
-// where linear interleaves them.
+// where linear interleaves them. A Collective with `lane` set is that lane alone (the released code's
+// lanes are separate streams: moe_iteration.cpp runs each as its own op).
 #include "collectives/collectives.hpp"
 
 namespace moesim {
@@ -13,6 +14,7 @@ Lowering lower_pipe(const Collective& c, const Cluster& cluster) {
   const std::size_t n = c.group.size();
   Lowering lanes;
   for (const bool intra : {true, false}) {
+    if (c.lane >= 0 && intra != (c.lane == 0)) continue;
     Step step = rotating_pairs(c.group, cluster.p2p_peers(), [&](std::size_t i, std::size_t j) {
       const bool same = cluster.node_of(c.group[i]) == cluster.node_of(c.group[j]);
       return same == intra ? c.bytes.at(i, j, n) : 0.0;
