@@ -560,7 +560,7 @@ class Builder {
     if (schedule_.smart) return smart_layer(l, bwd);
     if (zero_) return zero_layer(l, bwd);
     if (schedule_.shard_r > 0) return sharded_layer(l, bwd);
-    if (schedule_.partitions > 1 || schedule_.compress_bytes_per_s > 0) return pipelined_layer(l, bwd);
+    if (schedule_.partitions > 1 || schedule_.codec.on()) return pipelined_layer(l, bwd);
     const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
                                             exchange(l, false), ready_);
     std::vector<OpId> experts(G_);
@@ -621,16 +621,20 @@ class Builder {
     const auto tokens = exchanged(l);
     const char* dir = bwd ? "bwd" : "fwd";
     const int r = std::max(1, schedule_.partitions);
-    const bool compress = schedule_.compress_bytes_per_s > 0;
+    const auto& codec_cost = schedule_.codec;
+    const bool compress = codec_cost.on();
     std::vector<double> sent(std::size_t(G_), 0.0), received(std::size_t(G_), 0.0);  // token-slots
     for (int i = 0; i < G_; ++i)
       for (int j = 0; j < G_; ++j) {
         sent[std::size_t(i)] += tokens[std::size_t(i) * G_ + j];
         received[std::size_t(j)] += tokens[std::size_t(i) * G_ + j];
       }
+    // C1 and C2 compress, D1 and D2 decompress a part's payload on the compute stream.
     auto codec = [&](int rank, const std::string& what, int part, double slots, std::vector<OpId> deps) {
+      const double payload = slots / r * token_bytes_;
       Compute c{ComputeKind::compress, {}, 0};
-      c.fixed_seconds = slots / r * token_bytes_ / schedule_.compress_bytes_per_s;
+      if (codec_cost.bytes_per_s > 0) c.fixed_seconds = payload / codec_cost.bytes_per_s;
+      else c.memory_bytes = payload * (what[0] == 'C' ? codec_cost.compress_traffic : codec_cost.decompress_traffic);
       return g_.add_compute(rank, fmt::format("L{}.{}.{}.p{}", l, dir, what, part), std::move(c), std::move(deps));
     };
     auto wire = [&](bool transpose) {
@@ -648,16 +652,27 @@ class Builder {
     // is_intra) is two ops: the intra-node lane on the comm stream, the inter-node lane on comm2, each
     // in order across the parts, so a part's intra-node exchange starts once the previous part's
     // intra-node one is done, whatever the network still carries. Other algorithms: one op.
+    // A compressor's side all-to-alls follow the payload's on its stream(s) (INT8's bias and scale:
+    // int8.cpp all_to_all, one value of the dtype per token each).
     auto send = [&](const char* what, bool transpose, int p, const std::vector<OpId>& deps) {
-      Collective c = wire(transpose);
-      const std::string name = fmt::format("L{}.{}.{}.p{}", l, dir, what, p);
-      if (c.algorithm != "pipe") return std::vector<OpId>{g_.add_collective(Stream::comm, name, std::move(c), deps)};
       std::vector<OpId> lanes;
-      for (const int lane : {0, 1}) {
-        Collective half = c;
-        half.lane = lane;
-        lanes.push_back(g_.add_collective(lane == 0 ? Stream::comm : Stream::comm2, name + (lane == 0 ? ".intra" : ".inter"),
-                                          std::move(half), deps));
+      for (int side = 0; side <= codec_cost.side_all_to_alls; ++side) {
+        Collective c = wire(transpose);
+        if (side > 0) c.bytes = exchange(l, transpose).bytes.scaled(in_.model.dtype_bytes() / token_bytes_ / r);
+        const std::string name = fmt::format("L{}.{}.{}.p{}{}", l, dir, what, p, side == 0 ? "" : side == 1 ? ".bias" : ".scale");
+        const std::vector<OpId>& after = side == 0 ? deps : lanes;
+        if (c.algorithm != "pipe") {
+          lanes = {g_.add_collective(Stream::comm, name, std::move(c), after)};
+          continue;
+        }
+        std::vector<OpId> next;
+        for (const int lane : {0, 1}) {
+          Collective half = c;
+          half.lane = lane;
+          next.push_back(g_.add_collective(lane == 0 ? Stream::comm : Stream::comm2, name + (lane == 0 ? ".intra" : ".inter"),
+                                           std::move(half), side == 0 ? deps : std::vector<OpId>{lanes[std::size_t(lane)]}));
+        }
+        lanes = std::move(next);
       }
       return lanes;
     };

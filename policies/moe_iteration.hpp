@@ -101,7 +101,16 @@ struct ScheduleOptions {
   /// Messages a part's linear all-to-all sends each peer (Collective::messages): Tutel's pipelined
   /// all-to-all sends one per expert slice, ΔE = E/G.
   int messages_per_peer = 1;
-  double compress_bytes_per_s = 0;  // compressor throughput; 0 = no compress / decompress tasks
+  /// A compressor's compress and decompress tasks (ScheMoE; none when `on()` is false): at a given
+  /// throughput (payload bytes per second), or as memory traffic per payload byte at the GPU's
+  /// elementwise bandwidth; and the all-to-alls it sends besides the payload's (one value per
+  /// token each: INT8's bias and scale).
+  struct Codec {
+    double bytes_per_s = 0;
+    double compress_traffic = 0, decompress_traffic = 0;
+    int side_all_to_alls = 0;
+    bool on() const { return bytes_per_s > 0 || compress_traffic > 0; }
+  } codec = {};
   std::string all_to_all;           // the MoE all-to-alls' algorithm instead of policy.all_to_all
   /// Tutel's adaptive parallelism with fewer experts than GPUs (tutel.md §1.4): expert e sharded
   /// over the s = G/E GPUs e·s .. e·s + s − 1; with r ≥ 1 (a divisor of s) each source's tokens

@@ -15,20 +15,44 @@
 
 namespace moesim {
 
-Compressor make_compressor(const spec::CompressorSpec& s, const std::string& default_name) {
+// Each compressor's kernels as Fragile-azalea/ScheMoE (402975e) releases them, counted in memory
+// traffic per payload value of b bytes:
+//  int8  schemoe/custom/compressor/int8.cpp, ten ATen passes. Compress: min and max over each row
+//        (read b each), input − bias, ÷ scale, × 255 (read b, write b each), to uint8 (read b,
+//        write 1), a device copy (read 1, write 1): 9b + 3. Decompress: the copy (2), to the dtype
+//        (read 1, write b), ÷ 255, × scale, + bias (read b, write b each): 7b + 3. Its all_to_all
+//        sends the payload, then the bias and the scale (one value per row: a token's).
+//  zfp   schemoe/custom/compressor/zfpc.cpp: zfp_type_float, fixed rate, the CUDA kernels: fp32
+//        only, so a 16-bit payload is cast to fp32 first (read b, write 4) and back after; then
+//        read 4, write bits/8 (compress) and the reverse. This is ZFP at memory speed, a lower
+//        bound: its block transform and bit-plane coding (global atomics) have no measured
+//        throughput on the papers' GPUs; `gbytes_per_s` sets one.
+//  fp16  not a released ScheMoE compressor: a cast to 16 bits and back (read b, write 2; the
+//        reverse).
+Compressor make_compressor(const spec::CompressorSpec& s, const std::string& default_name, double b) {
   const std::string name = s.name().empty() ? default_name : s.name();
-  Compressor c{name, 0, 0};
+  Compressor c;
+  c.name = name;
   // Checked whatever the name, so that a value a spec holds is never silently NaN.
   if (s.has_bits() && !(s.bits() > 0 && s.bits() <= 64))
     throw FieldError("policy.schemoe.compressor.bits", "must be in (0, 64]: bits on the wire per value");
   if (s.has_gbytes_per_s() && !(s.gbytes_per_s() >= 1e-3 && s.gbytes_per_s() <= 1e6))
     throw FieldError("policy.schemoe.compressor.gbytes_per_s", "must be in [0.001, 1e6] GB/s");
   if (name == "none") return c;
-  if (name == "fp16") c.bits = 16, c.bytes_per_s = 400e9;
-  else if (name == "int8") c.bits = 8, c.bytes_per_s = 300e9;
-  else if (name == "zfp") c.bits = 8, c.bytes_per_s = 100e9;
-  else throw FieldError("policy.schemoe.compressor.name", "unknown compressor '" + name + "'; known: none, fp16, int8, zfp");
-  if (s.has_bits()) c.bits = s.bits();
+  c.bits = s.has_bits() ? s.bits() : name == "fp16" ? 16 : 8;
+  const double wire = c.bits / 8;  // bytes per value on the wire
+  if (name == "fp16") {
+    c.compress_bytes = c.decompress_bytes = b + wire;
+  } else if (name == "int8") {
+    c.compress_bytes = 9 * b + 3 * wire;  // the uint8 steps move `wire` bytes a value (1 at 8 bits)
+    c.decompress_bytes = 7 * b + 3 * wire;
+    c.side_all_to_alls = 2;
+  } else if (name == "zfp") {
+    const double cast = b == 4 ? 0 : b + 4;
+    c.compress_bytes = c.decompress_bytes = cast + 4 + wire;
+  } else {
+    throw FieldError("policy.schemoe.compressor.name", "unknown compressor '" + name + "'; known: none, fp16, int8, zfp");
+  }
   if (s.has_gbytes_per_s()) c.bytes_per_s = s.gbytes_per_s() * 1e9;
   return c;
 }
@@ -99,7 +123,7 @@ class Schemoe final : public Policy {
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
-    make_compressor(spec.schemoe().compressor(), "zfp");
+    make_compressor(spec.schemoe().compressor(), "zfp", model.dtype_bytes());
     if (spec.schemoe().partitions() > 64) throw FieldError("policy.schemoe.partitions", "use 1 to 64 parts");
   }
 
@@ -107,12 +131,13 @@ class Schemoe final : public Policy {
     std::vector<LayerPlan> plans;
     for (const auto& R : in.routing) plans.push_back({R, {}});
     const auto& s = in.spec.schemoe();
-    const Compressor c = make_compressor(s.compressor(), "zfp");
+    const double b = in.model.dtype_bytes();
+    const Compressor c = make_compressor(s.compressor(), "zfp", b);
     ScheduleOptions schedule;
     schedule.partitions = s.partitions() ? int(s.partitions()) : 2;
     if (c.bits > 0) {
-      schedule.wire_ratio = std::min(1.0, c.bits / (8.0 * in.model.dtype_bytes()));
-      schedule.compress_bytes_per_s = c.bytes_per_s;
+      schedule.wire_ratio = std::min(1.0, c.bits / (8.0 * b));
+      schedule.codec = {c.bytes_per_s, c.compress_bytes / b, c.decompress_bytes / b, c.side_all_to_alls};
     }
     return build_moe_iteration(in, plans, schedule);
   }

@@ -10,15 +10,21 @@
 
 namespace moesim {
 
-/// A compressor as the model sees it: bits per element on the wire and GPU throughput.
+/// A compressor as the model sees it: bits per value on the wire, and each kernel's cost as the
+/// memory traffic of the released kernels (bytes read and written per payload value, at the
+/// platform's elementwise memory bandwidth), or a throughput the spec gives instead.
 struct Compressor {
   std::string name = "none";
-  double bits = 0;              // 0: no compression
-  double bytes_per_s = 0;       // compress or decompress throughput, payload bytes per second
+  double bits = 0;               // 0: no compression
+  double compress_bytes = 0;     // memory traffic per value to compress
+  double decompress_bytes = 0;   // ... and to decompress
+  int side_all_to_alls = 0;      // all-to-alls besides the payload's (INT8: bias and scale)
+  double bytes_per_s = 0;        // given (gbytes_per_s): payload bytes per second, not the traffic
 };
-/// The compressor a spec names (FieldError "policy.schemoe.compressor.*" for a bad one); the
-/// defaults are in proto/moesim.proto (CompressorSpec).
-Compressor make_compressor(const spec::CompressorSpec& spec, const std::string& default_name);
+/// The compressor a spec names, for payload values of `value_bytes` bytes (the model's dtype);
+/// FieldError "policy.schemoe.compressor.*" for a bad one. The defaults are in proto/moesim.proto
+/// (CompressorSpec) and schemoe.cpp.
+Compressor make_compressor(const spec::CompressorSpec& spec, const std::string& default_name, double value_bytes);
 
 /// Per-part task times of one layer (forward): compress c, all-to-all a, decompress d, expert e;
 /// the two compressions take the same time, and so do the two all-to-alls and decompressions, as

@@ -200,3 +200,59 @@ TEST_CASE("Pipe-A2A's two lanes run as independent streams across ScheMoE's part
   CHECK(intra_bytes + inter_bytes == Approx(part * 7 / 8));  // the local slots do not move
   CHECK(inter_bytes == Approx(part / 2));
 }
+
+TEST_CASE("ScheMoE's compressors cost their released kernels' memory traffic; INT8 sends bias and scale too") {
+  // Per payload value of b bytes (schemoe.cpp, from Fragile-azalea/ScheMoE's int8.cpp and zfpc.cpp):
+  // INT8 9b + 3 to compress, 7b + 3 to decompress; ZFP (fp32 only) 4 + 1 each way at 8 bits, and a
+  // 16-bit payload cast to fp32 and back, 2 + 4 more; the fp16 cast b + 2.
+  const auto traffic = [](const char* name, double b) {
+    spec::CompressorSpec s;
+    s.set_name(name);
+    const Compressor c = make_compressor(s, "zfp", b);
+    return std::tuple{c.compress_bytes, c.decompress_bytes, c.side_all_to_alls};
+  };
+  CHECK(traffic("int8", 4) == std::tuple{39.0, 31.0, 2});
+  CHECK(traffic("int8", 2) == std::tuple{21.0, 17.0, 2});
+  CHECK(traffic("zfp", 4) == std::tuple{5.0, 5.0, 0});
+  CHECK(traffic("zfp", 2) == std::tuple{11.0, 11.0, 0});
+  CHECK(traffic("fp16", 4) == std::tuple{6.0, 6.0, 0});
+  // In the layer: one fp32 CT-MoE-like layer on two DGX-A100 nodes, uniform routing, r = 2.
+  const Cluster cluster(test::platform("dgx-a100", 2));
+  spec::ModelSpec ms;
+  ms.set_name("layer");
+  ms.set_layers(1);
+  ms.set_d_model(512);
+  ms.set_d_ffn(512);
+  ms.set_experts(16);
+  ms.set_top_k(1);
+  ms.set_seq_len(512);
+  ms.set_tokens_per_gpu(4096);
+  ms.set_heads(8);
+  ms.set_dtype(spec::FP32);
+  const MoeModel model(ms);
+  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+  RoutingMatrix R(16, 16);
+  for (auto& x : R.mutable_counts()) x = 256;
+  const std::vector<RoutingMatrix> routing{R};
+  for (const char* name : {"int8", "zfp"}) {
+    INFO(name);
+    spec::PolicySpec ps;
+    ps.set_name("schemoe");
+    ps.mutable_schemoe()->mutable_compressor()->set_name(name);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    const double payload = 4096.0 / 2 * 512 * 4;  // a part of GPU 0's slots, fp32
+    const auto [compress, decompress, sides] = traffic(name, 4);
+    int dispatches = 0;
+    for (const auto& op : g.ops()) {
+      if (op.label == "L0.fwd.C1.p0" && op.rank == 0) CHECK(std::get<Compute>(op.body).memory_bytes == Approx(payload * compress / 4));
+      if (op.label == "L0.fwd.D2.p1" && op.rank == 0) CHECK(std::get<Compute>(op.body).memory_bytes == Approx(payload * decompress / 4));
+      if (op.label.rfind("L0.fwd.a2a_dispatch.p0", 0) != 0) continue;
+      ++dispatches;
+      const double pair = std::get<Collective>(op.body).bytes.at(0, 1, 16);
+      // The payload at 8 bits a value, then (INT8) the bias and the scale: one fp32 value a token.
+      CHECK(pair == Approx(op.label == "L0.fwd.a2a_dispatch.p0" ? 256.0 / 2 * 512 : 256.0 / 2 * 4));
+    }
+    CHECK(dispatches == 1 + sides);
+  }
+}
