@@ -10,6 +10,8 @@ std::unique_ptr<Policy> make_fastermoe();
 std::unique_ptr<Policy> make_fastermoe_shadow();
 std::unique_ptr<Policy> make_fastermoe_smart();
 std::unique_ptr<Policy> make_fastermoe_released();
+std::unique_ptr<Policy> make_schemoe_released();
+std::unique_ptr<Policy> make_tutel_released();
 std::unique_ptr<Policy> make_zero2();
 std::unique_ptr<Policy> make_zero3();
 std::unique_ptr<Policy> make_pro_prophet();
@@ -40,7 +42,9 @@ const Entry kPolicies[] = {
     {"replicate-top2", make_replicate_top2},
     {"replicate-top3", make_replicate_top3},
     {"schemoe", make_schemoe},
+    {"schemoe-released", make_schemoe_released},
     {"tutel", make_tutel},
+    {"tutel-released", make_tutel_released},
     {"smartmoe", make_smartmoe},
     {"flexmoe", make_flexmoe},
     {"hecate", make_hecate},

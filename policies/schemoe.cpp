@@ -117,13 +117,18 @@ std::pair<std::vector<Task>, std::vector<Task>> optsche_order(int r) {
 
 namespace {
 
+// `schemoe`: the paper's ScheMoE (ZFP, r = 2, OptSche). `schemoe-released`: the same layer with the
+// defaults of Fragile-azalea/ScheMoE's MOELayer (402975e, schemoe/impls/moe_layer.py:53-62):
+// a2a_ffn_overlap_degree=1 (r = 1), compress_name='no' (no compressor), comm_name='naive' (the
+// linear all-to-all; 'pipe' is policy.all_to_all "pipe"). Each is an option of the spec.
 class Schemoe final : public Policy {
  public:
-  std::string name() const override { return "schemoe"; }
+  explicit Schemoe(bool released) : released_(released) {}
+  std::string name() const override { return released_ ? "schemoe-released" : "schemoe"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
-    make_compressor(spec.schemoe().compressor(), "zfp", model.dtype_bytes());
+    make_compressor(spec.schemoe().compressor(), default_compressor(), model.dtype_bytes());
     if (spec.schemoe().partitions() > 64) throw FieldError("policy.schemoe.partitions", "use 1 to 64 parts");
   }
 
@@ -132,19 +137,24 @@ class Schemoe final : public Policy {
     for (const auto& R : in.routing) plans.push_back({R, {}});
     const auto& s = in.spec.schemoe();
     const double b = in.model.dtype_bytes();
-    const Compressor c = make_compressor(s.compressor(), "zfp", b);
+    const Compressor c = make_compressor(s.compressor(), default_compressor(), b);
     ScheduleOptions schedule;
-    schedule.partitions = s.partitions() ? int(s.partitions()) : 2;
+    schedule.partitions = s.partitions() ? int(s.partitions()) : released_ ? 1 : 2;
     if (c.bits > 0) {
       schedule.wire_ratio = std::min(1.0, c.bits / (8.0 * b));
       schedule.codec = {c.bytes_per_s, c.compress_bytes / b, c.decompress_bytes / b, c.side_all_to_alls};
     }
     return build_moe_iteration(in, plans, schedule);
   }
+
+ private:
+  const char* default_compressor() const { return released_ ? "none" : "zfp"; }
+  bool released_;
 };
 
 }  // namespace
 
-std::unique_ptr<Policy> make_schemoe() { return std::make_unique<Schemoe>(); }
+std::unique_ptr<Policy> make_schemoe() { return std::make_unique<Schemoe>(false); }
+std::unique_ptr<Policy> make_schemoe_released() { return std::make_unique<Schemoe>(true); }
 
 }  // namespace moesim

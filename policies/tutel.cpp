@@ -105,12 +105,22 @@ int choose_parallelism(const std::vector<ParallelismOption>& options) {
 
 namespace {
 
+// `tutel`: the paper's adaptive pipelining (Algorithm 2) and parallelism router. `tutel-released`:
+// microsoft/tutel as shipped (82af7aa), which has no strategy search and no router: the degree, 2DH
+// and r are the MOELayer's arguments, with its defaults (tutel/impls/moe_layer.py:93-99:
+// a2a_ffn_overlap_degree=1, use_2dh=False, parallel_type='adaptive:1'), here policy.tutel.degree,
+// .all_to_all ("linear" or "2dh") and .parallel_r.
 class Tutel final : public Policy {
  public:
-  std::string name() const override { return "tutel"; }
+  explicit Tutel(bool released) : released_(released) {}
+  std::string name() const override { return released_ ? "tutel-released" : "tutel"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     const auto& t = spec.tutel();
+    if (released_ && (t.degrees_size() || t.algorithms_size()))
+      throw FieldError(t.degrees_size() ? "policy.tutel.degrees" : "policy.tutel.algorithms",
+                       "tutel-released has no strategy search (the library takes the degree and use_2dh per "
+                       "call): set policy.tutel.degree and policy.tutel.all_to_all, or use policy tutel");
     const int W = cluster.num_gpus(), E = model.experts();
     if (E < W) {
       if (W % E != 0)
@@ -144,7 +154,7 @@ class Tutel final : public Policy {
     if (!search_) search_.emplace(space(t), t.has_bucket_length() ? t.bucket_length() : 1.0);
     const auto t0 = std::chrono::steady_clock::now();
     f_ = capacity_factor(in);
-    current_ = t.degree() ? space(t).front() : search_->get(f_);
+    current_ = t.degree() || released_ ? space(t).front() : search_->get(f_);
     in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<LayerPlan> plans;
     for (const auto& R : in.routing) plans.push_back({R, {}});
@@ -159,14 +169,16 @@ class Tutel final : public Policy {
     if (current_.degree > 1 && E > W && current_.all_to_all == "linear") schedule.messages_per_peer = E / W;
     schedule.dense_encode = t.dense_encode();
     schedule.per_source_gemms = t.has_flexible_alltoall() && !t.flexible_alltoall();
-    const int r = t.has_parallel_r() ? t.parallel_r() : switching_rule(in);
+    const int r = t.has_parallel_r() ? t.parallel_r() : released_ ? 1 : switching_rule(in);
     in.report.parallel_r = r;
     if (r == 0) schedule.sharding = ExpertSharding::zero3;
     else if (E < W) schedule.shard_r = r, schedule.partitions = 1;
     return build_moe_iteration(in, plans, schedule);
   }
 
-  void observe(const TaskGraph&, const Timing& timing) override { search_->record(f_, current_, timing.makespan()); }
+  void observe(const TaskGraph&, const Timing& timing) override {
+    if (!released_) search_->record(f_, current_, timing.makespan());
+  }
 
  private:
   // The inline parallelism router: the fitting r with the least communication for this iteration's
@@ -181,10 +193,10 @@ class Tutel final : public Policy {
     return r < 0 ? (E < W ? W / E : 1) : r;
   }
 
-  static std::vector<Strategy> space(const spec::TutelSpec& t) {
-    if (t.degree()) return {{int(t.degree()), t.all_to_all().empty() ? "linear" : t.all_to_all()}};
-    std::vector<int> degrees(t.degrees().begin(), t.degrees().end());
-    if (degrees.empty()) degrees = {1, 2, 4, 8};
+  std::vector<Strategy> space(const spec::TutelSpec& t) const {
+    if (t.degree() || released_) return {{int(std::max(1u, t.degree())), t.all_to_all().empty() ? "linear" : t.all_to_all()}};
+    const std::vector<int> degrees =
+        t.degrees().empty() ? std::vector<int>{1, 2, 4, 8} : std::vector<int>(t.degrees().begin(), t.degrees().end());
     std::vector<std::string> algos(t.algorithms().begin(), t.algorithms().end());
     if (algos.empty()) algos = {"linear", "2dh"};
     std::vector<Strategy> out;
@@ -201,6 +213,7 @@ class Tutel final : public Policy {
     return in.routing.empty() ? 1 : std::round(sum / double(in.routing.size()) * 1e3) / 1e3;
   }
 
+  bool released_;
   std::optional<StrategySearch> search_;
   Strategy current_;
   double f_ = 1;
@@ -208,6 +221,7 @@ class Tutel final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_tutel() { return std::make_unique<Tutel>(); }
+std::unique_ptr<Policy> make_tutel() { return std::make_unique<Tutel>(false); }
+std::unique_ptr<Policy> make_tutel_released() { return std::make_unique<Tutel>(true); }
 
 }  // namespace moesim

@@ -256,3 +256,32 @@ TEST_CASE("ScheMoE's compressors cost their released kernels' memory traffic; IN
     CHECK(dispatches == 1 + sides);
   }
 }
+
+TEST_CASE("schemoe-released: the MOELayer's defaults, one part, no compressor, the naive all-to-all") {
+  // Fragile-azalea/ScheMoE moe_layer.py: a2a_ffn_overlap_degree=1, compress_name='no', comm_name='naive'.
+  const Cluster cluster(test::platform("dgx-a100", 2));
+  const spec::ModelSpec ms = test::model_spec(1, 512, 1024, 16, 1, 512, 2048, 8);
+  const MoeModel model(ms);  // keeps a reference to its spec
+  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+  RoutingMatrix R(16, 16);
+  for (auto& x : R.mutable_counts()) x = 128;
+  const std::vector<RoutingMatrix> routing{R};
+  auto ops = [&](const spec::PolicySpec& ps) {
+    PolicyReport report;
+    std::vector<std::string> labels;
+    const TaskGraph g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    for (const auto& op : g.ops()) labels.push_back(op.label);
+    return labels;
+  };
+  spec::PolicySpec released;
+  released.set_name("schemoe-released");
+  const auto plain = ops(released);
+  CHECK(std::find(plain.begin(), plain.end(), "L0.fwd.a2a_dispatch") != plain.end());
+  for (const auto& l : plain) CHECK(l.find(".C1") == std::string::npos);
+  // The paper's configuration is the release's options set: ZFP, r = 2.
+  released.mutable_schemoe()->set_partitions(2);
+  released.mutable_schemoe()->mutable_compressor()->set_name("zfp");
+  spec::PolicySpec paper;
+  paper.set_name("schemoe");
+  CHECK(ops(released) == ops(paper));
+}

@@ -187,3 +187,37 @@ TEST_CASE("Tutel's pipelined linear all-to-all sends a peer one message per expe
   for (const auto& lane : lower(c, cluster))
     for (const auto& step : lane) CHECK(step.messages == 1);
 }
+
+TEST_CASE("tutel-released: the MOELayer's arguments with their defaults, no strategy search") {
+  // microsoft/tutel's moe_layer.py: a2a_ffn_overlap_degree=1, use_2dh=False, parallel_type='adaptive:1'.
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1"});
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
+  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
+  const auto routing = gating->next();
+  spec::PolicySpec ps;
+  ps.set_name("tutel-released");
+  auto policy = make_policy(ps);
+  for (int it = 0; it < 3; ++it) {  // whatever it observes, the strategy stays the given one
+    PolicyReport report;
+    const auto g = policy->build_iteration({cluster, model, gpu, ps, routing, report});
+    int parts = 0, all_to_alls = 0;
+    for (const auto& op : g.ops()) {
+      parts += op.label.find(".p1") != std::string::npos;
+      if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::all_to_all && c->total_bytes() > 1e3) {
+        ++all_to_alls;
+        CHECK(c->algorithm == "linear");
+      }
+    }
+    CHECK(parts == 0);
+    CHECK(all_to_alls == 4);  // unpipelined: one dispatch and one combine, forward and backward
+    CHECK(report.parallel_r == 1);
+    Timing t;
+    t.start.assign(g.size(), 0.0);
+    t.end.assign(g.size(), 1e-3 * (it + 1));
+    policy->observe(g, t);
+  }
+  ps.mutable_tutel()->add_degrees(2);
+  CHECK_THROWS_WITH(make_policy(ps)->validate(cluster, model, ps), Catch::Contains("policy.tutel.degrees") && Catch::Contains("no strategy search"));
+}
