@@ -19,11 +19,11 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p4d-a100 × 32 GPUs; BERT-MoE-Deep (24 layers, 64 experts, top-2); generator preset naive, se...' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:5.047]
+set yrange [0:4.069]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"fastermoe" 4.2771 0.0000
+"fastermoe" 1.0945 0.0000
 "smartmoe" 0.9574 0.0000
 "flexmoe" 2.8389 0.0000
 "hecate" 3.4486 0.0000
