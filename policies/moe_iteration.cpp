@@ -707,52 +707,68 @@ class Builder {
   OpId sharded_layer(int l, bool bwd) {
     const char* dir = bwd ? "bwd" : "fwd";
     const int s = G_ / E_, r = schedule_.shard_r, g = s / r;
-    const OpId dispatch = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_dispatch", l, dir),
-                                            exchange(l, false), ready_);
+    // Pipelined (tutel-released allows a degree with sharding): d parts along the capacity, each
+    // dispatch → experts → combine, the slices gathered once, after the first part's dispatch.
+    const int parts = std::max(1, schedule_.partitions);
+    auto part_name = [&](const char* what, int p) {
+      return parts > 1 ? fmt::format("L{}.{}.{}.p{}", l, dir, what, p) : fmt::format("L{}.{}.{}", l, dir, what);
+    };
+    auto part_bytes = [&](bool transpose) {
+      Collective c = exchange(l, transpose);
+      if (parts > 1) c.bytes = c.bytes.scaled(1.0 / parts);
+      return c;
+    };
+    std::vector<OpId> dispatch(static_cast<std::size_t>(parts));
+    for (int p = 0; p < parts; ++p)
+      dispatch[std::size_t(p)] = g_.add_collective(Stream::comm, part_name("a2a_dispatch", p), part_bytes(false), ready_);
     std::vector<OpId> gathered(static_cast<std::size_t>(G_));
     const double slice = expert_bytes_ / r;  // what a subgroup gathers
     for (int first = 0; first < G_; first += g) {
       std::vector<int> sub(static_cast<std::size_t>(g));
       std::iota(sub.begin(), sub.end(), first);
-      OpId id = dispatch;
+      OpId id = dispatch.front();
       if (g > 1 && !bwd)
         id = g_.add_collective(Stream::comm, fmt::format("L{}.{}.expert_allgather.g{}", l, dir, first / g),
-                               {CollectiveType::all_gather, sub, {slice}, "ring"}, {dispatch});
+                               {CollectiveType::all_gather, sub, {slice}, "ring"}, {dispatch.front()});
       for (int t = first; t < first + g; ++t) gathered[std::size_t(t)] = id;
     }
     const auto& R = plans_[l].routing;
     const auto d = std::uint64_t(in_.model.spec().d_model()), h = std::uint64_t(in_.model.spec().d_ffn() / std::uint32_t(r));
-    std::vector<OpId> experts(static_cast<std::size_t>(G_));
-    for (int t = 0; t < G_; ++t) {
-      const int e = t / s;
-      double received = 0;
-      for (int src = 0; src < G_; ++src) received += double(R.at(src, e)) / g;
-      const auto m = std::uint64_t(std::llround(received));
-      Compute c{ComputeKind::grouped_gemm, {}, 0};
-      if (m > 0) {
-        const std::vector<Gemm> fwd = {{m, h, d, 1}, {m, d, h, 1}};
-        c.gemms = bwd ? backward(fwd) : fwd;
-        c.tokens = long(m);
+    std::vector<std::vector<OpId>> experts(static_cast<std::size_t>(parts), std::vector<OpId>(static_cast<std::size_t>(G_)));
+    for (int p = 0; p < parts; ++p)
+      for (int t = 0; t < G_; ++t) {
+        const int e = t / s;
+        double received = 0;
+        for (int src = 0; src < G_; ++src) received += double(R.at(src, e)) / g;
+        const auto m = std::uint64_t(std::llround(received / parts));
+        Compute c{ComputeKind::grouped_gemm, {}, 0};
+        if (m > 0) {
+          const std::vector<Gemm> fwd = {{m, h, d, 1}, {m, d, h, 1}};
+          c.gemms = bwd ? backward(fwd) : fwd;
+          c.tokens = long(m);
+        }
+        experts[std::size_t(p)][std::size_t(t)] =
+            g_.add_compute(t, part_name("experts", p), std::move(c), {dispatch[std::size_t(p)], gathered[std::size_t(t)]});
       }
-      experts[std::size_t(t)] = g_.add_compute(t, fmt::format("L{}.{}.experts", l, dir), std::move(c), {dispatch, gathered[std::size_t(t)]});
-    }
-    std::vector<OpId> after(experts);
+    std::vector<OpId> combines;
+    for (int p = 0; p < parts; ++p)
+      combines.push_back(g_.add_collective(Stream::comm, part_name("a2a_combine", p), part_bytes(true), experts[std::size_t(p)]));
     if (bwd && g > 1)
       for (int first = 0; first < G_; first += g) {
         std::vector<int> sub(static_cast<std::size_t>(g));
         std::iota(sub.begin(), sub.end(), first);
-        std::vector<OpId> deps(experts.begin() + first, experts.begin() + first + g);
+        std::vector<OpId> deps;
+        for (const auto& part : experts) deps.insert(deps.end(), part.begin() + first, part.begin() + first + g);
         reduces_.push_back(g_.add_collective(Stream::comm, fmt::format("L{}.bwd.expert_reduce_scatter.g{}", l, first / g),
                                              {CollectiveType::reduce_scatter, sub, {slice}, "ring"}, deps));
       }
-    const OpId combine = g_.add_collective(Stream::comm, fmt::format("L{}.{}.a2a_combine", l, dir), exchange(l, true), after);
     // The r partial outputs of each token summed at its source: read r copies, write one.
     std::vector<OpId> sums(static_cast<std::size_t>(G_));
     for (int src = 0; src < G_; ++src) {
       double slots = 0;
       for (int e = 0; e < E_; ++e) slots += double(R.at(src, e));
       sums[std::size_t(src)] = g_.add_compute(src, fmt::format("L{}.{}.partial_sum", l, dir),
-                                              {ComputeKind::elementwise, {}, slots * token_bytes_ * (r + 1)}, {combine});
+                                              {ComputeKind::elementwise, {}, slots * token_bytes_ * (r + 1)}, combines);
     }
     return join(fmt::format("L{}.{}.sharded_done", l, dir), sums);
   }

@@ -172,7 +172,7 @@ class Tutel final : public Policy {
     const int r = t.has_parallel_r() ? t.parallel_r() : released_ ? 1 : switching_rule(in);
     in.report.parallel_r = r;
     if (r == 0) schedule.sharding = ExpertSharding::zero3;
-    else if (E < W) schedule.shard_r = r, schedule.partitions = 1;
+    else if (E < W) schedule.shard_r = r, schedule.partitions = released_ ? schedule.partitions : 1;  // the release pipelines sharded experts too
     return build_moe_iteration(in, plans, schedule);
   }
 

@@ -221,3 +221,35 @@ TEST_CASE("tutel-released: the MOELayer's arguments with their defaults, no stra
   ps.mutable_tutel()->add_degrees(2);
   CHECK_THROWS_WITH(make_policy(ps)->validate(cluster, model, ps), Catch::Contains("policy.tutel.degrees") && Catch::Contains("no strategy search"));
 }
+
+TEST_CASE("tutel-released pipelines sharded experts: d parts, the slices gathered once, the same FLOPs") {
+  // 16 GPUs, 4 experts (s = 4), r = 2, degree 2: the release allows a degree with sharding
+  // (moe_layer.py takes both); the parts split the tokens, not the work.
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.experts=4", "model.layers=1",
+                                                 "policy.name=tutel-released", "policy.tutel.parallel_r=2",
+                                                 "policy.tutel.degree=2", "gating.zipf.exponent=1.0"});
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
+  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
+  const auto routing = gating->next();
+  double want = 0;
+  for (int e = 0; e < 4; ++e) want += double(routing[0].expert_load(e)) * 2 * 2 * model.spec().d_model() * model.spec().d_ffn();
+  const spec::PolicySpec ps = ex.spec.policy();
+  PolicyReport report;
+  const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+  double flops = 0;
+  std::map<std::string, int> count;
+  for (const auto& op : g.ops()) {
+    if (op.label.rfind("L0.fwd.experts.p", 0) == 0) flops += std::get<Compute>(op.body).flops();
+    for (const char* name : {"L0.fwd.a2a_dispatch.p", "L0.fwd.a2a_combine.p", "L0.fwd.expert_allgather", "L0.bwd.expert_allgather",
+                             "L0.bwd.expert_reduce_scatter"})
+      count[name] += op.label.rfind(name, 0) == 0;
+  }
+  CHECK(flops == Approx(want).epsilon(2e-3));  // token counts rounded per GPU and part
+  CHECK(count["L0.fwd.a2a_dispatch.p"] == 2);
+  CHECK(count["L0.fwd.a2a_combine.p"] == 2);
+  CHECK(count["L0.fwd.expert_allgather"] == 8);  // 16 / (s / r) subgroups, once each
+  CHECK(count["L0.bwd.expert_allgather"] == 0);
+  CHECK(count["L0.bwd.expert_reduce_scatter"] == 8);
+}
