@@ -142,17 +142,7 @@ TEST_CASE("Pipe-A2A's two lanes run as independent streams across ScheMoE's part
   // part 0's inter-node one still runs (or the other way round, whichever lane is shorter); and each
   // lane is the pipe algorithm's own lane.
   const Cluster cluster(test::platform("rtx2080ti-pcie", 2));
-  spec::ModelSpec ms;
-  ms.set_name("layer");
-  ms.set_layers(1);
-  ms.set_d_model(1024);
-  ms.set_d_ffn(2048);
-  ms.set_experts(8);
-  ms.set_top_k(1);
-  ms.set_seq_len(2048);
-  ms.set_tokens_per_gpu(8192);
-  ms.set_heads(16);
-  ms.set_dtype(spec::FP32);
+  const spec::ModelSpec ms = test::model_spec(1, 1024, 2048, 8, 1, 2048, 8192, 16, spec::FP32);
   const MoeModel model(ms);
   const GpuModel gpu(cluster.spec().gpu(), model.dtype());
   SimBackend sim(cluster, gpu);
@@ -218,17 +208,7 @@ TEST_CASE("ScheMoE's compressors cost their released kernels' memory traffic; IN
   CHECK(traffic("fp16", 4) == std::tuple{6.0, 6.0, 0});
   // In the layer: one fp32 CT-MoE-like layer on two DGX-A100 nodes, uniform routing, r = 2.
   const Cluster cluster(test::platform("dgx-a100", 2));
-  spec::ModelSpec ms;
-  ms.set_name("layer");
-  ms.set_layers(1);
-  ms.set_d_model(512);
-  ms.set_d_ffn(512);
-  ms.set_experts(16);
-  ms.set_top_k(1);
-  ms.set_seq_len(512);
-  ms.set_tokens_per_gpu(4096);
-  ms.set_heads(8);
-  ms.set_dtype(spec::FP32);
+  const spec::ModelSpec ms = test::model_spec(1, 512, 512, 16, 1, 512, 4096, 8, spec::FP32);
   const MoeModel model(ms);
   const GpuModel gpu(cluster.spec().gpu(), model.dtype());
   RoutingMatrix R(16, 16);

@@ -15,6 +15,38 @@
 
 using namespace moesim;
 
+namespace {
+
+// One layer of the base model on 2 DGX-A100 nodes (16 GPUs) with `set` applied, its routing drawn
+// once, and the forward FLOPs of its experts on every routed token-slot (EP's count).
+struct Layer {
+  Experiment ex;
+  Cluster cluster;
+  MoeModel model;  // refers to ex's model spec
+  GpuModel gpu;
+  std::vector<RoutingMatrix> routing;
+  explicit Layer(std::vector<std::string> set)
+      : ex(load_experiment(test::kBaseSpec, with_base(std::move(set)))),
+        cluster(ex.cluster_spec),
+        model(ex.spec.model()),
+        gpu(ex.cluster_spec.gpu(), model.dtype()),
+        routing(make_gating_source(ex.spec.gating(), model, 16, 1)->next()) {}
+  double expert_flops() const {
+    double f = 0;
+    for (int e = 0; e < model.experts(); ++e)
+      f += double(routing[0].expert_load(e)) * 2 * 2 * model.spec().d_model() * model.spec().d_ffn();
+    return f;
+  }
+
+ private:
+  static std::vector<std::string> with_base(std::vector<std::string> set) {
+    set.insert(set.begin(), {"cluster.nodes=2", "model.layers=1"});
+    return set;
+  }
+};
+
+}  // namespace
+
 TEST_CASE("Algorithm 2 tries each strategy once per bucket, then keeps the best") {
   const std::vector<Strategy> space = {{1, "linear"}, {2, "linear"}, {1, "2dh"}};
   StrategySearch s(space, 1.0);
@@ -116,15 +148,9 @@ TEST_CASE("sharded experts compute every token-slot's full expert once, for ever
   // 16 GPUs (2 DGX-A100 nodes), 4 experts (s = 4), skewed routing: r = 1, 2, 4 split the tokens
   // and the hidden dimension differently, but the forward expert FLOPs add up to the EP count, and
   // r = 1 moves a quarter of the tokens r = 4 does.
-  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.experts=4", "model.layers=1",
-                                                 "policy.name=tutel", "gating.zipf.exponent=1.0"});
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(ex.spec.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
-  const auto routing = gating->next();
-  double want = 0;
-  for (int e = 0; e < 4; ++e) want += double(routing[0].expert_load(e)) * 2 * 2 * model.spec().d_model() * model.spec().d_ffn();
+  const Layer t({"model.experts=4", "policy.name=tutel", "gating.zipf.exponent=1.0"});
+  const auto& [ex, cluster, model, gpu, routing] = t;
+  const double want = t.expert_flops();
   std::map<int, double> moved;
   for (int r : {1, 2, 4}) {
     spec::PolicySpec ps = ex.spec.policy();
@@ -159,12 +185,8 @@ TEST_CASE("sharded experts compute every token-slot's full expert once, for ever
 TEST_CASE("Tutel's pipelined linear all-to-all sends a peer one message per expert slice, as released") {
   // 16 GPUs, 64 experts: ΔE = 4 slices of C/d·M to each peer in each part (custom_kernel.cpp's
   // nccl_all_to_all_scatter_async); unpipelined, one all_to_all_single: one message a peer.
-  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.experts=64", "model.layers=1", "policy.name=tutel"});
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(ex.spec.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
-  const auto routing = gating->next();
+  const Layer t({"model.experts=64", "policy.name=tutel"});
+  const auto& [ex, cluster, model, gpu, routing] = t;
   for (const auto& [degree, algorithm, messages] : {std::tuple{2, "linear", 4}, std::tuple{1, "linear", 1}, std::tuple{4, "2dh", 1}}) {
     spec::PolicySpec ps = ex.spec.policy();
     ps.mutable_tutel()->set_degree(std::uint32_t(degree));
@@ -190,12 +212,8 @@ TEST_CASE("Tutel's pipelined linear all-to-all sends a peer one message per expe
 
 TEST_CASE("tutel-released: the MOELayer's arguments with their defaults, no strategy search") {
   // microsoft/tutel's moe_layer.py: a2a_ffn_overlap_degree=1, use_2dh=False, parallel_type='adaptive:1'.
-  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1"});
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(ex.spec.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
-  const auto routing = gating->next();
+  const Layer t({});
+  const auto& [ex, cluster, model, gpu, routing] = t;
   spec::PolicySpec ps;
   ps.set_name("tutel-released");
   auto policy = make_policy(ps);
@@ -225,16 +243,10 @@ TEST_CASE("tutel-released: the MOELayer's arguments with their defaults, no stra
 TEST_CASE("tutel-released pipelines sharded experts: d parts, the slices gathered once, the same FLOPs") {
   // 16 GPUs, 4 experts (s = 4), r = 2, degree 2: the release allows a degree with sharding
   // (moe_layer.py takes both); the parts split the tokens, not the work.
-  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.experts=4", "model.layers=1",
-                                                 "policy.name=tutel-released", "policy.tutel.parallel_r=2",
-                                                 "policy.tutel.degree=2", "gating.zipf.exponent=1.0"});
-  const Cluster cluster(ex.cluster_spec);
-  const MoeModel model(ex.spec.model());
-  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  auto gating = make_gating_source(ex.spec.gating(), model, 16, 1);
-  const auto routing = gating->next();
-  double want = 0;
-  for (int e = 0; e < 4; ++e) want += double(routing[0].expert_load(e)) * 2 * 2 * model.spec().d_model() * model.spec().d_ffn();
+  const Layer t({"model.experts=4", "policy.name=tutel-released", "policy.tutel.parallel_r=2", "policy.tutel.degree=2",
+                 "gating.zipf.exponent=1.0"});
+  const auto& [ex, cluster, model, gpu, routing] = t;
+  const double want = t.expert_flops();
   const spec::PolicySpec ps = ex.spec.policy();
   PolicyReport report;
   const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
