@@ -457,11 +457,15 @@ int main(int argc, char** argv) {
   trace->require_subcommand(1);
   std::string input, output, format = "csv";
   ImportOptions import_options;
-  auto* timport = trace->add_subcommand("import", "Convert a CSV trace or SmartMoE/FastMoE logs to moesim's .trace format");
-  timport->add_option("input", input, "CSV file (iter,layer,src[,mb][,loss],e0..eN) or a directory of table_iter*_rank*.log")
+  std::vector<std::string> import_inputs;
+  auto* timport = trace->add_subcommand(
+      "import", "Convert a CSV trace, SmartMoE/FastMoE logs, or the rank files of a recorded PyTorch run to moesim's .trace format");
+  timport->add_option("input", import_inputs,
+                      "CSV file (iter,layer,src[,mb][,loss],e0..eN), a directory of table_iter*_rank*.log, or every rank's "
+                      ".trace file of one run recorded by python/moesim_trace (README, Recording a PyTorch run)")
       ->required();
   timport->add_option("--out,-o", output, "Output .trace file")->required();
-  timport->add_option("--from", format, "csv or smartmoe (default: smartmoe for a directory, else csv)");
+  timport->add_option("--from", format, "csv, smartmoe or ranks (default: smartmoe for a directory, ranks for .trace files, else csv)");
   timport->add_option("--top-k", import_options.top_k, "top-k of the gate, when the file's metadata lacks top_k=K");
   timport->add_option("--model", import_options.model, "Describe what produced the trace (header.model)");
   auto* tstats = trace->add_subcommand("stats", "Skew, drift and source similarity of a trace, per layer and overall");
@@ -640,10 +644,17 @@ int main(int argc, char** argv) {
       return cmd_collective(s, coll_out, quiet, file ? &*file : nullptr);
     }
     if (*timport) {
-      const bool logs = std::filesystem::is_directory(input);
-      const auto h = (timport->count("--from") ? format == "smartmoe" : logs)
-                         ? import_smartmoe_logs(input, output, import_options)
-                         : import_csv(input, output, import_options);
+      const std::string& first = import_inputs.front();
+      if (!timport->count("--from"))
+        format = std::filesystem::is_directory(first) ? "smartmoe" : first.ends_with(".trace") ? "ranks" : "csv";
+      if (format != "csv" && format != "smartmoe" && format != "ranks")
+        throw FieldError("--from", "'" + format + "' is not a format; use csv, smartmoe or ranks");
+      if (format != "ranks" && import_inputs.size() != 1)
+        throw FieldError("input", fmt::format("{} inputs given; --from {} takes one (several: the rank files of a recorded run)",
+                                              import_inputs.size(), format));
+      const auto h = format == "ranks"      ? import_rank_traces(import_inputs, output, import_options)
+                     : format == "smartmoe" ? import_smartmoe_logs(first, output, import_options)
+                                            : import_csv(first, output, import_options);
       fmt::print("{}: {} layers × {} sources × {} experts, top-{}, {} tokens per source, iteration stride {}\n", output,
                  h.layers(), h.sources(), h.experts(), h.top_k(), h.tokens_per_source(), h.iteration_stride());
       return 0;

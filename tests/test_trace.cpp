@@ -466,3 +466,49 @@ TEST_CASE("moesim trace commands: same seed same file, bad input exits 2") {
   CHECK_THAT(out, Contains("cut.trace: record") && Contains("truncated"));
   CHECK(test::run_command(bin + " trace import " + dir + "/missing.csv -o " + dir + "/x.trace", out) == 2);
 }
+
+TEST_CASE("the rank files of a recorded run merge into one trace, rank r as source r; other runs are refused") {
+  const auto dir = test::temp_dir("ranks");
+  // Rank r of run "A" (3 ranks, 4 experts, 2 layers, 2 iterations): cell (r, e) of record (i, l)
+  // holds 100·r + 10·i + l + e, so that every cell says where it came from.
+  auto write_rank = [&](const std::string& run, std::uint32_t rank, std::uint32_t world, std::uint32_t iterations = 2) {
+    spec::TraceHeader h;
+    h.set_version(1), h.set_experts(4), h.set_top_k(2), h.set_layers(2), h.set_sources(1), h.set_iteration_stride(1);
+    h.set_run(run), h.set_rank(rank), h.set_world_size(world);
+    const std::string path = fmt::format("{}/{}.rank{}.trace", dir, run, rank);
+    TraceWriter w(path, h);
+    for (std::uint32_t i = 0; i < iterations; ++i)
+      for (std::uint32_t l = 0; l < 2; ++l) {
+        spec::TraceRecord r;
+        r.set_iteration(i), r.set_layer(l);
+        for (int e = 0; e < 4; ++e) r.add_dense(100 * rank + 10 * i + l + e);
+        w.write(r);
+      }
+    w.close();
+    return path;
+  };
+  const std::vector<std::string> a = {write_rank("A", 2, 3), write_rank("A", 0, 3), write_rank("A", 1, 3)};  // any order
+  const auto h = import_rank_traces(a, dir + "/A.trace", {});
+  CHECK(h.sources() == 3);
+  CHECK(h.world_size() == 0);  // a merged trace is no rank file
+  TraceReader reader(dir + "/A.trace");
+  spec::TraceRecord r;
+  int records = 0;
+  while (reader.next(r)) {
+    const RoutingMatrix m = record_matrix(reader.header(), r);
+    for (int s = 0; s < 3; ++s)
+      for (int e = 0; e < 4; ++e) CHECK(m.at(s, e) == 100 * s + 10 * std::int64_t(r.iteration()) + r.layer() + e);
+    ++records;
+  }
+  CHECK(records == 4);
+  // Refused: another run's file (naming both), a missing rank, a rank twice, records that part.
+  const auto b = write_rank("B", 1, 3);
+  CHECK_THROWS_WITH(import_rank_traces({a[1], b, a[0]}, dir + "/x.trace", {}),
+                    Catch::Contains(a[1]) && Catch::Contains(b) && Catch::Contains("different recordings"));
+  CHECK_THROWS_WITH(import_rank_traces({a[0], a[1]}, dir + "/x.trace", {}), Catch::Contains("rank 1") && Catch::Contains("missing"));
+  CHECK_THROWS_WITH(import_rank_traces({a[0], a[1], a[2], a[1]}, dir + "/x.trace", {}), Catch::Contains("both rank 0"));
+  const auto short_rank = write_rank("C", 0, 2, 1), long_rank = write_rank("C", 1, 2, 2);
+  CHECK_THROWS_WITH(import_rank_traces({short_rank, long_rank}, dir + "/x.trace", {}), Catch::Contains("the rank files part"));
+  CHECK_FALSE(std::filesystem::exists(dir + "/x.trace"));  // nothing half-written
+  CHECK_THROWS_WITH(import_rank_traces({dir + "/A.trace"}, dir + "/x.trace", {}), Catch::Contains("not a rank file"));
+}

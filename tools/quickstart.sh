@@ -16,6 +16,8 @@ esac
 packages=(g++ cmake make pkg-config libsimgrid-dev libprotobuf-dev protobuf-compiler libboost-dev
           catch2 libcli11-dev libfmt-dev nlohmann-json3-dev libsqlite3-dev
           gnuplot-nox fonts-liberation)   # figures: `moesim plot`, the demo's PNGs, the report
+# The Python recorder's test trains a small model with PyTorch (Debian's, in /usr/bin/python3).
+[ "$mode" = test ] && packages+=(python3-torch python3-protobuf)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -461,6 +461,75 @@ spec::TraceHeader import_smartmoe_logs(const std::string& dir, const std::string
   return h;
 }
 
+spec::TraceHeader import_rank_traces(const std::vector<std::string>& paths, const std::string& trace_path,
+                                     const ImportOptions& options) {
+  if (paths.empty()) throw InputError("trace import: no rank files given");
+  std::vector<std::unique_ptr<TraceReader>> readers;
+  for (const auto& p : paths) readers.push_back(std::make_unique<TraceReader>(p));
+  const auto& first = readers.front()->header();
+  // What every rank file of one recording shares; a file that differs is another run's.
+  auto fingerprint = [](const spec::TraceHeader& h) {
+    return std::tuple{h.run(), h.world_size(), h.experts(), h.top_k(), h.layers(), h.model(), h.tokens_per_source(),
+                      h.iteration_stride(), h.micro_batches(), h.has_loss()};
+  };
+  const std::size_t W = first.world_size();
+  std::vector<int> slot(W, -1);  // rank -> index into paths
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    const auto& h = readers[i]->header();
+    if (h.run().empty() || h.world_size() == 0 || h.sources() != 1)
+      throw InputError(paths[i] + ": not a rank file of a recorded run (header.run, .world_size and one source; "
+                       "python/moesim_trace writes them); import a CSV or SmartMoE logs with --from");
+    if (fingerprint(h) != fingerprint(first))
+      throw InputError(fmt::format("{} and {}: rank files of different recordings (run '{}' of {} ranks, {} experts, {} layers "
+                                   "vs run '{}' of {} ranks, {} experts, {} layers); import each run's files on their own",
+                                   paths.front(), paths[i], first.run(), first.world_size(), first.experts(), first.layers(),
+                                   h.run(), h.world_size(), h.experts(), h.layers()));
+    if (h.rank() >= W) throw InputError(fmt::format("{}: rank {} of a run of {} ranks", paths[i], h.rank(), W));
+    if (slot[h.rank()] >= 0)
+      throw InputError(fmt::format("{} and {}: both rank {}; give each rank's file once", paths[std::size_t(slot[h.rank()])],
+                                   paths[i], h.rank()));
+    slot[h.rank()] = int(i);
+  }
+  for (std::size_t r = 0; r < W; ++r)
+    if (slot[r] < 0)
+      throw InputError(fmt::format("{}: rank {} of run '{}' is missing ({} of {} rank files given)", paths.front(), r,
+                                   first.run(), paths.size(), W));
+  spec::TraceHeader header = first;
+  header.set_sources(std::uint32_t(W));
+  header.clear_rank();
+  header.clear_world_size();
+  if (!options.model.empty()) header.set_model(options.model);
+  if (!options.provenance.empty()) header.set_provenance(options.provenance);
+  TraceWriter out(trace_path, header);
+  const int E = int(header.experts());
+  std::vector<spec::TraceRecord> parts(W);
+  while (true) {
+    std::size_t ended = 0;
+    for (std::size_t r = 0; r < W; ++r) ended += !readers[std::size_t(slot[r])]->next(parts[r]) ? 1 : 0;
+    if (ended == W) break;
+    const auto& lead = parts[0];
+    for (std::size_t r = 0; r < W; ++r) {
+      const auto& reader = *readers[std::size_t(slot[r])];
+      if (ended > 0 || parts[r].iteration() != lead.iteration() || parts[r].layer() != lead.layer() ||
+          parts[r].micro_batch() != lead.micro_batch())
+        throw InputError(fmt::format("{}: record {}: the rank files part here (rank 0 is at iteration {}, layer {}; this "
+                                     "file {}); every rank records the same iterations and layers",
+                                     paths[std::size_t(slot[r])], reader.records_read(), lead.iteration(), lead.layer(),
+                                     ended > 0 ? "or another has ended" : fmt::format("at iteration {}, layer {}", parts[r].iteration(), parts[r].layer())));
+    }
+    RoutingMatrix m(int(W), E);
+    for (std::size_t r = 0; r < W; ++r) {
+      const RoutingMatrix row = record_matrix(readers[std::size_t(slot[r])]->header(), parts[r]);
+      std::copy(row.counts().begin(), row.counts().end(), m.mutable_counts().begin() + std::ptrdiff_t(r) * E);
+    }
+    spec::TraceRecord record = lead;
+    set_record_counts(record, m);
+    out.write(record);
+  }
+  out.close();
+  return header;
+}
+
 void export_csv(const std::string& trace_path, const std::string& csv_path) {
   TraceReader reader(trace_path);
   const auto& h = reader.header();

@@ -4,6 +4,7 @@
 // CSV gives back the same file.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "moesim.pb.h"
 
@@ -22,6 +23,13 @@ spec::TraceHeader import_csv(const std::string& csv_path, const std::string& tra
 /// iteration and source rank; line `L:[[c0,...],[...]]` = layer L, one list per micro-batch).
 spec::TraceHeader import_smartmoe_logs(const std::string& dir, const std::string& trace_path,
                                        const ImportOptions& options);
+
+/// Merges the rank files of one recorded run (python/moesim_trace: each a trace of one source, with
+/// header.run, .rank and .world_size) into one trace of world_size sources, rank r as source r.
+/// InputError naming both files when two come from different runs or recordings, naming the rank
+/// when one is missing or given twice, and naming the file and record where their records part.
+spec::TraceHeader import_rank_traces(const std::vector<std::string>& rank_paths, const std::string& trace_path,
+                                     const ImportOptions& options);
 
 /// Writes a trace as CSV (the importer's layout, the header's comment lines first).
 void export_csv(const std::string& trace_path, const std::string& csv_path);
