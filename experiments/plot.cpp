@@ -381,9 +381,6 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
 
 // Phases as the figures print them (taskgraph.hpp: Phase), and a colour each (Tableau 20's, so that
 // neighbours in a stack differ).
-constexpr const char* kPhaseTitle[kNumPhases] = {
-    "dense compute", "routing",        "encode/decode",  "experts",      "compression",      "dispatch",  "combine", "sync",
-    "replica bcast", "replica reduce", "param gather",   "expert moves", "dense all-reduce", "optimizer", "idle"};
 constexpr const char* kPhaseColor[kNumPhases] = {"#4e79a7", "#f28e2b", "#edc948", "#59a14f", "#b07aa1",
                                                  "#e15759", "#ff9da7", "#9c755f", "#76b7b2", "#86bcb6",
                                                  "#8cd17d", "#d37295", "#499894", "#79706e", "#bab0ac"};
@@ -405,7 +402,7 @@ Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
   body += "plot ";
   for (std::size_t k = 0; k < shown.size(); ++k)
     body += fmt::format("{}$data using {}{} title {} lc rgb '{}'", k ? ", " : "", k + 2, k ? "" : ":xtic(1)",
-                        gp_string(kPhaseTitle[shown[k]]), kPhaseColor[shown[k]]);
+                        gp_string(phase_names(Phase(shown[k])).title), kPhaseColor[shown[k]]);
   return {"breakdown", body + "\n"};
 }
 
@@ -588,7 +585,7 @@ Figure timeline_figure(const Inputs& in, const PlotOptions& o) {
     for (const auto& b : it->second) body += fmt::format("{:.6f} {:.6f} {:.2f} {:.2f}\n", b.t0, b.t1, y[b.row] - 0.38, y[b.row] + 0.38);
     body += "EOD\n";
     plot += fmt::format("{}$c{} using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror fs solid 0.9 noborder lc rgb '{}' title {}",
-                        k++ ? ", " : "", c, kPhaseColor[c], gp_string(kPhaseTitle[c]));
+                        k++ ? ", " : "", c, kPhaseColor[c], gp_string(phase_names(Phase(c)).title));
   }
   if (k == 0) throw InputError(in.timeline + ": its ops name no phase moesim knows (a timeline.json from an older moesim? run it again)");
   body += ytics + ") font ',6'\n" + fmt::format("set yrange [{}:-0.6]\n", double(y.size()) - 0.4);

@@ -388,9 +388,6 @@ std::string run_block(const Experiment& ex, const RunResult& r) {
 // Where each variant's time goes: its critical path per phase, in ms, for the phases any variant
 // spends time in (a column each; the rows add up to the iteration time).
 std::string phase_table(const ExperimentResult& result) {
-  static constexpr const char* kShort[kNumPhases] = {"dense", "routing", "codec",  "experts", "compress",
-                                                      "dispatch", "combine", "sync", "r.bcast", "r.reduce",
-                                                      "gather", "moves", "allreduce", "optim", "idle"};
   std::vector<Breakdown> b;
   for (const auto& r : result.runs) b.push_back(r.mean_breakdown());
   std::vector<int> shown;
@@ -398,7 +395,7 @@ std::string phase_table(const ExperimentResult& result) {
     if (std::any_of(b.begin(), b.end(), [&](const Breakdown& x) { return x.seconds[p] >= 5e-6; })) shown.push_back(p);
   std::string out = "  critical path per phase, ms (docs/timeline.md names each phase's ops)\n";
   out += fmt::format("  {:<28}", "variant");
-  for (int p : shown) out += fmt::format("{:>10}", kShort[p]);
+  for (int p : shown) out += fmt::format("{:>10}", phase_names(Phase(p)).column);
   out += "\n";
   for (std::size_t v = 0; v < b.size(); ++v) {
     out += fmt::format("  {:<28}", result.runs[v].name);

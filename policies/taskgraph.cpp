@@ -44,25 +44,25 @@ const char* collective_type_name(CollectiveType t) {
   return "?";
 }
 
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::dense_compute: return "dense_compute";
-    case Phase::routing: return "routing";
-    case Phase::codec: return "codec";
-    case Phase::expert_compute: return "expert_compute";
-    case Phase::compression: return "compression";
-    case Phase::dispatch: return "dispatch";
-    case Phase::combine: return "combine";
-    case Phase::sync: return "sync";
-    case Phase::replica_broadcast: return "replica_broadcast";
-    case Phase::replica_reduce: return "replica_reduce";
-    case Phase::parameter_gather: return "parameter_gather";
-    case Phase::expert_moves: return "expert_moves";
-    case Phase::dense_allreduce: return "dense_allreduce";
-    case Phase::optimizer: return "optimizer";
-    case Phase::idle: return "idle";
-  }
-  return "?";
+const PhaseNames& phase_names(Phase p) {
+  static constexpr PhaseNames kPhases[kNumPhases] = {  // in Phase's order
+      {"dense_compute", "dense", "dense compute"},
+      {"routing", "routing", "routing"},
+      {"codec", "codec", "encode/decode"},
+      {"expert_compute", "experts", "experts"},
+      {"compression", "compress", "compression"},
+      {"dispatch", "dispatch", "dispatch"},
+      {"combine", "combine", "combine"},
+      {"sync", "sync", "sync"},
+      {"replica_broadcast", "r.bcast", "replica bcast"},
+      {"replica_reduce", "r.reduce", "replica reduce"},
+      {"parameter_gather", "gather", "param gather"},
+      {"expert_moves", "moves", "expert moves"},
+      {"dense_allreduce", "allreduce", "dense all-reduce"},
+      {"optimizer", "optim", "optimizer"},
+      {"idle", "idle", "idle"},
+  };
+  return kPhases[static_cast<int>(p)];
 }
 
 namespace {

@@ -182,7 +182,15 @@ enum class Phase : std::uint8_t {
   idle,               // on the critical path, no op runs (waiting; only in critical-path figures)
 };
 constexpr int kNumPhases = 15;
-const char* phase_name(Phase p);
+/// A phase's names, the one table of them: `name` in summary.json, CSVs and results.db; `column` in
+/// the console's tables; `title` in figures' keys.
+struct PhaseNames {
+  const char* name;
+  const char* column;
+  const char* title;
+};
+const PhaseNames& phase_names(Phase p);
+inline const char* phase_name(Phase p) { return phase_names(p).name; }
 /// Whether `label` (an op's name) is one of the names kOpNames lists.
 bool known_op_name(const std::string& label);
 /// The names kOpNames lists, each with its phase.
