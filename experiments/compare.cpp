@@ -46,15 +46,7 @@ Run load(const std::string& arg) {
   if (!fs::exists(timeline)) return r;
   r.has_timeline = true;
   const json t = read_json_file(timeline.string());
-  std::map<int, std::pair<std::string, int>> process;  // pid -> (variant, rank)
-  for (const auto& e : t.at("traceEvents")) {
-    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
-      const std::string name = e.at("args").at("name");  // "VARIANT: GPU r" or "GPU r"
-      const auto at = name.rfind("GPU ");
-      const std::string variant = at >= 2 ? name.substr(0, at - 2) : "";
-      process[e.at("pid")] = {variant, std::stoi(name.substr(at + 4))};
-    }
-  }
+  auto process = timeline_processes(t, timeline.string());  // pid -> (variant, rank)
   for (const auto& e : t.at("traceEvents")) {
     if (e.value("ph", "") != "X") continue;
     const auto& [variant, rank] = process[e.at("pid")];

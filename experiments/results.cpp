@@ -242,6 +242,22 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
   out << "\n]}\n";
 }
 
+std::map<int, std::pair<std::string, int>> timeline_processes(const nlohmann::json& t, const std::string& path) {
+  std::map<int, std::pair<std::string, int>> process;
+  try {
+    for (const auto& e : t.at("traceEvents"))
+      if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
+        const std::string name = e.at("args").at("name");
+        const auto at = name.rfind("GPU ");
+        if (at == std::string::npos) continue;
+        process[e.at("pid").get<int>()] = {at >= 2 ? name.substr(0, at - 2) : "", std::stoi(name.substr(at + 4))};
+      }
+  } catch (const std::exception& e) {
+    throw InputError(fmt::format("{}: a process name is not one moesim writes ({})", path, e.what()));
+  }
+  return process;
+}
+
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string q = "\"";

@@ -1,6 +1,7 @@
 // Result files: summary.json (numbers for tools and plots) and timeline.json (Chrome trace event
 // format, one process per GPU and one thread per stream: opens in Perfetto / chrome://tracing).
 #pragma once
+#include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
@@ -19,6 +20,10 @@ nlohmann::json read_json_file(const std::string& path);
 nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& r);
 /// Chrome trace of the first iterations of every run (variants one after another in pid blocks).
 void write_timeline(std::ostream& out, const ExperimentResult& r);
+/// The GPU processes of a timeline write_timeline() wrote: pid -> (variant, rank), read from the
+/// process names "VARIANT: GPU r" ("GPU r" in a run without variants). InputError naming `path` when
+/// a process name is not one moesim writes.
+std::map<int, std::pair<std::string, int>> timeline_processes(const nlohmann::json& timeline, const std::string& path);
 /// The "claim | paper | simulated | ratio" table of paper values (an experiment's, or a collective
 /// sweep's); a row whose simulated value is not finite reads "not run".
 std::string paper_table(const std::vector<PaperComparison>& rows);

@@ -59,21 +59,10 @@ std::string timeline_summary(const std::string& run, const TimelineSummaryOption
     throw InputError(path.string() + ": not a timeline moesim wrote (no \"traceEvents\" list)");
 
   // Processes: "VARIANT: GPU r" (or "GPU r" for a run without variants).
-  std::map<int, std::pair<std::string, int>> process;
-  std::vector<std::string> variants;
-  try {
-    for (const auto& e : t["traceEvents"])
-      if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
-        const std::string name = e.at("args").at("name");
-        const auto at = name.rfind("GPU ");
-        if (at == std::string::npos) continue;
-        const std::string variant = at >= 2 ? name.substr(0, at - 2) : "";
-        process[e.at("pid").get<int>()] = {variant, std::stoi(name.substr(at + 4))};
-        if (std::find(variants.begin(), variants.end(), variant) == variants.end()) variants.push_back(variant);
-      }
-  } catch (const std::exception& e) {
-    throw InputError(fmt::format("{}: a process name is not one moesim writes ({})", path.string(), e.what()));
-  }
+  auto process = timeline_processes(t, path.string());
+  std::vector<std::string> variants;  // in the order of their GPUs' pids: the run's
+  for (const auto& [pid, p] : process)
+    if (std::find(variants.begin(), variants.end(), p.first) == variants.end()) variants.push_back(p.first);
   if (variants.empty()) throw InputError(path.string() + ": names no GPU processes; not a timeline moesim wrote");
   const std::string variant = options.variant.empty() ? variants.front() : options.variant;
   if (std::find(variants.begin(), variants.end(), variant) == variants.end())
