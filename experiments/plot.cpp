@@ -407,38 +407,51 @@ Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
 }
 
 // One line per series: (GPUs, value) points.
-using Series = std::map<std::string, std::map<int, double>>;
+// Per series, per GPU count: the value and its 95% confidence half-width (0: one seed).
+using Series = std::map<std::string, std::map<int, std::pair<double, double>>>;
 
 Figure lines_figure(const std::string& name, const std::vector<std::string>& order, const Series& series,
                     const std::string& ylabel) {
+  bool seeds = false;
+  for (const auto& [s, points] : series)
+    for (const auto& [gpus, v] : points) seeds = seeds || v.second > 0;
   std::string body, plot = "plot ";
   int k = 0;
   for (const auto& s : order) {
     body += fmt::format("$s{} << EOD\n", k);
-    for (const auto& [gpus, v] : series.at(s)) body += fmt::format("{} {:.6g}\n", gpus, v);
+    for (const auto& [gpus, v] : series.at(s)) body += fmt::format("{} {:.6g} {:.6g}\n", gpus, v.first, v.second);
     body += "EOD\n";
-    plot += fmt::format("{}$s{} using 1:2 with linespoints lt {} title {}", k ? ", " : "", k, k % 8 + 1, gp_string(s));
+    plot += fmt::format("{}$s{} using 1:2{} with {} lt {} title {}", k ? ", " : "", k, seeds ? ":3" : "",
+                        seeds ? "yerrorlines" : "linespoints", k % 8 + 1, gp_string(s));
     ++k;
   }
   // A log y axis where the values span a decade or more; else a linear one from 0, where a speedup
   // of 1.2 and of 1.3 look apart and the baseline's line at 1 is seen.
-  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  double lo = std::numeric_limits<double>::infinity(), hi = 0, top = 0;  // top: of the highest bar
   for (const auto& [s, points] : series)
     for (const auto& [gpus, v] : points)
-      if (v > 0) lo = std::min(lo, v), hi = std::max(hi, v);
+      if (v.first > 0) lo = std::min(lo, v.first), hi = std::max(hi, v.first), top = std::max(top, v.first + v.second);
   const bool log_y = hi > 0 && hi / lo >= 10;
-  body += std::string("set logscale x 2\n") + (log_y ? "set logscale y 10\n" : "set yrange [0:*]\n") +
+  // A linear axis in at most 6 steps of 1, 2 or 5 × 10^k: a figure with many series has a short
+  // plot (the key below takes its height), where gnuplot's own ticks run into each other.
+  double step = 0;
+  if (!log_y && top > 0)
+    for (double decade = std::pow(10.0, std::floor(std::log10(top / 6))); step == 0; decade *= 10)
+      for (double m : {1.0, 2.0, 5.0})
+        if (step == 0 && m * decade * 6 >= top) step = m * decade;
+  body += std::string("set logscale x 2\n") + (log_y ? "set logscale y 10\n" : fmt::format("set yrange [0:*]\nset ytics {:g}\n", step)) +
           "set xlabel 'GPUs'\nset ylabel " + gp_string(ylabel) +
-          "\nset key below Left reverse font ',6'\nset format y '%g'\n" + plot + "\n";
+          "\nset key below Left reverse font ',6'" +
+          "\nset format y '%g'\n" + plot + "\n";
   return {name, body};
 }
 
 Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
   Series series;
   std::vector<std::string> order;
-  auto add = [&](const std::string& s, int gpus, double v) {
+  auto add = [&](const std::string& s, int gpus, double v, double ci = 0) {
     if (!series.count(s)) order.push_back(s);
-    series[s][gpus] = v;
+    series[s][gpus] = {v, ci};
   };
   if (!in.collectives.empty()) {
     std::vector<CollectivePoint> points;
@@ -455,16 +468,30 @@ Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
   }
   // The baseline's time at each GPU count, of the same group and the same other swept fields (a
   // sweep's series suffix): each series over its own baseline.
-  std::map<std::tuple<int, std::string, std::string>, double> base;
+  // With several seeds, error bars: a time's 95% interval over its seeds; a speedup's over the
+  // seeds' paired speedups (seed k of the run against seed k of its baseline), as in the bar chart.
+  std::map<std::tuple<int, std::string, std::string>, const Run*> base;
   for (std::size_t s = 0; s < in.summaries.size(); ++s)
     for (const auto& r : in.summaries[s])
-      if (r.name == o.baseline) base[{r.gpus, r.group, in.series_suffix[s]}] = r.time;
+      if (r.name == o.baseline) base[{r.gpus, r.group, in.series_suffix[s]}] = &r;
+  auto mean = [](const std::vector<double>& x) { return std::accumulate(x.begin(), x.end(), 0.0) / double(x.size()); };
   for (std::size_t s = 0; s < in.summaries.size(); ++s)
     for (const auto& r : in.summaries[s]) {
       const std::string name = label(r) + (in.series_suffix[s].empty() ? "" : " " + in.series_suffix[s]);
       const auto b = base.find({r.gpus, r.group, in.series_suffix[s]});
-      if (o.baseline.empty()) add(name, r.gpus, r.time * 1e3);
-      else if (b != base.end()) add(name, r.gpus, b->second / r.time);
+      if (o.baseline.empty()) {
+        if (r.seed_times.size() >= 2) add(name, r.gpus, mean(r.seed_times) * 1e3, ci95_half_width(r.seed_times) * 1e3);
+        else add(name, r.gpus, r.time * 1e3);
+      } else if (b != base.end()) {
+        const auto& bt = b->second->seed_times;
+        if (bt.size() >= 2 && bt.size() == r.seed_times.size()) {
+          std::vector<double> paired;
+          for (std::size_t k = 0; k < bt.size(); ++k) paired.push_back(bt[k] / r.seed_times[k]);
+          add(name, r.gpus, mean(paired), ci95_half_width(paired));
+        } else {
+          add(name, r.gpus, b->second->time / r.time);
+        }
+      }
     }
   if (!o.baseline.empty() && base.empty()) throw InputError("--baseline " + o.baseline + ": no run of that name");
   return lines_figure("scaling", order, series, o.baseline.empty() ? "Iteration time (ms)" : "Speedup over " + o.baseline + " (x)");

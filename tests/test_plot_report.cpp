@@ -137,10 +137,42 @@ TEST_CASE("plot: a scaling speedup divides each group by its own baseline, on a 
   plot({dir + "/16", dir + "/32"}, o);
   const std::string gp = test::read_file(dir + "/fig/scaling.gp");
   INFO(gp);
-  CHECK_THAT(gp, Contains("16 2\n32 2\n"));      // x/a over x/ep
-  CHECK_THAT(gp, Contains("16 1.1\n32 1.1\n"));  // y/a over y/ep, not over x/ep
-  CHECK_THAT(gp, Contains("set yrange [0:*]") && !Contains("set logscale y"));
+  CHECK_THAT(gp, Contains("16 2 0\n32 2 0\n"));      // x/a over x/ep, one seed: no interval
+  CHECK_THAT(gp, Contains("16 1.1 0\n32 1.1 0\n"));  // y/a over y/ep, not over x/ep
+  CHECK_THAT(gp, Contains("set yrange [0:*]") && !Contains("set logscale y") && !Contains("yerrorlines"));
   CHECK_THAT(gp, Contains("dgx-a100 × 16-32 GPUs") && Contains("weak scaling, 1024 tokens per GPU"));
+}
+
+TEST_CASE("plot: with several seeds the scaling lines carry 95% error bars, speedups paired seed by seed") {
+  if (gnuplot_path().empty()) {
+    WARN("skipped: gnuplot is not installed");
+    return;
+  }
+  // Seeds of ep: 0.2, 0.4; of a: 0.1, 0.1. Paired speedups 2 and 4: mean 3, half-width
+  // t(0.975, 1) · s / √2 = 12.706 · 1.414 / 1.414 = 12.706. Times of a in ms: 100 ± 0.
+  const auto dir = test::temp_dir("plot-scaling-seeds");
+  for (int gpus : {16, 32}) {
+    nlohmann::json s = {{"name", "s"}, {"gpus", gpus}, {"platform", "dgx-a100"}};
+    for (const auto& [name, seeds] : std::vector<std::pair<std::string, std::vector<double>>>{{"ep", {0.2, 0.4}}, {"a", {0.1, 0.1}}})
+      s["variants"].push_back({{"name", name}, {"policy", "p"}, {"iteration_time_s", (seeds[0] + seeds[1]) / 2},
+                               {"iteration_time_over_seeds", {{"per_seed_s", seeds}}}, {"breakdown", nlohmann::json::object()}});
+    fs::create_directories(dir + "/" + std::to_string(gpus));
+    test::write_file(dir + "/" + std::to_string(gpus) + "/summary.json", s.dump());
+  }
+  PlotOptions o;
+  o.figures = {"scaling"};
+  o.baseline = "ep";
+  o.out = dir + "/speedup";
+  plot({dir + "/16", dir + "/32"}, o);
+  const std::string gp = test::read_file(dir + "/speedup/scaling.gp");
+  INFO(gp);
+  CHECK_THAT(gp, Contains("16 3 12.706") && Contains("using 1:2:3 with yerrorlines"));
+  o.baseline = "";
+  o.out = dir + "/time";
+  plot({dir + "/16", dir + "/32"}, o);
+  const std::string t = test::read_file(dir + "/time/scaling.gp");
+  INFO(t);
+  CHECK_THAT(t, Contains("16 100 0\n") && Contains("16 300 1270.6"));  // ep: 300 ms ± 12.706 · 141.4 / 1.414
 }
 
 TEST_CASE("plot: bad input names the file or option and what to give instead") {
