@@ -408,9 +408,12 @@ int main(int argc, char** argv) {
   report_cmd->add_flag("--run", report_options.run, "Run (and save under RESULTS) the experiments that have no results yet");
   report_cmd->add_option("--seeds", report_options.seeds,
                          "With --run, run each experiment with N seeds: every claim as mean ± 95% interval, its verdict on "
-                         "the interval (N times the time)")
+                         "the interval (N times the time); a spec that sets `seeds` keeps its own")
       ->check(CLI::Range(1u, 1000u))
       ->capture_default_str();
+  report_cmd->add_option("--jobs,-j", report_options.jobs,
+                         "With --run, experiments run at once, each in its own process (default: the cores)")
+      ->check(CLI::Range(1u, 256u));
   report_cmd->add_option("--only", report_options.only, "Only specs whose path contains one of these")->delimiter(',');
   report_cmd->add_option("--exclude", report_options.exclude, "Leave out specs whose path contains one of these")->delimiter(',');
   report_cmd->add_flag("--quiet,-q", quiet, "No progress on stderr");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <thread>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -380,7 +381,13 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
     if (f.path().extension() == ".textproto") specs.push_back(f.path().string());
   std::sort(specs.begin(), specs.end());
   const fs::path results(o.results), out(o.out);
-  std::vector<ReportEntry> entries;
+  // The experiments with paper values, and which of them have no results yet.
+  struct Item {
+    std::string path;
+    bool collective;
+    ReportEntry entry;
+  };
+  std::vector<Item> items;
   for (const auto& path : specs) {
     if ((!o.only.empty() && !matches(path, o.only)) || matches(path, o.exclude)) continue;
     const std::string message = proto_message(path);
@@ -390,28 +397,66 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
     ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
     if (e.claims.empty()) continue;  // held out, or no paper numbers
     if (e.name.empty()) throw InputError(path + ": name is not set; the report keeps each experiment's results under its name");
-    const bool ran = count_claims(e.claims).not_run < int(e.claims.size());
-    if (!ran && o.run) {  // in a child process: one SimGrid engine per process
-      if (progress) progress("running " + path);
-      fs::create_directories(results);
-      const std::string dir = (results / e.name).string(), error = dir + ".err";
-      const std::string why = wait_worker(fork_worker(
-                                              [&] {
-                                                if (collective) {
-                                                  const auto file = load_collective_sweep(path);
-                                                  write_collective_results(dir, file.sweep, run_collective_sweep(file.sweep), &file);
-                                                } else {
-                                                  const auto ex = load_experiment(
-                                                      path, o.seeds > 1 ? std::vector<std::string>{fmt::format("seeds={}", o.seeds)}
-                                                                        : std::vector<std::string>{});
-                                                  write_results(dir, ex, run_experiment(ex));
-                                                }
-                                              },
-                                              error),
-                                          error);
-      if (!why.empty()) throw std::runtime_error(path + ": " + why);
-      e = collective ? collective_entry(path, results) : experiment_entry(path, results);
+    items.push_back({path, collective, std::move(e)});
+  }
+  // Those without results run, `jobs` at a time, each in a child process (one SimGrid engine per
+  // process), longest first as far as the spec says (its GPUs × iterations × variants × seeds).
+  if (o.run) {
+    std::vector<std::size_t> todo;
+    std::map<std::size_t, double> cost;
+    std::map<std::size_t, unsigned> seeds;  // a spec that sets its own seed count keeps it
+    for (std::size_t i = 0; i < items.size(); ++i)
+      if (count_claims(items[i].entry.claims).not_run == int(items[i].entry.claims.size())) {
+        todo.push_back(i);
+        if (!items[i].collective) {
+          const auto ex = load_experiment(items[i].path, {});
+          seeds[i] = ex.spec.seeds() ? ex.spec.seeds() : o.seeds;
+          cost[i] = double(ex.cluster_spec.nodes()) * double(ex.cluster_spec.node().gpus()) * double(ex.spec.iterations()) *
+                    double(std::max<std::size_t>(1, ex.variants.size())) * seeds[i];
+        }
+      }
+    std::stable_sort(todo.begin(), todo.end(), [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+    const std::size_t jobs = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::tuple<pid_t, std::size_t, std::string>> running;  // pid, item, error file
+    auto finish_one = [&] {  // whichever ends first
+      int status = 0;
+      const pid_t ended = wait_any_worker(status);
+      const auto at = std::find_if(running.begin(), running.end(), [&](const auto& r) { return std::get<0>(r) == ended; });
+      if (at == running.end()) return;  // not one of ours
+      const auto [pid, i, error] = *at;
+      running.erase(at);
+      if (const std::string why = worker_failure(status, error); !why.empty()) {
+        for (const auto& [other, j, e] : running) wait_worker(other, e);  // no orphans, no half-written results
+        throw std::runtime_error(items[i].path + ": " + why);
+      }
+      if (progress) progress("done " + items[i].path);
+    };
+    if (!todo.empty()) fs::create_directories(results);
+    for (const std::size_t i : todo) {
+      if (running.size() >= jobs) finish_one();
+      const auto& item = items[i];
+      if (progress) progress("running " + item.path);
+      const std::string dir = (results / item.entry.name).string(), error = dir + ".err";
+      running.emplace_back(fork_worker(
+                               [&, dir] {
+                                 if (item.collective) {
+                                   const auto file = load_collective_sweep(item.path);
+                                   write_collective_results(dir, file.sweep, run_collective_sweep(file.sweep), &file);
+                                 } else {
+                                   const auto ex = load_experiment(item.path, {fmt::format("seeds={}", seeds[i])});
+                                   write_results(dir, ex, run_experiment(ex));
+                                 }
+                               },
+                               error),
+                           i, error);
     }
+    while (!running.empty()) finish_one();
+  }
+  std::vector<ReportEntry> entries;
+  for (auto& item : items) {
+    const std::string& path = item.path;
+    const bool collective = item.collective;
+    ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
     // Its figure: speedups of the variants, or the collective's scaling lines.
     const fs::path dir = results / e.name;
     if (!gnuplot_path().empty() && (fs::exists(dir / "summary.json") || fs::exists(dir / "collective.json"))) {

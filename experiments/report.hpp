@@ -71,7 +71,8 @@ struct ReportOptions {
   std::string out = "report";               // OUT/report.md, OUT/fidelity.md, OUT/claims.json and OUT/figures/
   std::string ledger = "report/ledger.textproto";  // the causes fidelity.md gives; "" or missing: none
   bool run = false;                         // run the experiments that have no results yet
-  unsigned seeds = 1;                       // with `run`: each experiment with this many seeds
+  unsigned seeds = 3;                       // with `run`: each experiment with this many seeds
+  unsigned jobs = 0;                        // with `run`: experiments at once, each a process (0: the cores)
   std::vector<std::string> only, exclude;   // substrings of spec paths to keep / leave out
   std::string command;                      // the command line, quoted in the report
 };

@@ -48,6 +48,13 @@ std::string worker_failure(int status, const std::string& error_file) {
   return why;
 }
 
+pid_t wait_any_worker(int& status) {
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, 0)) < 0)
+    if (errno != EINTR) throw std::runtime_error(fmt::format("waitpid failed: {}", std::strerror(errno)));
+  return pid;
+}
+
 std::string wait_worker(pid_t pid, const std::string& error_file) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0)

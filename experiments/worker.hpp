@@ -15,6 +15,9 @@ pid_t fork_worker(const std::function<void()>& work, const std::string& error_fi
 /// ended), removing the error file.
 std::string wait_worker(pid_t pid, const std::string& error_file);
 
+/// Waits for whichever child ends first: its pid, and its wait status in `status`.
+pid_t wait_any_worker(int& status);
+
 /// Why a child with wait status `status` failed ("" when it exited 0), from its error file if any.
 std::string worker_failure(int status, const std::string& error_file);
 
