@@ -19,18 +19,18 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:5.725]
+set yrange [0:6.667]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "zero3" ci "zero2" ci "fastmoe" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.3506 0.0000 1.9843 0.0000 3.9145 0.0000
-"gpt-l" 1.0000 0.0000 1.4119 0.0000 3.1268 0.0000 4.8518 0.0000
-"bert-deep" 1.0000 0.0000 1.3039 0.0000 1.0580 0.0000 3.0061 0.0000
-"bert-deep-l" 1.0000 0.0000 1.3641 0.0000 1.6460 0.0000 3.5233 0.0000
+"gpt-s" 1.0000 0.0000 1.3505 0.0016 1.9936 0.1280 3.9765 0.1892
+"gpt-l" 1.0000 0.0000 1.4117 0.0003 3.1709 0.2301 5.0764 0.5739
+"bert-deep" 1.0000 0.0000 1.3033 0.0013 1.1158 0.1378 2.9433 0.1463
+"bert-deep-l" 1.0000 0.0000 1.3641 0.0002 1.7503 0.2308 3.5671 0.3273
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:3] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:3] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,13 +19,13 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; MoE-BERT-Deep (24 layers, 16 experts, top-2); generator preset naive, s...' font ',5' noenhanced
 set ylabel 'Speedup over no-opt (x)'
-set yrange [0:2.961]
+set yrange [0:3.301]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "no-opt" 1.0000 0.0000
-"shadowing" 2.5091 0.0000
+"shadowing" 2.2584 0.5394
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7
 set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

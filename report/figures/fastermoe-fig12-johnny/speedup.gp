@@ -19,18 +19,18 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:1.561]
+set yrange [0:1.832]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "smart" ci
-"gpt-s" 1.0000 0.0000 1.2760 0.0000
-"gpt-l" 1.0000 0.0000 1.1407 0.0000
-"bert-deep" 1.0000 0.0000 1.3230 0.0000
-"bert-deep-l" 1.0000 0.0000 1.1484 0.0000
+"gpt-s" 1.0000 0.0000 1.3334 0.1505
+"gpt-l" 1.0000 0.0000 1.1813 0.1110
+"bert-deep" 1.0000 0.0000 1.3857 0.1673
+"bert-deep-l" 1.0000 0.0000 1.1911 0.1159
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:1] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:1] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,17 +19,17 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p4d-a100 × 32 GPUs; BERT-MoE-Deep (24 layers, 64 experts, top-2); generator preset naive, se...' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.069]
+set yrange [0:5.546]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"fastermoe" 1.0945 0.0000
-"smartmoe" 0.9574 0.0000
-"flexmoe" 2.8389 0.0000
-"hecate" 3.4486 0.0000
-"hecate-rm" 3.4486 0.0000
+"fastermoe" 1.0998 0.0197
+"smartmoe" 0.9971 0.0863
+"flexmoe" 3.0274 0.7257
+"hecate" 3.8210 0.8790
+"hecate-rm" 3.8210 0.8790
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7
 set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

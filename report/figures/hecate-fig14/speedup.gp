@@ -19,20 +19,20 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; GPT-MoE-S (12 layers, 64 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:7.692]
+set yrange [0:9.794]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci "hecate-rm" ci
-"b1" 1.0000 0.0000 1.0837 0.0000 0.9438 0.0000 1.7758 0.0000 2.4952 0.0000 2.4952 0.0000
-"b2" 1.0000 0.0000 1.0888 0.0000 0.9453 0.0000 1.8758 0.0000 3.7303 0.0000 3.7303 0.0000
-"b3" 1.0000 0.0000 1.0903 0.0000 0.8839 0.0000 1.9385 0.0000 4.4849 0.0000 4.4095 0.0000
-"b4" 1.0000 0.0000 1.0909 0.0000 0.9012 0.0000 1.9491 0.0000 5.4082 0.0000 5.2444 0.0000
-"b5" 1.0000 0.0000 1.0928 0.0000 0.9810 0.0000 1.9563 0.0000 6.0456 0.0000 5.8019 0.0000
-"b6" 1.0000 0.0000 1.0923 0.0000 0.9496 0.0000 1.9684 0.0000 6.5187 0.0000 6.3500 0.0000
+"b1" 1.0000 0.0000 1.0677 0.0601 0.8824 0.2146 1.6799 0.3017 2.3911 0.9074 2.3911 0.9074
+"b2" 1.0000 0.0000 1.0722 0.0645 0.8827 0.2218 1.7686 0.3067 3.5919 1.2878 3.5919 1.2878
+"b3" 1.0000 0.0000 1.0740 0.0639 0.8701 0.2358 1.8155 0.3786 4.3649 1.6301 4.2900 1.5932
+"b4" 1.0000 0.0000 1.0752 0.0640 0.8846 0.2027 1.8340 0.3223 5.0349 1.8209 4.8861 1.7524
+"b5" 1.0000 0.0000 1.0760 0.0659 0.8817 0.3038 1.8342 0.3672 5.7399 1.9693 5.5097 1.8722
+"b6" 1.0000 0.0000 1.0758 0.0661 0.8991 0.2491 1.8519 0.3677 6.1941 2.1060 6.0344 2.0399
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:5] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:5] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,18 +19,18 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; GPT-MoE-S (12 layers, 64 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.129]
+set yrange [0:5.677]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"mat" 3.1549 0.0000
-"sharding" 0.8315 0.0000
-"interval-10" 3.0436 0.0000
-"interval-25" 3.3680 0.0000
-"interval-50" 3.4989 0.0000
-"interval-100" 3.4501 0.0000
+"mat" 3.0961 1.3032
+"sharding" 0.8447 0.1953
+"interval-10" 2.9520 1.0731
+"interval-25" 3.2929 1.2523
+"interval-50" 3.4024 1.3647
+"interval-100" 3.4352 1.3758
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7
 set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'

@@ -19,18 +19,18 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.733]
+set yrange [0:4.434]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.1018 0.0000 1.0778 0.0000 2.0377 0.0000 3.1634 0.0000
-"gpt-l" 1.0000 0.0000 1.2698 0.0000 1.0824 0.0000 2.0049 0.0000 2.6431 0.0000
-"bert" 1.0000 0.0000 1.1767 0.0000 1.0878 0.0000 2.2138 0.0000 2.0275 0.0000
-"bert-deep" 1.0000 0.0000 1.1647 0.0000 1.0508 0.0000 2.0622 0.0000 2.0122 0.0000
+"gpt-s" 1.0000 0.0000 1.0880 0.0337 1.0134 0.1426 1.9620 0.3552 3.1557 0.6022
+"gpt-l" 1.0000 0.0000 1.2624 0.0461 1.0199 0.1391 1.9591 0.3364 2.6728 0.5425
+"bert" 1.0000 0.0000 1.1642 0.0386 1.0176 0.1558 2.1501 0.4380 2.0087 0.4324
+"bert-deep" 1.0000 0.0000 1.1622 0.0183 1.0356 0.0354 2.0751 0.2382 1.9910 0.3020
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:4] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:4] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

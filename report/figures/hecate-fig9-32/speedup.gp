@@ -19,18 +19,18 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.402]
+set yrange [0:5.758]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0888 0.0000 0.9453 0.0000 1.8758 0.0000 3.7303 0.0000
-"gpt-l" 1.0000 0.0000 1.2414 0.0000 0.9586 0.0000 1.9065 0.0000 3.0419 0.0000
-"bert" 1.0000 0.0000 1.1495 0.0000 0.9475 0.0000 1.9660 0.0000 2.0401 0.0000
-"bert-deep" 1.0000 0.0000 1.1398 0.0000 0.9222 0.0000 1.9084 0.0000 1.9651 0.0000
+"gpt-s" 1.0000 0.0000 1.0722 0.0645 0.8827 0.2218 1.7686 0.3067 3.5919 1.2878
+"gpt-l" 1.0000 0.0000 1.2310 0.0628 0.9003 0.1999 1.8199 0.2803 2.9994 0.8957
+"bert" 1.0000 0.0000 1.1343 0.0663 0.8834 0.2250 1.8609 0.3157 2.0436 0.4401
+"bert-deep" 1.0000 0.0000 1.1405 0.0377 0.9372 0.0975 1.9342 0.1753 2.1397 0.5237
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:4] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:4] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,19 +19,19 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.597]
+set yrange [0:1.659]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1767 0.0000 1.2806 0.0000
-"M" 1.0000 0.0000 1.1222 0.0000 1.1725 0.0000
-"L" 1.0000 0.0000 1.0729 0.0000 1.1504 0.0000
-"DS" 1.0000 0.0000 1.2156 0.0000 1.3531 0.0000
-"DM" 1.0000 0.0000 1.1320 0.0000 1.2276 0.0000
+"S" 1.0000 0.0000 1.1411 0.1320 1.2490 0.1081
+"M" 1.0000 0.0000 1.0826 0.1300 1.1420 0.1296
+"L" 1.0000 0.0000 1.0303 0.1058 1.0935 0.1790
+"DS" 1.0000 0.0000 1.1853 0.0681 1.3074 0.0988
+"DM" 1.0000 0.0000 1.1212 0.0241 1.1905 0.0816
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:2] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,19 +19,19 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.548]
+set yrange [0:1.816]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1503 0.0000 1.2305 0.0000
-"M" 1.0000 0.0000 1.1100 0.0000 1.1773 0.0000
-"L" 1.0000 0.0000 1.0573 0.0000 1.1214 0.0000
-"DS" 1.0000 0.0000 1.2131 0.0000 1.3118 0.0000
-"DM" 1.0000 0.0000 1.1777 0.0000 1.2463 0.0000
+"S" 1.0000 0.0000 1.1614 0.1974 1.2706 0.2687
+"M" 1.0000 0.0000 1.1228 0.1713 1.1928 0.2051
+"L" 1.0000 0.0000 1.0712 0.1079 1.1370 0.1894
+"DS" 1.0000 0.0000 1.2295 0.1539 1.3397 0.1954
+"DM" 1.0000 0.0000 1.1893 0.1269 1.2586 0.1375
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:2] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,19 +19,19 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.950]
+set yrange [0:2.083]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.3588 0.0000 1.5001 0.0000
-"M" 1.0000 0.0000 1.2816 0.0000 1.3720 0.0000
-"L" 1.0000 0.0000 1.1773 0.0000 1.2971 0.0000
-"DS" 1.0000 0.0000 1.4430 0.0000 1.6527 0.0000
-"DM" 1.0000 0.0000 1.3207 0.0000 1.4600 0.0000
+"S" 1.0000 0.0000 1.3045 0.2335 1.4641 0.1249
+"M" 1.0000 0.0000 1.2149 0.2315 1.3196 0.1798
+"L" 1.0000 0.0000 1.1243 0.1987 1.2490 0.2125
+"DS" 1.0000 0.0000 1.3621 0.1891 1.5559 0.2092
+"DM" 1.0000 0.0000 1.2637 0.1413 1.3840 0.1694
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:2] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,19 +19,19 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.807]
+set yrange [0:2.193]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.2835 0.0000 1.4207 0.0000
-"M" 1.0000 0.0000 1.2165 0.0000 1.3243 0.0000
-"L" 1.0000 0.0000 1.1535 0.0000 1.2963 0.0000
-"DS" 1.0000 0.0000 1.3882 0.0000 1.5317 0.0000
-"DM" 1.0000 0.0000 1.3092 0.0000 1.4312 0.0000
+"S" 1.0000 0.0000 1.3171 0.3638 1.4819 0.3766
+"M" 1.0000 0.0000 1.2322 0.2618 1.3759 0.3637
+"L" 1.0000 0.0000 1.1570 0.1857 1.3294 0.2914
+"DS" 1.0000 0.0000 1.4119 0.2402 1.5740 0.2337
+"DM" 1.0000 0.0000 1.3278 0.1958 1.4606 0.2686
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:2] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

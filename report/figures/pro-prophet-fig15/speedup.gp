@@ -23,12 +23,12 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "top2" ci "top3" ci
-"k1" 1.0000 0.0000 0.8458 0.0000 0.7590 0.0000
-"k2" 1.0000 0.0000 0.9542 0.0000 0.9140 0.0000
+"k1" 1.0000 0.0000 0.8486 0.0206 0.7594 0.0335
+"k2" 1.0000 0.0000 0.9484 0.0189 0.9038 0.0253
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:2] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

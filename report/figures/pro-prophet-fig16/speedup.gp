@@ -19,24 +19,24 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 10 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over planner (x)'
-set yrange [0:1.291]
+set yrange [0:1.368]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "fastermoe" ci
-"S-k1" 1.0000 0.0000 1.0588 0.0000
-"S-k2" 1.0000 0.0000 1.0943 0.0000
-"M-k1" 1.0000 0.0000 1.0281 0.0000
-"M-k2" 1.0000 0.0000 1.0712 0.0000
-"L-k1" 1.0000 0.0000 1.0204 0.0000
-"L-k2" 1.0000 0.0000 1.0132 0.0000
-"DS-k1" 1.0000 0.0000 1.0718 0.0000
-"DS-k2" 1.0000 0.0000 1.0877 0.0000
-"DM-k1" 1.0000 0.0000 1.0422 0.0000
-"DM-k2" 1.0000 0.0000 1.0636 0.0000
+"S-k1" 1.0000 0.0000 1.0534 0.0353
+"S-k2" 1.0000 0.0000 1.0793 0.0803
+"M-k1" 1.0000 0.0000 1.0258 0.0371
+"M-k2" 1.0000 0.0000 1.0491 0.0591
+"L-k1" 1.0000 0.0000 1.0020 0.0425
+"L-k2" 1.0000 0.0000 1.0100 0.0388
+"DS-k1" 1.0000 0.0000 1.0578 0.0433
+"DS-k2" 1.0000 0.0000 1.0772 0.0362
+"DM-k1" 1.0000 0.0000 1.0334 0.0337
+"DM-k2" 1.0000 0.0000 1.0496 0.0440
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:1] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:1] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

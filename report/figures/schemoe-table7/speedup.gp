@@ -29,8 +29,8 @@ group "tutel" ci "fastermoe" ci "schemoe" ci
 "x24" 1.0000 0.0000 1.0003 0.0000 1.6252 0.0000
 EOD
 set style data histograms
-set style histogram clustered gap 1
+set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
 set xtics rotate by 20 right
-plot for [i=0:2] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
+plot for [i=0:2] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

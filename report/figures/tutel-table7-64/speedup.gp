@@ -35,4 +35,4 @@ EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7
 set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',6'
+plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',6'
