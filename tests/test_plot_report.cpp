@@ -114,6 +114,26 @@ TEST_CASE("plot: every figure type renders to a PDF and a PNG of one paper colum
   CHECK(plot({dir + "/run"}, all).size() == figure_names().size() - 1);
 }
 
+namespace {
+// The same runs at 16 and 32 GPUs (summary.json files under DIR/16 and DIR/32, the model's experts
+// one per GPU: weak scaling), plotted as the scaling figure over `baseline`; its gnuplot script.
+std::string scaling_gp(const std::string& dir, const std::vector<nlohmann::json>& variants, const std::string& baseline) {
+  for (int gpus : {16, 32}) {
+    nlohmann::json s = {{"name", "s"}, {"gpus", gpus}, {"platform", "dgx-a100"},
+                        {"model", {{"name", "m"}, {"layers", 2}, {"experts", gpus}, {"top_k", 2}, {"tokens_per_gpu", 1024}}},
+                        {"routing", "Zipf popularity, exponent 1, seed 1"}, {"variants", variants}};
+    fs::create_directories(dir + "/" + std::to_string(gpus));
+    test::write_file(dir + "/" + std::to_string(gpus) + "/summary.json", s.dump());
+  }
+  PlotOptions o;
+  o.figures = {"scaling"};
+  o.baseline = baseline;
+  o.out = dir + "/fig-" + (baseline.empty() ? "time" : baseline);
+  plot({dir + "/16", dir + "/32"}, o);
+  return test::read_file(o.out + "/scaling.gp");
+}
+}  // namespace
+
 TEST_CASE("plot: a scaling speedup divides each group by its own baseline, on a linear axis under a decade") {
   if (gnuplot_path().empty()) {
     WARN("skipped: gnuplot is not installed");
@@ -121,21 +141,10 @@ TEST_CASE("plot: a scaling speedup divides each group by its own baseline, on a 
   }
   // Two cluster sizes, groups x and y: a is 2× ep in x and 1.1× ep in y, at both sizes.
   const auto dir = test::temp_dir("plot-scaling");
-  for (int gpus : {16, 32}) {
-    nlohmann::json s = {{"name", "s"}, {"gpus", gpus}, {"platform", "dgx-a100"},
-                        {"model", {{"name", "m"}, {"layers", 2}, {"experts", gpus}, {"top_k", 2}, {"tokens_per_gpu", 1024}}},
-                        {"routing", "Zipf popularity, exponent 1, seed 1"}};
-    for (const auto& [name, t] : std::vector<std::pair<std::string, double>>{{"x/ep", 0.2}, {"x/a", 0.1}, {"y/ep", 0.11}, {"y/a", 0.1}})
-      s["variants"].push_back({{"name", name}, {"policy", "p"}, {"iteration_time_s", t}, {"breakdown", nlohmann::json::object()}});
-    fs::create_directories(dir + "/" + std::to_string(gpus));
-    test::write_file(dir + "/" + std::to_string(gpus) + "/summary.json", s.dump());
-  }
-  PlotOptions o;
-  o.figures = {"scaling"};
-  o.baseline = "ep";
-  o.out = dir + "/fig";
-  plot({dir + "/16", dir + "/32"}, o);
-  const std::string gp = test::read_file(dir + "/fig/scaling.gp");
+  std::vector<nlohmann::json> variants;
+  for (const auto& [name, t] : std::vector<std::pair<std::string, double>>{{"x/ep", 0.2}, {"x/a", 0.1}, {"y/ep", 0.11}, {"y/a", 0.1}})
+    variants.push_back({{"name", name}, {"policy", "p"}, {"iteration_time_s", t}, {"breakdown", nlohmann::json::object()}});
+  const std::string gp = scaling_gp(dir, variants, "ep");
   INFO(gp);
   CHECK_THAT(gp, Contains("16 2 0\n32 2 0\n"));      // x/a over x/ep, one seed: no interval
   CHECK_THAT(gp, Contains("16 1.1 0\n32 1.1 0\n"));  // y/a over y/ep, not over x/ep
@@ -151,26 +160,14 @@ TEST_CASE("plot: with several seeds the scaling lines carry 95% error bars, spee
   // Seeds of ep: 0.2, 0.4; of a: 0.1, 0.1. Paired speedups 2 and 4: mean 3, half-width
   // t(0.975, 1) · s / √2 = 12.706 · 1.414 / 1.414 = 12.706. Times of a in ms: 100 ± 0.
   const auto dir = test::temp_dir("plot-scaling-seeds");
-  for (int gpus : {16, 32}) {
-    nlohmann::json s = {{"name", "s"}, {"gpus", gpus}, {"platform", "dgx-a100"}};
-    for (const auto& [name, seeds] : std::vector<std::pair<std::string, std::vector<double>>>{{"ep", {0.2, 0.4}}, {"a", {0.1, 0.1}}})
-      s["variants"].push_back({{"name", name}, {"policy", "p"}, {"iteration_time_s", (seeds[0] + seeds[1]) / 2},
-                               {"iteration_time_over_seeds", {{"per_seed_s", seeds}}}, {"breakdown", nlohmann::json::object()}});
-    fs::create_directories(dir + "/" + std::to_string(gpus));
-    test::write_file(dir + "/" + std::to_string(gpus) + "/summary.json", s.dump());
-  }
-  PlotOptions o;
-  o.figures = {"scaling"};
-  o.baseline = "ep";
-  o.out = dir + "/speedup";
-  plot({dir + "/16", dir + "/32"}, o);
-  const std::string gp = test::read_file(dir + "/speedup/scaling.gp");
+  std::vector<nlohmann::json> variants;
+  for (const auto& [name, seeds] : std::vector<std::pair<std::string, std::vector<double>>>{{"ep", {0.2, 0.4}}, {"a", {0.1, 0.1}}})
+    variants.push_back({{"name", name}, {"policy", "p"}, {"iteration_time_s", (seeds[0] + seeds[1]) / 2},
+                        {"iteration_time_over_seeds", {{"per_seed_s", seeds}}}, {"breakdown", nlohmann::json::object()}});
+  const std::string gp = scaling_gp(dir, variants, "ep");
   INFO(gp);
   CHECK_THAT(gp, Contains("16 3 12.706") && Contains("using 1:2:3 with yerrorlines"));
-  o.baseline = "";
-  o.out = dir + "/time";
-  plot({dir + "/16", dir + "/32"}, o);
-  const std::string t = test::read_file(dir + "/time/scaling.gp");
+  const std::string t = scaling_gp(dir, variants, "");
   INFO(t);
   CHECK_THAT(t, Contains("16 100 0\n") && Contains("16 300 1270.6"));  // ep: 300 ms ± 12.706 · 141.4 / 1.414
 }
