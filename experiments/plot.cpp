@@ -338,7 +338,11 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
   for (const auto& g : groups)
     for (const auto& n : names)
       if (const auto x = speedup_ci(g, n)) top = std::max(top, x->first + x->second);
-  std::string body = fmt::format("set ylabel {}\nset yrange [0:{:.3f}]\n", gp_string("Speedup over " + baseline + " (x)"), top * 1.18);
+  // More than 12 bars: their values stand upright above them (side by side they run into each
+  // other), which takes more room above the highest.
+  const bool upright = groups.size() == 1 && names.size() > 12;
+  std::string body = fmt::format("set ylabel {}\nset yrange [0:{:.3f}]\n", gp_string("Speedup over " + baseline + " (x)"),
+                                 top * (upright ? 1.3 : 1.18));
   body += "set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front\n";
   if (groups.size() == 1) {  // one bar per run, named on the axis, its value above it
     body += "$bars << EOD\n";
@@ -352,8 +356,9 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
     body += fmt::format("EOD\nset xtics rotate by {} right{}\nset boxwidth 0.7\nset xrange [-0.6:*]\n", many ? 45 : 30,
                         many ? " font ',7'" : "");
     body += fmt::format("plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable{}, "
-                        "'' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',{}'\n",
-                        seeds ? ", '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle" : "", many ? 6 : 7);
+                        "'' using 0:($2+$3):(sprintf('%.2f', $2)) with labels {} font ',{}'\n",
+                        seeds ? ", '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle" : "",
+                        upright ? "rotate by 90 left offset 0,0.3" : "offset 0,0.5", many ? 6 : 7);
     return {"speedup", body};
   }
   // A row per group; per run name two columns, the speedup and its 95% half-width (0: one seed).
