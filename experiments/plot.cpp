@@ -700,7 +700,7 @@ std::vector<std::string> plot(const std::vector<std::string>& inputs, const Plot
                  : f == "load"      ? load_figure(in, o)
                  : f == "heatmap"   ? heatmap_figure(in, o)
                                     : timeline_figure(in, o);
-    if (const auto c = caption(in, f == "scaling"); !c.empty() && (f == "speedup" || f == "breakdown" || f == "scaling") &&
+    if (const auto c = caption(in, f == "scaling"); !c.empty() && (f == "speedup" || f == "breakdown" || f == "scaling" || f == "load") &&
                                                      in.collectives.empty())
       fig.body = fmt::format("set title {} font ',5' noenhanced\n", gp_string(c)) + fig.body;
     written.push_back(render(fig, o.format, out));
