@@ -314,6 +314,17 @@ std::vector<std::string> ordered_unique(const std::vector<Run>& runs, std::strin
 
 std::string label(const Run& r) { return r.group.empty() ? r.name : r.group + "/" + r.name; }
 
+// The speedup of `run` over `base` and its 95% confidence half-width: with several seeds (the same
+// number for both), the mean of the seeds' paired speedups (seed k over seed k); else the ratio of
+// their times, 0.
+std::pair<double, double> paired_speedup(const Run& base, const Run& run) {
+  const auto &b = base.seed_times, &v = run.seed_times;
+  if (b.size() < 2 || b.size() != v.size()) return {base.time / run.time, 0.0};
+  std::vector<double> paired;
+  for (std::size_t k = 0; k < b.size(); ++k) paired.push_back(b[k] / v[k]);
+  return {std::accumulate(paired.begin(), paired.end(), 0.0) / double(paired.size()), ci95_half_width(paired)};
+}
+
 Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
   const auto runs = all_runs(in);
   const auto groups = ordered_unique(runs, &Run::group);
@@ -328,11 +339,7 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
   auto speedup_ci = [&](const std::string& g, const std::string& n) -> std::optional<std::pair<double, double>> {
     const auto base = by_name.find({g, baseline}), t = by_name.find({g, n});
     if (base == by_name.end() || t == by_name.end() || t->second->time <= 0) return std::nullopt;
-    const auto &b = base->second->seed_times, &v = t->second->seed_times;
-    if (b.size() < 2 || b.size() != v.size()) return std::pair{base->second->time / t->second->time, 0.0};
-    std::vector<double> paired;
-    for (std::size_t k = 0; k < b.size(); ++k) paired.push_back(b[k] / v[k]);
-    return std::pair{std::accumulate(paired.begin(), paired.end(), 0.0) / double(paired.size()), ci95_half_width(paired)};
+    return paired_speedup(*base->second, *t->second);
   };
   double top = 1;  // the axis: up to the top of the highest error bar
   for (const auto& g : groups)
@@ -473,8 +480,8 @@ Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
   }
   // The baseline's time at each GPU count, of the same group and the same other swept fields (a
   // sweep's series suffix): each series over its own baseline.
-  // With several seeds, error bars: a time's 95% interval over its seeds; a speedup's over the
-  // seeds' paired speedups (seed k of the run against seed k of its baseline), as in the bar chart.
+  // With several seeds, error bars: a time's 95% interval over its seeds; a speedup's as in the bar
+  // chart (paired_speedup()).
   std::map<std::tuple<int, std::string, std::string>, const Run*> base;
   for (std::size_t s = 0; s < in.summaries.size(); ++s)
     for (const auto& r : in.summaries[s])
@@ -488,14 +495,8 @@ Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
         if (r.seed_times.size() >= 2) add(name, r.gpus, mean(r.seed_times) * 1e3, ci95_half_width(r.seed_times) * 1e3);
         else add(name, r.gpus, r.time * 1e3);
       } else if (b != base.end()) {
-        const auto& bt = b->second->seed_times;
-        if (bt.size() >= 2 && bt.size() == r.seed_times.size()) {
-          std::vector<double> paired;
-          for (std::size_t k = 0; k < bt.size(); ++k) paired.push_back(bt[k] / r.seed_times[k]);
-          add(name, r.gpus, mean(paired), ci95_half_width(paired));
-        } else {
-          add(name, r.gpus, b->second->time / r.time);
-        }
+        const auto [speedup, ci] = paired_speedup(*b->second, r);
+        add(name, r.gpus, speedup, ci);
       }
     }
   if (!o.baseline.empty() && base.empty()) throw InputError("--baseline " + o.baseline + ": no run of that name");
