@@ -654,23 +654,21 @@ class Builder {
     // intra-node one is done, whatever the network still carries. Other algorithms: one op.
     // A compressor's side all-to-alls follow the payload's on its stream(s) (INT8's bias and scale:
     // int8.cpp all_to_all, one value of the dtype per token each).
+    // Each exchange's lane k waits for lane k of the exchange before it (the same stream).
     auto send = [&](const char* what, bool transpose, int p, const std::vector<OpId>& deps) {
       std::vector<OpId> lanes;
       for (int side = 0; side <= codec_cost.side_all_to_alls; ++side) {
         Collective c = wire(transpose);
         if (side > 0) c.bytes = exchange(l, transpose).bytes.scaled(in_.model.dtype_bytes() / token_bytes_ / r);
         const std::string name = fmt::format("L{}.{}.{}.p{}{}", l, dir, what, p, side == 0 ? "" : side == 1 ? ".bias" : ".scale");
-        const std::vector<OpId>& after = side == 0 ? deps : lanes;
-        if (c.algorithm != "pipe") {
-          lanes = {g_.add_collective(Stream::comm, name, std::move(c), after)};
-          continue;
-        }
+        const bool pipe = c.algorithm == "pipe";
         std::vector<OpId> next;
-        for (const int lane : {0, 1}) {
-          Collective half = c;
-          half.lane = lane;
-          next.push_back(g_.add_collective(lane == 0 ? Stream::comm : Stream::comm2, name + (lane == 0 ? ".intra" : ".inter"),
-                                           std::move(half), side == 0 ? deps : std::vector<OpId>{lanes[std::size_t(lane)]}));
+        for (int lane = 0; lane < (pipe ? 2 : 1); ++lane) {
+          Collective one = c;
+          if (pipe) one.lane = lane;
+          next.push_back(g_.add_collective(lane == 0 ? Stream::comm : Stream::comm2,
+                                           pipe ? name + (lane == 0 ? ".intra" : ".inter") : name, std::move(one),
+                                           side == 0 ? deps : std::vector<OpId>{lanes[std::size_t(lane)]}));
         }
         lanes = std::move(next);
       }
@@ -734,13 +732,13 @@ class Builder {
     }
     const auto& R = plans_[l].routing;
     const auto d = std::uint64_t(in_.model.spec().d_model()), h = std::uint64_t(in_.model.spec().d_ffn() / std::uint32_t(r));
+    std::vector<double> received(static_cast<std::size_t>(E_), 0.0);  // by each GPU of expert e's subgroup
+    for (int e = 0; e < E_; ++e)
+      for (int src = 0; src < G_; ++src) received[std::size_t(e)] += double(R.at(src, e)) / g;
     std::vector<std::vector<OpId>> experts(static_cast<std::size_t>(parts), std::vector<OpId>(static_cast<std::size_t>(G_)));
     for (int p = 0; p < parts; ++p)
       for (int t = 0; t < G_; ++t) {
-        const int e = t / s;
-        double received = 0;
-        for (int src = 0; src < G_; ++src) received += double(R.at(src, e)) / g;
-        const auto m = std::uint64_t(std::llround(received / parts));
+        const auto m = std::uint64_t(std::llround(received[std::size_t(t / s)] / parts));
         Compute c{ComputeKind::grouped_gemm, {}, 0};
         if (m > 0) {
           const std::vector<Gemm> fwd = {{m, h, d, 1}, {m, d, h, 1}};
