@@ -40,3 +40,9 @@ void check_golden(const std::string& name) {
 TEST_CASE("golden: one MoE layer on two DGX-A100 nodes") { check_golden("ep_2node_a100"); }
 TEST_CASE("golden: the same layer with the 2DH all-to-all") { check_golden("2dh_2node_a100"); }
 TEST_CASE("golden: the same layer under ScheMoE with OptSche and ZFP") { check_golden("schemoe_2node_a100"); }
+TEST_CASE("golden: FasterMoE smart schedule in four groups of four") { check_golden("smart_2node_a100"); }
+TEST_CASE("golden: Pro-Prophet's block-wise schedule over two layers") { check_golden("blockwise_2node_a100"); }
+TEST_CASE("golden: Hecate's FSSDP with re-materialization") { check_golden("fssdp_rematerialize_2node_a100"); }
+TEST_CASE("golden: Tutel sharded experts with r = 2") { check_golden("tutel_sharded_r2"); }
+TEST_CASE("golden: Tutel pipelined layer of degree 2") { check_golden("tutel_pipelined_d2"); }
+TEST_CASE("golden: ZeRO-3 over the experts") { check_golden("zero3_2node_a100"); }
