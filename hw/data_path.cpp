@@ -61,12 +61,12 @@ struct Unit {
 };
 
 /// The plan's answer to "who computes source src's tokens for e" (moe_iteration.hpp's rules).
-std::vector<Part> parts_of(const LayerPlan& plan, const ScheduleOptions& s, const Cluster& cluster, int src, int e,
+std::vector<Part> parts_of(const LayerPlan& plan, const ExpertPlacement& where, const Cluster& cluster, int src, int e,
                            std::size_t count) {
   const int G = cluster.num_gpus(), E = plan.routing.experts;
-  if (s.sharding != ExpertSharding::owner) return {{src, -1, 0, count}};  // ZeRO: every GPU, own tokens
-  if (s.shard_r > 0) {  // Tutel: 1/g of the tokens to a GPU of each of the r subgroups, slice p there
-    const int sg = G / E, r = s.shard_r, g = sg / r;
+  if (where.kind == ExpertPlacement::data_parallel) return {{src, -1, 0, count}};  // ZeRO: every GPU, own tokens
+  if (where.kind == ExpertPlacement::sharded) {  // Tutel: 1/g of the tokens to a GPU of each of the r subgroups, slice p there
+    const int sg = G / E, r = where.r, g = sg / r;
     std::vector<Part> parts;
     for (int c = 0; c < g; ++c)
       for (int p = 0; p < r; ++p) parts.push_back({e * sg + p * g + c, r > 1 ? p : -1, count * c / g, count * (c + 1) / g});
@@ -139,10 +139,10 @@ namespace {
 
 /// The layer on host ranks, following `plan` and `sched`.
 LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& gated, const LayerPlan& plan,
-                               const ScheduleOptions& sched, const Cluster& cluster) {
+                               const ExpertPlacement& where, const Cluster& cluster) {
   const int G = p.G, E = p.E, d = p.d;
-  const bool sharded = sched.shard_r > 0;
-  const int r = sharded ? sched.shard_r : 1;
+  const bool sharded = where.kind == ExpertPlacement::sharded;
+  const int r = sharded ? where.r : 1;
   auto slice_cols = [&](int slice) { return slice < 0 ? std::pair{0, p.h} : std::pair{slice * p.h / r, (slice + 1) * p.h / r}; };
   // Who owns, who holds the weights at the start (a migration's old owner), who computes.
   std::vector<int> owner(static_cast<std::size_t>(E)), home(static_cast<std::size_t>(E));
@@ -161,7 +161,7 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
     for (int e = 0; e < E; ++e) {
       slots[std::size_t(src)].push_back(slots_for(p, gated[std::size_t(src)], e));
       const std::size_t count = slots[std::size_t(src)].back().size();
-      parts[std::size_t(src)].push_back(count ? parts_of(plan, sched, cluster, src, e, count) : std::vector<Part>{});
+      parts[std::size_t(src)].push_back(count ? parts_of(plan, where, cluster, src, e, count) : std::vector<Part>{});
       for (const Part& part : parts[std::size_t(src)].back()) {
         if (part.from == part.to) continue;
         auto& us = units[std::size_t(e)];
@@ -356,19 +356,13 @@ DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const G
     }
     const std::vector<RoutingMatrix> routing(std::size_t(model.layers()), R);
     PolicyReport report;
-    std::vector<LayerPlan> plans;
-    ScheduleOptions schedule;
-    report.on_plans = [&](const std::vector<LayerPlan>& pl, const ScheduleOptions& s) {
-      plans = pl;
-      schedule = s;
-    };
     const IterationInput input{cluster, model, gpu, policy_spec, routing, report};
-    (void)policy->build_iteration(input);
-    if (plans.empty()) throw std::logic_error("data path: policy " + policy->name() + " built no plan");
-    if (plans.front().routing.counts() != R.counts())
+    const IterationPlan plan = policy->plan(input);
+    if (plan.layers.empty()) throw std::logic_error("data path: policy " + policy->name() + " built no plan");
+    if (plan.layers.front().routing.counts() != R.counts())
       throw std::invalid_argument("data path: policy " + policy->name() +
                                   " changed the gate's routing (a gate policy changes the model by design)");
-    run.numbers.push_back(distributed_layer(p, gated, plans.front(), schedule, cluster));
+    run.numbers.push_back(distributed_layer(p, gated, plan.layers.front(), plan.placement(), cluster));
   }
   return run;
 }

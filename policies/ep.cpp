@@ -14,10 +14,10 @@ class ExpertParallel final : public Policy {
  public:
   std::string name() const override { return "ep"; }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
-    std::vector<LayerPlan> plans;
-    for (const auto& R : in.routing) plans.push_back({R, {}});
-    return build_moe_iteration(in, plans, {});
+  IterationPlan plan(const IterationInput& in) override {
+    IterationPlan plan;
+    for (const auto& R : in.routing) plan.layers.push_back({R, {}});
+    return plan;
   }
 };
 

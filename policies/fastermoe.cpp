@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 
 #include "fastermoe.hpp"
@@ -189,11 +188,10 @@ class FasterMoe final : public Policy {
         throw FieldError(std::string("policy.fastermoe.released.") + field, "must be a positive number (leave it out for the release's default)");
   }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
+  IterationPlan plan(const IterationInput& in) override {
     const auto& f = in.spec.fastermoe();
     if (!cost_)
       cost_.emplace(in.cluster, in.gpu, CostOptions{f.ninety_percent_peak()});
-    const auto t0 = std::chrono::steady_clock::now();
     std::vector<LayerPlan> plans;
     for (const auto& routing : in.routing) {
       LayerPlan plan{routing, {}};
@@ -205,11 +203,9 @@ class FasterMoe final : public Policy {
       in.report.shadowed_experts += int(plan.replicas.size());
       plans.push_back(std::move(plan));
     }
-    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ScheduleOptions schedule;
-    schedule.smart = smart(f);
-    schedule.group_size = int(std::min<std::int64_t>(f.group_size() ? f.group_size() : 4, in.cluster.num_gpus()));
-    return build_moe_iteration(in, plans, schedule);
+    IterationPlan plan(std::move(plans));
+    if (smart(f)) plan.schedule = smart_schedule(int(std::min<std::int64_t>(f.group_size() ? f.group_size() : 4, in.cluster.num_gpus())));
+    return plan;
   }
 
  private:

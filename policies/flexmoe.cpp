@@ -1,7 +1,7 @@
 // FlexMoE-style replication, one of Hecate's baselines (hecate.md §2 table, §14): expert
 // parallelism plus persistent copies of hot experts in reserved memory slots. Copies are full
 // replicas with their optimizer states, so nothing is broadcast per iteration; their gradients are
-// all-reduced among the copies after each layer's backward (ScheduleOptions::persistent_replicas).
+// all-reduced among the copies after each layer's backward (ReplicaOptions::persistent).
 // Before each iteration, from the loads predicted for it (an exponential average of the past
 // iterations', factor 1/2), the policy changes at most `changes` copies per layer: while the
 // predicted max/mean GPU load exceeds `threshold`, the busiest GPU's hottest expert gets a copy on
@@ -13,7 +13,6 @@
 // an expert's tokens split evenly over its copies (the dispatch prefers a copy on the source's own
 // GPU or node: moe_iteration.cpp, replica_targets()); relocation of owners is not modelled.
 #include <algorithm>
-#include <chrono>
 
 #include <fmt/format.h>
 
@@ -40,8 +39,7 @@ class FlexMoe final : public Policy {
                                    "use e.g. 1.1 (or 0 for that default)", threshold));
   }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
-    const auto t0 = std::chrono::steady_clock::now();
+  IterationPlan plan(const IterationInput& in) override {
     const auto& f = in.spec.flexmoe();
     const int G = in.cluster.num_gpus(), E = in.model.experts();
     const int slots = int(f.slots() ? f.slots() : 1), changes = int(f.changes() ? f.changes() : 1);
@@ -63,11 +61,10 @@ class FlexMoe final : public Policy {
       plans.push_back(std::move(plan));
     }
     ++seen_;
-    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ScheduleOptions schedule;
-    schedule.persistent_replicas = true;
-    schedule.reserved_copies = slots;  // the slots are allocated up front (FlexMoE's reserved memory)
-    return build_moe_iteration(in, plans, schedule);
+    IterationPlan plan(std::move(plans));
+    plan.replicas.persistent = true;
+    plan.replicas.reserved_copies = slots;  // the slots are allocated up front (FlexMoE's reserved memory)
+    return plan;
   }
 
  private:

@@ -36,7 +36,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <deque>
 #include <numeric>
@@ -243,8 +242,7 @@ class Hecate final : public Policy {
         throw FieldError(field, fmt::format("{} is more than the layer's {} experts", value, model.experts()));
   }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
-    const auto t0 = std::chrono::steady_clock::now();
+  IterationPlan plan(const IterationInput& in) override {
     const int G = in.cluster.num_gpus(), E = in.model.experts(), L = in.model.layers();
     const auto b = state_bytes(in.model.dtype());
     const double expert_size = in.model.expert_params() * b.param;
@@ -306,11 +304,10 @@ class Hecate final : public Policy {
       plans.push_back(std::move(plan));
     }
     ++iteration_;
-    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ScheduleOptions schedule;
-    schedule.replicas = ReplicaSchedule::under_attention;
-    schedule.rematerialize = spec.rematerialize();
-    return build_moe_iteration(in, plans, schedule);
+    IterationPlan plan(std::move(plans));
+    plan.replicas.timing = ReplicaSchedule::under_attention;
+    plan.replicas.rematerialize = spec.rematerialize();
+    return plan;
   }
 
  private:

@@ -1,5 +1,11 @@
 #include "memory_model.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "moe_iteration.hpp"
+
 namespace moesim {
 
 StateBytes state_bytes(spec::DType dtype) {
@@ -26,6 +32,94 @@ MemoryUse dense_memory(const MoeModel& model) {
   const auto b = state_bytes(model.dtype());
   const double params = model.dense_params_per_layer() * model.layers() + model.embedding_params();
   return {params * b.param, params * b.grad, params * b.optimizer, 0, 0};
+}
+
+namespace {
+
+// Population standard deviation.
+double stddev(const std::vector<double>& x) {
+  if (x.empty()) return 0;
+  double mean = 0, var = 0;
+  for (double v : x) mean += v / double(x.size());
+  for (double v : x) var += (v - mean) * (v - mean) / double(x.size());
+  return std::sqrt(var);
+}
+
+// The memory of the GPU that needs the most: dense state, its experts' state as the placement
+// keeps it, what it gathers or copies, and its activations.
+MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const std::vector<double>& activations,
+                      const std::vector<double>& copies, const std::vector<double>& owned) {
+  const MoeModel& model = in.model;
+  const auto b = state_bytes(model.dtype());
+  const ExpertPlacement where = plan.placement();
+  const double P = model.expert_params(), L = double(plan.layers.size()), E = model.experts(), G = in.cluster.num_gpus();
+  MemoryUse experts;  // ZeRO's and Tutel's sharding: the same on every GPU
+  if (where.kind == ExpertPlacement::data_parallel && where.zero_stage == 3) {  // everything sharded; one layer gathered at a time
+    experts = expert_state(model, L * E / G);
+    experts.materialized = E * P * (b.param + b.grad);
+    experts.materialized_params = E * P * b.param;
+  } else if (where.kind == ExpertPlacement::data_parallel) {  // ZeRO-2: parameters kept; gradients and states sharded
+    experts = expert_state(model, L * E);
+    experts.grads /= G;
+    experts.optimizer /= G;
+    experts.materialized = E * P * b.grad;
+  } else if (where.kind == ExpertPlacement::sharded) {  // 1/s of an expert per GPU; 1/r slices gathered
+    // Every layer's gathered slice stays until its backward (autograd keeps it, sharded.cpp); a
+    // layer's slice of gradients lives until its reduce-scatter. r = s gathers nothing.
+    experts = expert_state(model, L / (G / E));
+    if (G / E > where.r) {
+      experts.materialized_params = L * P / where.r * b.param;
+      experts.materialized = experts.materialized_params + P / where.r * b.grad;
+    }
+  }
+  const MemoryUse dense = dense_memory(model);
+  MemoryUse peak;
+  for (std::size_t t = 0; t < activations.size(); ++t) {
+    // Owners: the experts GPU t owns over all layers (E/G per layer, or as the plans shard them).
+    const MemoryUse own = where.kind != ExpertPlacement::owner ? experts : expert_state(model, owned[t]);
+    const double copy = copies[t] * P;
+    MemoryUse m;
+    m.params = dense.params + own.params;
+    m.grads = dense.grads + own.grads;
+    m.optimizer = dense.optimizer + own.optimizer;
+    m.activations = activations[t];
+    m.materialized = experts.materialized + copy * (b.param + b.grad + (plan.replicas.persistent ? b.optimizer : 0));
+    m.materialized_params = experts.materialized_params + copy * b.param;
+    if (m.total() > peak.total()) peak = m;
+  }
+  return peak;
+}
+
+}  // namespace
+
+void account_iteration(const IterationInput& in, const IterationPlan& plan, const ExpertLoads& computes) {
+  const int G = in.cluster.num_gpus(), E = in.model.experts();
+  const bool owners = plan.placement().kind == ExpertPlacement::owner;
+  const ReplicaOptions& replicas = plan.replicas;
+  std::vector<double> activations(std::size_t(G), 0.0), copies(std::size_t(G), 0.0), owned(std::size_t(G), 0.0);
+  for (std::size_t l = 0; l < plan.layers.size(); ++l) {
+    std::vector<double> H(std::size_t(G), 0.0);  // token-slots each GPU computes
+    for (int t = 0; t < G; ++t)
+      for (const auto& served : computes[l][std::size_t(t)]) H[std::size_t(t)] += double(served.tokens);
+    for (int t = 0; t < G; ++t) {  // what GPU t materializes and keeps for this layer
+      activations[std::size_t(t)] += layer_activation_bytes(in.model, in.model.tokens_per_gpu(), H[std::size_t(t)]);
+      if (!owners) continue;
+      double layer_copies = 0;
+      for (const auto& served : computes[l][std::size_t(t)])
+        if (plan_owner(plan.layers[l], served.expert, G) != t) layer_copies += 1;  // a replica, held until its reduce
+      layer_copies = std::max(layer_copies, double(replicas.reserved_copies));
+      // Every layer's copies at once, or with re-materialization one layer's at a time.
+      copies[std::size_t(t)] = replicas.rematerialize ? std::max(copies[std::size_t(t)], layer_copies) : copies[std::size_t(t)] + layer_copies;
+    }
+    if (owners)
+      for (int e = 0; e < E; ++e) owned[std::size_t(plan_owner(plan.layers[l], e, G))] += 1;
+    in.report.load_stddev.push_back(stddev(H));
+    const double mean_load = std::accumulate(H.begin(), H.end(), 0.0) / double(H.size());
+    in.report.load_max_mean.push_back(mean_load > 0 ? *std::max_element(H.begin(), H.end()) / mean_load : 1.0);
+    in.report.gpu_load.resize(H.size(), 0.0);
+    for (std::size_t g = 0; g < H.size(); ++g) in.report.gpu_load[g] += H[g];
+  }
+  in.report.memory = peak_memory(in, plan, activations, copies, owned);
 }
 
 }  // namespace moesim

@@ -11,9 +11,15 @@
 //     f-wide GEMM output and activation, dropout mask; 19·h for f = 4h), and the MoE layer's
 //     dispatch and combine buffers 2·k·h per token; h = d_model, f = d_ffn, a = heads, s = seq_len.
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "model.hpp"
 
 namespace moesim {
+
+struct IterationInput;  // policy.hpp
+struct IterationPlan;   // moe_iteration.hpp
 
 struct MemoryUse {
   double params = 0;       // parameters the GPU keeps (dense, its own experts or shards)
@@ -44,5 +50,18 @@ MemoryUse dense_memory(const MoeModel& model);
 /// The full state (parameters, gradients, optimizer) of `experts` experts' worth of parameters,
 /// all layers together (e.g. L · E/G for expert parallelism, L / s for a 1/s shard per layer).
 MemoryUse expert_state(const MoeModel& model, double experts);
+
+/// One expert a GPU computes in a layer, with the token-slots of all sources it computes for it.
+struct ExpertLoad {
+  int expert;
+  std::int64_t tokens;
+};
+/// Per layer, per GPU: the experts it computes (its own and the copies sources send it), in order.
+using ExpertLoads = std::vector<std::vector<std::vector<ExpertLoad>>>;
+
+/// The iteration's accounting, from the plan and what each GPU computes: per layer the spread of
+/// the GPUs' loads (in.report.load_stddev, load_max_mean), per GPU its load over the layers
+/// (gpu_load), and the memory of the GPU that needs the most (memory).
+void account_iteration(const IterationInput& in, const IterationPlan& plan, const ExpertLoads& computes);
 
 }  // namespace moesim

@@ -1,6 +1,7 @@
-// Building one training iteration's TaskGraph for an MoE transformer, shared by every placement
-// and schedule policy. A policy decides, per layer, a LayerPlan (where tokens go, which experts
-// are shadowed) and a schedule; this file turns them into ops:
+// One training iteration of an MoE transformer, as a policy plans it and as the builder lays it
+// out. A policy decides an IterationPlan: per layer a LayerPlan (where tokens go, which experts are
+// shadowed or move), one layer schedule (policies/schedule/) and when the replicas' transfers run;
+// build_moe_iteration() turns the plan into ops:
 //
 //   forward, per layer:  attention -> gate -> encode -> [broadcast of replicated experts]
 //                        -> dispatch all-to-all -> experts -> combine all-to-all -> decode
@@ -14,15 +15,17 @@
 // and the copies' gradients are reduced to the owner before the optimizer. Every expert keeps one
 // owner, which alone updates it.
 //
-// With the smart schedule (FasterMoE §4.2) each layer's all-to-all / experts / all-to-all is split
-// into n = G / group_size steps S_j, C_j, R_j on two streams (see smart_layer()). Where the
-// replicas' broadcasts and reduces go is a ReplicaSchedule.
+// What happens between a layer's encode and decode is its LayerSchedule's (sequential, FasterMoE's
+// smart schedule, pipelined, Tutel's sharded experts, ZeRO). Where the replicas' broadcasts and
+// reduces go is a ReplicaSchedule.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "policy.hpp"
+#include "schedule/layer_schedule.hpp"
 
 namespace moesim {
 
@@ -86,54 +89,45 @@ enum class ReplicaSchedule : std::uint8_t {
   block_wise,
 };
 
-struct ScheduleOptions {
-  bool smart = false;              // FasterMoE's fine-grained smart schedule
-  int group_size = 4;              // workers per group in the smart schedule
-  ExpertSharding sharding = ExpertSharding::owner;
-  ReplicaSchedule replicas = ReplicaSchedule::stream_order;
-  int trans_under_dense = 0;       // block_wise: broadcasts per layer under the non-expert forward
-  int agg_under_dense = 0;         // block_wise: reduces per layer under the non-expert backward
-  /// ScheMoE (schemoe.md §2-3): each layer's all-to-all / experts / all-to-all split into
-  /// `partitions` parts along the capacity dimension, each a chain compress → dispatch → decompress
-  /// → experts → compress → combine → decompress, in OptSche's order (pipelined_layer()).
-  int partitions = 1;
-  double wire_ratio = 1;            // bytes on the wire / payload bytes (a compressor's bits / dtype bits)
-  /// Messages a part's linear all-to-all sends each peer (Collective::messages): Tutel's pipelined
-  /// all-to-all sends one per expert slice, ΔE = E/G.
-  int messages_per_peer = 1;
-  /// A compressor's compress and decompress tasks (ScheMoE; none when `on()` is false): at a given
-  /// throughput (payload bytes per second), or as memory traffic per payload byte at the GPU's
-  /// elementwise bandwidth; and the all-to-alls it sends besides the payload's (one value per
-  /// token each: INT8's bias and scale).
-  struct Codec {
-    double bytes_per_s = 0;
-    double compress_traffic = 0, decompress_traffic = 0;
-    int side_all_to_alls = 0;
-    bool on() const { return bytes_per_s > 0 || compress_traffic > 0; }
-  } codec = {};
-  std::string all_to_all;           // the MoE all-to-alls' algorithm instead of policy.all_to_all
-  /// Tutel's adaptive parallelism with fewer experts than GPUs (tutel.md §1.4): expert e sharded
-  /// over the s = G/E GPUs e·s .. e·s + s − 1; with r ≥ 1 (a divisor of s) each source's tokens
-  /// for e go r times, 1/(s/r) of them to each GPU of e's group, each GPU computes them with the
-  /// 1/r slice of e its subgroup of s/r GPUs all-gathers (before the forward and the backward
-  /// experts; gradients reduce-scattered back), and the r partial outputs are summed at the
-  /// source. 0: not sharded (E/G experts per GPU, or sharding = zero3 for r = 0).
-  int shard_r = 0;
+/// Where the replicas' transfers go, and what kind of copies they are.
+struct ReplicaOptions {
+  ReplicaSchedule timing = ReplicaSchedule::stream_order;
+  int trans_under_dense = 0;  // block_wise: broadcasts per layer under the non-expert forward
+  int agg_under_dense = 0;    // block_wise: reduces per layer under the non-expert backward
   /// FlexMoE: replicas are kept across iterations as full copies with their optimizer states:
   /// nothing is broadcast before a layer, and each replicated expert's gradients are all-reduced
   /// among its copies after the layer's backward (instead of reduced to the owner).
-  bool persistent_replicas = false;
+  bool persistent = false;
   /// Copies per layer each GPU holds memory for from the start, used or not (FlexMoE's reserved
   /// slots): a GPU's copies of a layer count as at least this many in its peak memory.
   int reserved_copies = 0;
-  /// Hecate's re-materialization (hecate.md §6), with under_attention: a layer's copies are
-  /// dropped after its forward and gathered again (a second spAG) before its backward, on the comm
-  /// stream after the spRS of the layer after it, under that layer's attention backward. The last
-  /// layer keeps its copies (its backward follows its forward at once). Memory: one layer's copies
-  /// at a time instead of every layer's.
+  /// Hecate's re-materialization (Hecate §6, "Hecate-RM"), with under_attention: a layer's copies
+  /// are dropped after its forward and gathered again (a second spAG) before its backward, on the
+  /// comm stream after the spRS of the layer after it, under that layer's attention backward. The
+  /// last layer keeps its copies (its backward follows its forward at once). Memory: one layer's
+  /// copies at a time instead of every layer's.
   bool rematerialize = false;
-  bool dense_encode = false;      // Fairseq's one-hot einsum encode/decode GEMMs (TutelSpec)
-  bool per_source_gemms = false;  // expert GEMMs per source chunk, the all-to-all's layout (TutelSpec)
+};
+
+/// The expert kernels' shape (Tutel Fig. 23's baselines, TutelSpec).
+struct ExpertKernels {
+  bool dense_encode = false;      // Fairseq's one-hot einsum encode/decode GEMMs
+  bool per_source_gemms = false;  // expert GEMMs per source chunk, the all-to-all's layout
+};
+
+/// What a policy decides for one iteration; build_moe_iteration() turns it into the TaskGraph and
+/// the host data path (hw/data_path.hpp) replays it with real numbers.
+struct IterationPlan {
+  IterationPlan() = default;
+  explicit IterationPlan(std::vector<LayerPlan> l) : layers(std::move(l)) {}
+  std::vector<LayerPlan> layers;
+  /// The one schedule of every MoE layer (policies/schedule/); null: sequential_schedule().
+  std::shared_ptr<const LayerSchedule> schedule;
+  ReplicaOptions replicas = {};
+  ExpertKernels kernels = {};
+  std::string all_to_all;  // the MoE all-to-alls' algorithm instead of policy.all_to_all
+  const LayerSchedule& layer_schedule() const;
+  ExpertPlacement placement() const { return layer_schedule().placement(); }
 };
 
 /// The GPU that owns expert e when E/G experts live on each GPU, in order.
@@ -152,7 +146,7 @@ int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int ex
 /// expert_target() of every source for one replicated expert whose owner is `owner`, in O(G + holders).
 std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner);
 
-TaskGraph build_moe_iteration(const IterationInput& in, const std::vector<LayerPlan>& plans,
-                              const ScheduleOptions& schedule);
+/// The iteration's TaskGraph from a plan (the PolicyReport's load and memory filled on the way).
+TaskGraph build_moe_iteration(const IterationInput& in, const IterationPlan& plan);
 
 }  // namespace moesim

@@ -1,7 +1,10 @@
 #include "policy.hpp"
 
+#include <chrono>
+
 #include "collectives/collectives.hpp"
 #include "errors.hpp"
+#include "moe_iteration.hpp"
 
 namespace moesim {
 
@@ -50,6 +53,13 @@ const Entry kPolicies[] = {
     {"hecate", make_hecate},
 };
 }  // namespace
+
+TaskGraph Policy::build_iteration(const IterationInput& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const IterationPlan decided = plan(in);  // the policy's decisions, timed; the graph is not
+  in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return build_moe_iteration(in, decided);
+}
 
 void Policy::validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const {
   validate_expert_placement(cluster, model, spec);

@@ -1,10 +1,9 @@
-// The policy interface: a policy turns one iteration's routing into the iteration's TaskGraph
-// (placement, gate, schedule and collectives together), and may learn from the timings the backend
-// returns. Policies are registered by name and chosen in the experiment spec (`policy { name: }`).
+// The policy interface: a policy turns one iteration's routing into an IterationPlan (placement,
+// gate, replicas, the layer schedule; moe_iteration.hpp), from which one function builds the
+// iteration's TaskGraph, and may learn from the timings the backend returns. Policies are registered by name and chosen in the experiment spec (`policy { name: }`).
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +16,7 @@
 
 namespace moesim {
 
-struct LayerPlan;        // moe_iteration.hpp
-struct ScheduleOptions;  // moe_iteration.hpp
+struct IterationPlan;  // moe_iteration.hpp
 
 /// What a policy did in an iteration, for the results.
 struct PolicyReport {
@@ -35,9 +33,6 @@ struct PolicyReport {
   int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
   /// The memory of the GPU that needs the most this iteration (filled by build_moe_iteration()).
   MemoryUse memory;
-  /// When set, build_moe_iteration() hands it the plans and schedule the graph was built from: the
-  /// host data path (hw/data_path.hpp) replays them with real numbers.
-  std::function<void(const std::vector<LayerPlan>&, const ScheduleOptions&)> on_plans;
 };
 
 /// Everything a policy sees when it builds an iteration.
@@ -64,7 +59,10 @@ class Policy {
   /// (FieldError with the field path in the experiment spec). By default: what every E/G-per-GPU
   /// placement needs (validate_expert_placement()).
   virtual void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const;
-  virtual TaskGraph build_iteration(const IterationInput& in) = 0;
+  /// The policy's decisions for one iteration (placement, replicas, the layer schedule).
+  virtual IterationPlan plan(const IterationInput& in) = 0;
+  /// The iteration's TaskGraph: build_moe_iteration() of plan().
+  TaskGraph build_iteration(const IterationInput& in);
   /// Called with each iteration's graph and timing (for policies that adapt).
   virtual void observe(const TaskGraph&, const Timing&) {}
 };

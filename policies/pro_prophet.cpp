@@ -34,7 +34,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -290,7 +289,7 @@ class ProProphet final : public Policy {
       throw FieldError("policy.pro_prophet.n", fmt::format("at most D − 1 = {} devices can be left out", cluster.num_gpus() - 1));
   }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
+  IterationPlan plan(const IterationInput& in) override {
     const auto& p = in.spec.pro_prophet();
     if (!cost_) {  // profiled once, "before training"
       cost_.emplace(in.cluster, in.gpu);
@@ -301,16 +300,14 @@ class ProProphet final : public Policy {
       plans.push_back({in.routing[l], l < next_.size() ? next_[l] : std::vector<Replica>{}});
       in.report.shadowed_experts += int(plans.back().replicas.size());
     }
-    const auto t0 = std::chrono::steady_clock::now();
     plan_next(in, p);
-    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ScheduleOptions schedule;
-    schedule.replicas = scheduler_ ? ReplicaSchedule::block_wise : ReplicaSchedule::exposed;
+    IterationPlan plan(std::move(plans));
+    plan.replicas.timing = scheduler_ ? ReplicaSchedule::block_wise : ReplicaSchedule::exposed;
     // Partition(): as many experts' transfers under the non-MoE compute as fit (static, from the
     // profiled T_FNEC / T_BNEC and one expert's transfer); the rest under the expert compute.
-    schedule.trans_under_dense = fit(model_.fnec, trans_time(model_, 1, 0));
-    schedule.agg_under_dense = fit(model_.bnec, agg_time(model_, 1, 0));
-    return build_moe_iteration(in, plans, schedule);
+    plan.replicas.trans_under_dense = fit(model_.fnec, trans_time(model_, 1, 0));
+    plan.replicas.agg_under_dense = fit(model_.bnec, agg_time(model_, 1, 0));
+    return plan;
   }
 
  private:
@@ -365,8 +362,7 @@ class ReplicateTop final : public Policy {
  public:
   explicit ReplicateTop(int k) : k_(k) {}
   std::string name() const override { return fmt::format("replicate-top{}", k_); }
-  TaskGraph build_iteration(const IterationInput& in) override {
-    const auto t0 = std::chrono::steady_clock::now();
+  IterationPlan plan(const IterationInput& in) override {
     std::vector<LayerPlan> plans;
     for (const auto& R : in.routing) {
       LayerPlan plan{R, {}};
@@ -375,10 +371,9 @@ class ReplicateTop final : public Policy {
       in.report.shadowed_experts += int(plan.replicas.size());
       plans.push_back(std::move(plan));
     }
-    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ScheduleOptions schedule;
-    schedule.replicas = ReplicaSchedule::exposed;
-    return build_moe_iteration(in, plans, schedule);
+    IterationPlan out(std::move(plans));
+    out.replicas.timing = ReplicaSchedule::exposed;
+    return out;
   }
 
  private:

@@ -8,7 +8,6 @@
 #include "schemoe.hpp"
 
 #include <algorithm>
-#include <chrono>
 
 #include "errors.hpp"
 #include "moe_iteration.hpp"
@@ -132,19 +131,21 @@ class Schemoe final : public Policy {
     if (spec.schemoe().partitions() > 64) throw FieldError("policy.schemoe.partitions", "use 1 to 64 parts");
   }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
-    std::vector<LayerPlan> plans;
-    for (const auto& R : in.routing) plans.push_back({R, {}});
+  IterationPlan plan(const IterationInput& in) override {
+    IterationPlan plan;
+    for (const auto& R : in.routing) plan.layers.push_back({R, {}});
     const auto& s = in.spec.schemoe();
     const double b = in.model.dtype_bytes();
     const Compressor c = make_compressor(s.compressor(), default_compressor(), b);
-    ScheduleOptions schedule;
-    schedule.partitions = s.partitions() ? int(s.partitions()) : released_ ? 1 : 2;
+    Pipelining p;
+    p.partitions = s.partitions() ? int(s.partitions()) : released_ ? 1 : 2;
     if (c.bits > 0) {
-      schedule.wire_ratio = std::min(1.0, c.bits / (8.0 * b));
-      schedule.codec = {c.bytes_per_s, c.compress_bytes / b, c.decompress_bytes / b, c.side_all_to_alls};
+      p.wire_ratio = std::min(1.0, c.bits / (8.0 * b));
+      p.codec = {c.bytes_per_s, c.compress_bytes / b, c.decompress_bytes / b, c.side_all_to_alls};
     }
-    return build_moe_iteration(in, plans, schedule);
+    // One part and no compressor is plain expert parallelism (schemoe-released's default).
+    if (p.partitions > 1 || p.codec.on()) plan.schedule = pipelined_schedule(p);
+    return plan;
   }
 
  private:

@@ -13,7 +13,6 @@
 // GPU the earlier layers loaded least, so that with one expert per GPU (where any placement has
 // the same per-layer maximum) the hottest experts of all layers do not pile onto one GPU.
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 
 #include "errors.hpp"
@@ -50,8 +49,7 @@ class SmartMoe final : public Policy {
  public:
   std::string name() const override { return "smartmoe"; }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
-    const auto t0 = std::chrono::steady_clock::now();
+  IterationPlan plan(const IterationInput& in) override {
     const int G = in.cluster.num_gpus(), E = in.model.experts();
     const int interval = iterations_as_int(in.spec.smartmoe().interval() ? in.spec.smartmoe().interval() : 25);
     if (owner_.empty()) {  // start from EP's placement
@@ -79,8 +77,7 @@ class SmartMoe final : public Policy {
       plans.push_back(std::move(plan));
     }
     ++iteration_;
-    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return build_moe_iteration(in, plans, {});
+    return IterationPlan(std::move(plans));
   }
 
  private:

@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -149,31 +148,34 @@ class Tutel final : public Policy {
     if (t.has_bucket_length() && !(t.bucket_length() > 0)) throw FieldError("policy.tutel.bucket_length", "must be > 0");
   }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
+  IterationPlan plan(const IterationInput& in) override {
     const auto& t = in.spec.tutel();
     if (!search_) search_.emplace(space(t), t.has_bucket_length() ? t.bucket_length() : 1.0);
-    const auto t0 = std::chrono::steady_clock::now();
     f_ = capacity_factor(in);
     current_ = t.degree() || released_ ? space(t).front() : search_->get(f_);
-    in.report.decision_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<LayerPlan> plans;
-    for (const auto& R : in.routing) plans.push_back({R, {}});
-    ScheduleOptions schedule;
-    schedule.partitions = current_.degree;
-    schedule.all_to_all = current_.all_to_all;
+    IterationPlan plan;
+    for (const auto& R : in.routing) plan.layers.push_back({R, {}});
+    plan.all_to_all = current_.all_to_all;
+    plan.kernels.dense_encode = t.dense_encode();
+    plan.kernels.per_source_gemms = t.has_flexible_alltoall() && !t.flexible_alltoall();
     const int W = in.cluster.num_gpus(), E = in.model.experts();
-    // Pipelined, the released linear all-to-all sends each part as E slices, one ncclSend per
-    // expert: ΔE = E/W messages to each peer (microsoft/tutel 82af7aa, tutel/custom/custom_kernel.cpp
-    // nccl_all_to_all_scatter_async / _gather_async, num_slices_per_split = E; tutel/impls/
-    // communicate.py AllToAllScatterAsync). Unpipelined it is one all_to_all_single: one message.
-    if (current_.degree > 1 && E > W && current_.all_to_all == "linear") schedule.messages_per_peer = E / W;
-    schedule.dense_encode = t.dense_encode();
-    schedule.per_source_gemms = t.has_flexible_alltoall() && !t.flexible_alltoall();
     const int r = t.has_parallel_r() ? t.parallel_r() : released_ ? 1 : switching_rule(in);
     in.report.parallel_r = r;
-    if (r == 0) schedule.sharding = ExpertSharding::zero3;
-    else if (E < W) schedule.shard_r = r, schedule.partitions = released_ ? schedule.partitions : 1;  // the release pipelines sharded experts too
-    return build_moe_iteration(in, plans, schedule);
+    if (r == 0) {  // data parallel: every GPU gathers every expert (ZeRO-3)
+      plan.schedule = zero_schedule(3);
+    } else if (E < W) {  // sharded experts; the release pipelines them too
+      plan.schedule = sharded_schedule(r, released_ ? current_.degree : 1);
+    } else if (current_.degree > 1) {
+      // Pipelined, the released linear all-to-all sends each part as E slices, one ncclSend per
+      // expert: ΔE = E/W messages to each peer (microsoft/tutel 82af7aa, tutel/custom/custom_kernel.cpp
+      // nccl_all_to_all_scatter_async / _gather_async, num_slices_per_split = E; tutel/impls/
+      // communicate.py AllToAllScatterAsync). Unpipelined it is one all_to_all_single: one message.
+      Pipelining p;
+      p.partitions = current_.degree;
+      if (E > W && current_.all_to_all == "linear") p.messages_per_peer = E / W;
+      plan.schedule = pipelined_schedule(p);
+    }
+    return plan;
   }
 
   void observe(const TaskGraph&, const Timing& timing) override {

@@ -1,6 +1,6 @@
 // Tutel (Hwang et al.; shared/papers/tutel.md): adaptive pipelining's online strategy search
 // (Algorithm 2, §2.3). The policy is in tutel.cpp; the pipelined layer is built by
-// moe_iteration.cpp (ScheduleOptions::partitions with no compressor).
+// schedule/pipelined.cpp (no compressor) and schedule/sharded.cpp.
 #pragma once
 #include <map>
 #include <string>

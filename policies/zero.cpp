@@ -18,12 +18,11 @@ class Zero final : public Policy {
     validate_expert_placement(cluster, model, spec);  // the optimizer shards E/G experts' states per GPU
   }
 
-  TaskGraph build_iteration(const IterationInput& in) override {
-    std::vector<LayerPlan> plans;
-    for (const auto& R : in.routing) plans.push_back({R, {}});
-    ScheduleOptions schedule;
-    schedule.sharding = stage_ == 3 ? ExpertSharding::zero3 : ExpertSharding::zero2;
-    return build_moe_iteration(in, plans, schedule);
+  IterationPlan plan(const IterationInput& in) override {
+    IterationPlan plan;
+    for (const auto& R : in.routing) plan.layers.push_back({R, {}});
+    plan.schedule = zero_schedule(stage_);
+    return plan;
   }
 
  private:

@@ -121,7 +121,7 @@ TEST_CASE("the builder reports each layer's balance degree and load spread of th
   auto stats = [&](std::vector<Replica> replicas) {
     PolicyReport report;
     spec::PolicySpec ps;
-    build_moe_iteration({cluster, model, gpu, ps, routing, report}, {{R, std::move(replicas)}}, {});
+    build_moe_iteration({cluster, model, gpu, ps, routing, report}, IterationPlan({{R, std::move(replicas)}}));
     REQUIRE(report.load_stddev.size() == 1);
     REQUIRE(report.load_max_mean.size() == 1);
     return std::pair{report.load_stddev[0], report.load_max_mean[0]};

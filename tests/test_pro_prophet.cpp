@@ -266,11 +266,11 @@ TEST_CASE("the block-wise schedule hides Trans and Agg") {
     PolicyReport report;
     std::vector<RoutingMatrix> routing;
     for (const auto& p : plans) routing.push_back(p.routing);
-    ScheduleOptions s;
-    s.replicas = mode;
-    s.trans_under_dense = int(std::floor(pm.fnec / trans_time(pm, 1, 0)));
-    s.agg_under_dense = int(std::floor(pm.bnec / agg_time(pm, 1, 0)));
-    const auto g = build_moe_iteration({cluster, model, gpu, ps, routing, report}, plans, s);
+    IterationPlan plan(plans);
+    plan.replicas.timing = mode;
+    plan.replicas.trans_under_dense = int(std::floor(pm.fnec / trans_time(pm, 1, 0)));
+    plan.replicas.agg_under_dense = int(std::floor(pm.bnec / agg_time(pm, 1, 0)));
+    const auto g = build_moe_iteration({cluster, model, gpu, ps, routing, report}, plan);
     CHECK(expert_slots(g) == std::make_pair(4L * 16 * tokens * 2, 4L * 16 * tokens * 2));
     return sim.execute(g).makespan();
   };

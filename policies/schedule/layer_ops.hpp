@@ -1,0 +1,103 @@
+// The primitives a layer schedule composes, offered by the iteration builder (moe_iteration.cpp):
+// the layer's exchange as an all-to-all, a GPU's expert work on some sources' tokens, collectives
+// and computes on the graph, and the replica transfers the plan's ReplicaSchedule puts under a
+// layer's experts. A schedule sees one MoE layer at a time, after ready() on every rank.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cost_model.hpp"
+#include "moe_iteration.hpp"
+
+namespace moesim {
+
+/// The backward GEMMs of forward GEMMs C[m×n] = A[m×k]·B[k×n]: dA = dC·Bᵀ (m×k, inner n) and
+/// dB = Aᵀ·dC (k×n, inner m), reading B and A where the forward left them (transposed).
+std::vector<Gemm> backward_gemms(const std::vector<Gemm>& forward);
+
+class LayerOps {
+ public:
+  LayerOps(const IterationInput& in, const IterationPlan& plan);
+  TaskGraph build();  // the iteration's skeleton around the layers (moe_iteration.cpp)
+
+  // --- what a schedule reads
+  int gpus() const { return gpus_; }
+  int experts() const { return experts_; }
+  const MoeModel& model() const { return in_.model; }
+  const RoutingMatrix& routing(int l) const { return plan_.layers[std::size_t(l)].routing; }
+  const std::vector<OpId>& ready() const { return ready_; }  // each rank's last op before the layer
+  const std::vector<int>& everyone() const { return everyone_; }
+  double token_bytes() const { return token_bytes_; }
+  double expert_bytes() const { return expert_bytes_; }  // one expert's parameters
+  /// "L{l}.{fwd|bwd}.{what}", the label of a layer's op.
+  static std::string label(int l, Pass pass, const std::string& what);
+
+  // --- what a schedule adds
+  OpId collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps = {});
+  OpId compute(int rank, std::string label, Compute c, std::vector<OpId> deps = {});
+  /// One marker op where ops meet, so that the next ops' dependencies stay short.
+  OpId join(std::string label, std::vector<OpId> deps);
+  /// Layer l's all-to-all: each source's token-slots to the GPU computing them or, transposed,
+  /// back; with `step` ≥ 0, the smart schedule's step between groups of `group_size`
+  /// (CollectiveBytes::group_step). Shared by the forward and the backward: gradients move along
+  /// the forward's routes.
+  Collective exchange(int l, bool transpose, int step = -1, int group_size = 0);
+  /// Token-slots GPU src sends GPU dst through layer l's all-to-all, [src · G + dst].
+  std::vector<double> exchanged(int l) const;
+  /// GPU `rank`'s expert op for the tokens of sources [from, to) (with parts > 1, part `part` of
+  /// each count): one GEMM pair per expert, after the broadcasts of the replicas it computes with.
+  OpId expert_op(int l, int rank, const std::string& label, int from, int to, Pass pass, std::vector<OpId> deps,
+                 int part = 0, int parts = 1);
+  /// The replica transfers the plan's ReplicaSchedule puts under layer l's experts (block-wise:
+  /// the next layer's SubTrans1, or the later layer's SubAgg2).
+  void under_experts(int l, Pass pass);
+  /// A gradient reduction the dense all-reduce waits for (ZeRO's, Tutel's reduce-scatters).
+  void add_gradient_reduce(OpId id) { reduces_.push_back(id); }
+
+ private:
+  int owner(int l, int e) const { return plan_owner(plan_.layers[std::size_t(l)], e, gpus_); }
+  int target(int l, int s, int e) const;
+  std::string all_reduce_algorithm(const std::vector<int>& group, double bytes) const;
+  std::vector<int> group_of(int l, const Replica& rep, std::size_t from = 0, std::size_t to = SIZE_MAX) const;
+  void broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps = {}, int limit = -1);
+  void broadcast_late(int l);
+  void regather_replicas(int l);
+  std::optional<OpId> copy_arrival(int l, int rank, int e, Pass pass) const;
+  void reduce_replicas(int l, Stream stream, int limit = -1);
+  void exchange_counts(int l);
+  std::vector<Gemm> codec_gemms(int l, int r) const;
+  Compute expert_work(int l, int rank, int from, int to, Pass pass, std::vector<OpId>& deps, std::vector<int>& copies,
+                      int part, int parts);
+  std::vector<Gemm> repeated_expert_gemms(const std::map<long, std::uint64_t>& count_of_size) const;
+
+  const IterationInput& in_;
+  const IterationPlan& plan_;
+  const LayerSchedule& schedule_;
+  const ExpertPlacement placement_;
+  const ReplicaOptions& replicas_;
+  const CostModel cost_;
+  int gpus_, experts_;
+  TaskGraph graph_;
+  std::vector<int> everyone_;
+  std::vector<OpId> ready_;
+  std::shared_ptr<const std::vector<std::int32_t>> peers_;  // exchange_counts()' shared pair matrix
+  std::vector<std::vector<int>> target_;  // per layer: [source · E + expert] -> GPU, or [expert] when
+                                          // no replica makes it depend on the source (target())
+  ExpertLoads computes_;                  // per layer, per GPU: the experts it computes, in order
+  std::vector<std::map<int, OpId>> bcast_;                  // per layer: expert -> its broadcast
+  std::map<std::pair<int, int>, OpId> late_bcast_;          // (layer, expert) -> its calibration broadcast
+  std::map<std::pair<int, int>, OpId> regather_;            // (layer, expert) -> its re-materialization
+  std::map<std::pair<int, int>, std::vector<OpId>> users_;  // (layer, expert) -> bwd ops on its copies
+  std::vector<int> trans_sent_, agg_sent_;  // per layer: replicas whose broadcast / reduce is added
+  std::vector<OpId> reduces_;
+  std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, step) -> bytes
+  std::string a2a_, ar_;
+  double token_bytes_ = 0, scores_bytes_ = 0, permute_bytes_ = 0, expert_bytes_ = 0;
+};
+
+}  // namespace moesim
