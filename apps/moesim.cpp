@@ -256,6 +256,11 @@ int main(int argc, char** argv) {
                   "Override a spec field, e.g. --set cluster.nodes=4 --set model.top_k=1 "
                   "--set gating.zipf.exponent=1.2 (repeatable)");
   run->add_flag("--quiet,-q", quiet, "No progress on stderr");
+  {
+    std::string policies = "\nPolicies (policy.name; policies/policies.def):\n";
+    for (const auto& p : policy_names()) policies += fmt::format("  {:<20} {}\n", p, policy_summary(p));
+    run->footer(policies);
+  }
   unsigned seeds = 0;
   run->add_option("--seeds", seeds,
                   "Run everything with N seeds (the spec's seed, +1, ...): times and paper values as mean and 95% "
@@ -704,7 +709,7 @@ int main(int argc, char** argv) {
     if (*algos) {
       for (const auto* a : collective_algorithms())
         fmt::print("{:<15} {:<8} {}\n", collective_type_name(a->type), a->name, a->summary);
-      for (const auto& p : policy_names()) fmt::print("{:<15} {}\n", "policy", p);
+      for (const auto& p : policy_names()) fmt::print("{:<15} {:<20} {}\n", "policy", p, policy_summary(p));
       return 0;
     }
   } catch (const InputError& e) {

@@ -6,13 +6,13 @@
 
 #include "errors.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 namespace {
 
 class ExpertParallel final : public Policy {
  public:
-  std::string name() const override { return "ep"; }
 
   IterationPlan plan(const IterationInput& in) override {
     IterationPlan plan;

@@ -16,6 +16,7 @@
 #include "errors.hpp"
 #include "gating.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 
@@ -161,9 +162,7 @@ enum class Config { paper, released };
 
 class FasterMoe final : public Policy {
  public:
-  FasterMoe(std::string name, bool shadow, bool smart, Config config = Config::paper)
-      : name_(std::move(name)), shadow_(shadow), smart_(smart), config_(config) {}
-  std::string name() const override { return name_; }
+  FasterMoe(bool shadow, bool smart, Config config) : shadow_(shadow), smart_(smart), config_(config) {}
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
@@ -238,7 +237,6 @@ class FasterMoe final : public Policy {
     return c.node_uplink_bandwidth() / (c.gpus_per_node() * w_local) * T * in.model.top_k();
   }
 
-  std::string name_;
   bool shadow_, smart_;
   Config config_;
   std::optional<CostModel> cost_;
@@ -246,11 +244,8 @@ class FasterMoe final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_fastermoe() { return std::make_unique<FasterMoe>("fastermoe", true, true); }
-std::unique_ptr<Policy> make_fastermoe_shadow() { return std::make_unique<FasterMoe>("fastermoe-shadow", true, false); }
-std::unique_ptr<Policy> make_fastermoe_smart() { return std::make_unique<FasterMoe>("fastermoe-smart", false, true); }
-std::unique_ptr<Policy> make_fastermoe_released() {
-  return std::make_unique<FasterMoe>("fastermoe-released", false, false, Config::released);
+std::unique_ptr<Policy> make_fastermoe(const FasterMoeOptions& o) {
+  return std::make_unique<FasterMoe>(o.shadow, o.smart, o.released ? Config::released : Config::paper);
 }
 
 }  // namespace moesim

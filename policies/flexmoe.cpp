@@ -18,13 +18,13 @@
 
 #include "errors.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 namespace {
 
 class FlexMoe final : public Policy {
  public:
-  std::string name() const override { return "flexmoe"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);

@@ -44,6 +44,7 @@
 #include "errors.hpp"
 #include "memory_model.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 
@@ -231,7 +232,6 @@ namespace {
 
 class Hecate final : public Policy {
  public:
-  std::string name() const override { return "hecate"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);

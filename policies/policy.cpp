@@ -5,52 +5,20 @@
 #include "collectives/collectives.hpp"
 #include "errors.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
-
-std::unique_ptr<Policy> make_expert_parallel();
-std::unique_ptr<Policy> make_fastermoe();
-std::unique_ptr<Policy> make_fastermoe_shadow();
-std::unique_ptr<Policy> make_fastermoe_smart();
-std::unique_ptr<Policy> make_fastermoe_released();
-std::unique_ptr<Policy> make_schemoe_released();
-std::unique_ptr<Policy> make_tutel_released();
-std::unique_ptr<Policy> make_zero2();
-std::unique_ptr<Policy> make_zero3();
-std::unique_ptr<Policy> make_pro_prophet();
-std::unique_ptr<Policy> make_pro_prophet_planner();
-std::unique_ptr<Policy> make_replicate_top2();
-std::unique_ptr<Policy> make_replicate_top3();
-std::unique_ptr<Policy> make_schemoe();
-std::unique_ptr<Policy> make_tutel();
-std::unique_ptr<Policy> make_smartmoe();
-std::unique_ptr<Policy> make_flexmoe();
-std::unique_ptr<Policy> make_hecate();
 
 namespace {
 struct Entry {
   const char* name;
   std::unique_ptr<Policy> (*make)();
+  const char* summary;
 };
 const Entry kPolicies[] = {
-    {"ep", make_expert_parallel},
-    {"fastermoe", make_fastermoe},
-    {"fastermoe-shadow", make_fastermoe_shadow},
-    {"fastermoe-smart", make_fastermoe_smart},
-    {"fastermoe-released", make_fastermoe_released},
-    {"zero2", make_zero2},
-    {"zero3", make_zero3},
-    {"pro-prophet", make_pro_prophet},
-    {"pro-prophet-planner", make_pro_prophet_planner},
-    {"replicate-top2", make_replicate_top2},
-    {"replicate-top3", make_replicate_top3},
-    {"schemoe", make_schemoe},
-    {"schemoe-released", make_schemoe_released},
-    {"tutel", make_tutel},
-    {"tutel-released", make_tutel_released},
-    {"smartmoe", make_smartmoe},
-    {"flexmoe", make_flexmoe},
-    {"hecate", make_hecate},
+#define POLICY(NAME, MAKE, SUMMARY) {NAME, [] { return MAKE; }, SUMMARY},
+#include "policies.def"
+#undef POLICY
 };
 }  // namespace
 
@@ -65,6 +33,12 @@ void Policy::validate(const Cluster& cluster, const MoeModel& model, const spec:
   validate_expert_placement(cluster, model, spec);
 }
 
+std::string policy_summary(const std::string& name) {
+  for (const auto& e : kPolicies)
+    if (name == e.name) return e.summary;
+  return {};
+}
+
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;
   for (const auto& e : kPolicies) names.push_back(e.name);
@@ -74,7 +48,11 @@ std::vector<std::string> policy_names() {
 std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec) {
   const std::string name = spec.name().empty() ? "ep" : spec.name();
   for (const auto& e : kPolicies)
-    if (name == e.name) return e.make();
+    if (name == e.name) {
+      auto policy = e.make();
+      policy->name_ = e.name;
+      return policy;
+    }
   std::string known;
   for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
   throw FieldError("policy.name", "unknown policy '" + name + "'; known: " + known);

@@ -54,7 +54,8 @@ struct IterationInput {
 class Policy {
  public:
   virtual ~Policy() = default;
-  virtual std::string name() const = 0;
+  /// The registered name (policies.def), which results and errors use.
+  const std::string& name() const { return name_; }
   /// Rejects a model/cluster/spec combination the policy cannot run, before any work starts
   /// (FieldError with the field path in the experiment spec). By default: what every E/G-per-GPU
   /// placement needs (validate_expert_placement()).
@@ -65,6 +66,10 @@ class Policy {
   TaskGraph build_iteration(const IterationInput& in);
   /// Called with each iteration's graph and timing (for policies that adapt).
   virtual void observe(const TaskGraph&, const Timing&) {}
+
+ private:
+  friend std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec);
+  std::string name_;
 };
 
 /// A uint32 count of iterations (an interval, a period) as an int: past INT_MAX, like any count past
@@ -74,6 +79,8 @@ inline int iterations_as_int(std::uint32_t v) { return int(std::min<std::uint32_
 /// The policy named in `spec.name` (FieldError "policy.name" listing the known ones otherwise).
 std::unique_ptr<Policy> make_policy(const spec::PolicySpec& spec);
 std::vector<std::string> policy_names();
+/// The one-line summary policies.def gives a policy ("" for an unknown name).
+std::string policy_summary(const std::string& name);
 
 /// Checks what every E/G-per-GPU placement needs: E a multiple of G, known collective algorithms.
 void validate_expert_placement(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec);

@@ -41,6 +41,7 @@
 #include <optional>
 
 #include "errors.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 
@@ -277,8 +278,7 @@ namespace {
 // and runs as plain EP (no replica). `plan_every` > 1 keeps a plan for that many iterations.
 class ProProphet final : public Policy {
  public:
-  ProProphet(std::string name, bool scheduler) : name_(std::move(name)), scheduler_(scheduler) {}
-  std::string name() const override { return name_; }
+  explicit ProProphet(bool scheduler) : scheduler_(scheduler) {}
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
@@ -346,7 +346,6 @@ class ProProphet final : public Policy {
     return m;
   }
 
-  std::string name_;
   bool scheduler_;
   std::optional<CostModel> cost_;
   ProphetModel model_;
@@ -361,7 +360,6 @@ class ProProphet final : public Policy {
 class ReplicateTop final : public Policy {
  public:
   explicit ReplicateTop(int k) : k_(k) {}
-  std::string name() const override { return fmt::format("replicate-top{}", k_); }
   IterationPlan plan(const IterationInput& in) override {
     std::vector<LayerPlan> plans;
     for (const auto& R : in.routing) {
@@ -382,9 +380,7 @@ class ReplicateTop final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_pro_prophet() { return std::make_unique<ProProphet>("pro-prophet", true); }
-std::unique_ptr<Policy> make_pro_prophet_planner() { return std::make_unique<ProProphet>("pro-prophet-planner", false); }
-std::unique_ptr<Policy> make_replicate_top2() { return std::make_unique<ReplicateTop>(2); }
-std::unique_ptr<Policy> make_replicate_top3() { return std::make_unique<ReplicateTop>(3); }
+std::unique_ptr<Policy> make_pro_prophet(const ProProphetOptions& o) { return std::make_unique<ProProphet>(o.scheduler); }
+std::unique_ptr<Policy> make_replicate_top(int k) { return std::make_unique<ReplicateTop>(k); }
 
 }  // namespace moesim

@@ -11,6 +11,7 @@
 
 #include "errors.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 
@@ -123,7 +124,6 @@ namespace {
 class Schemoe final : public Policy {
  public:
   explicit Schemoe(bool released) : released_(released) {}
-  std::string name() const override { return released_ ? "schemoe-released" : "schemoe"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
@@ -155,7 +155,6 @@ class Schemoe final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_schemoe() { return std::make_unique<Schemoe>(false); }
-std::unique_ptr<Policy> make_schemoe_released() { return std::make_unique<Schemoe>(true); }
+std::unique_ptr<Policy> make_schemoe(Code code) { return std::make_unique<Schemoe>(code == Code::released); }
 
 }  // namespace moesim

@@ -17,6 +17,7 @@
 
 #include "errors.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 #include "smartmoe.hpp"
 
 namespace moesim {
@@ -47,7 +48,6 @@ namespace {
 
 class SmartMoe final : public Policy {
  public:
-  std::string name() const override { return "smartmoe"; }
 
   IterationPlan plan(const IterationInput& in) override {
     const int G = in.cluster.num_gpus(), E = in.model.experts();

@@ -20,6 +20,7 @@
 #include "errors.hpp"
 #include "gate.hpp"
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 
@@ -112,7 +113,6 @@ namespace {
 class Tutel final : public Policy {
  public:
   explicit Tutel(bool released) : released_(released) {}
-  std::string name() const override { return released_ ? "tutel-released" : "tutel"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     const auto& t = spec.tutel();
@@ -134,6 +134,14 @@ class Tutel final : public Policy {
       if (r < 0 || (r > 0 && s % r != 0))
         throw FieldError("policy.tutel.parallel_r", fmt::format("r is 0 (data parallel) or a divisor of W/E = {}", s));
     }
+    // A plan names one layer schedule: a degree that the chosen schedule would ignore is refused.
+    if (t.degree() > 1 && t.has_parallel_r() && t.parallel_r() == 0)
+      throw FieldError("policy.tutel.degree", "parallel_r: 0 is data parallelism (every GPU gathers every expert, no "
+                                              "all-to-all to pipeline); leave degree out or choose r >= 1");
+    if (t.degree() > 1 && E < W && !released_)
+      throw FieldError("policy.tutel.degree", fmt::format("with fewer experts than GPUs ({} < {}) tutel shards each expert "
+                                                          "(Tutel §3.2), a layer it does not pipeline; leave degree out, or use "
+                                                          "policy tutel-released, which pipelines sharded experts", E, W));
     for (const auto& s : space(t)) {
       if (s.degree < 1 || s.degree > 64)
         throw FieldError(t.degree() ? "policy.tutel.degree" : "policy.tutel.degrees", "pipelining degrees are 1 to 64");
@@ -223,7 +231,6 @@ class Tutel final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_tutel() { return std::make_unique<Tutel>(false); }
-std::unique_ptr<Policy> make_tutel_released() { return std::make_unique<Tutel>(true); }
+std::unique_ptr<Policy> make_tutel(Code code) { return std::make_unique<Tutel>(code == Code::released); }
 
 }  // namespace moesim

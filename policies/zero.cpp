@@ -5,6 +5,7 @@
 // moe_iteration.hpp ExpertSharding). Expert gradients are never all-reduced: ZeRO reduce-scatters
 // them; the dense parameters are all-reduced as in every other policy.
 #include "moe_iteration.hpp"
+#include "policy_factories.hpp"
 
 namespace moesim {
 namespace {
@@ -12,7 +13,6 @@ namespace {
 class Zero final : public Policy {
  public:
   explicit Zero(int stage) : stage_(stage) {}
-  std::string name() const override { return stage_ == 3 ? "zero3" : "zero2"; }
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);  // the optimizer shards E/G experts' states per GPU
@@ -31,7 +31,6 @@ class Zero final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_zero2() { return std::make_unique<Zero>(2); }
-std::unique_ptr<Policy> make_zero3() { return std::make_unique<Zero>(3); }
+std::unique_ptr<Policy> make_zero(int stage) { return std::make_unique<Zero>(stage); }
 
 }  // namespace moesim

@@ -200,3 +200,18 @@ TEST_CASE("every op of every policy has a known name, and docs/timeline.md expla
     CHECK_THAT(doc, Catch::Matchers::Contains("| `" + name + "` | " + phase_name(phase) + " |"));
   }
 }
+
+TEST_CASE("policies.def: every row constructs a policy of its name with a summary, and an unknown name lists them") {
+  const auto names = policy_names();
+  REQUIRE(names.size() >= 2);
+  for (const auto& name : names) {
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    CHECK(make_policy(ps)->name() == name);
+    CHECK(policy_summary(name).size() > 20);
+    CHECK(std::count(names.begin(), names.end(), name) == 1);
+  }
+  spec::PolicySpec unknown;
+  unknown.set_name("no-such-policy");
+  CHECK_THROWS_WITH(make_policy(unknown), Catch::Contains("policy.name") && Catch::Contains(names.back()));
+}

@@ -265,3 +265,24 @@ TEST_CASE("tutel-released pipelines sharded experts: d parts, the slices gathere
   CHECK(count["L0.bwd.expert_allgather"] == 0);
   CHECK(count["L0.bwd.expert_reduce_scatter"] == 8);
 }
+
+TEST_CASE("a tutel spec asking for two layer schedules that do not compose is refused, naming the field") {
+  // A plan names one schedule: data parallelism (r = 0) has no all-to-all to pipeline, and the
+  // paper's policy does not pipeline sharded experts, so a static degree would be ignored.
+  for (const auto& [sets, refused] : std::vector<std::pair<std::vector<std::string>, bool>>{
+           {{"policy.name=tutel", "policy.tutel.degree=2", "policy.tutel.parallel_r=0"}, true},
+           {{"model.experts=4", "policy.name=tutel", "policy.tutel.degree=2"}, true},
+           {{"model.experts=4", "policy.name=tutel-released", "policy.tutel.degree=2", "policy.tutel.parallel_r=2"}, false},
+           {{"model.experts=4", "policy.name=tutel", "policy.tutel.degree=1"}, false}}) {
+    // Loading the spec validates it (exit 2 from the command line, before any work).
+    auto check = [&] {
+      const Layer t(sets);
+      const spec::PolicySpec ps = t.ex.spec.policy();
+      make_policy(ps)->validate(t.cluster, t.model, ps);
+    };
+    if (refused)
+      CHECK_THROWS_WITH(check(), Catch::Contains("policy.tutel.degree"));
+    else
+      CHECK_NOTHROW(check());
+  }
+}

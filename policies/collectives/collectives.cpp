@@ -5,21 +5,16 @@
 
 namespace moesim {
 
-extern const CollectiveAlgorithm linear_alltoall;
-extern const CollectiveAlgorithm two_dh_alltoall;
-extern const CollectiveAlgorithm pipe_alltoall;
-extern const CollectiveAlgorithm one_dh_alltoall;
-extern const CollectiveAlgorithm ring_allreduce;
-extern const CollectiveAlgorithm tree_allreduce;
-extern const CollectiveAlgorithm ring_broadcast;
-extern const CollectiveAlgorithm ring_reduce;
-extern const CollectiveAlgorithm ring_allgather;
-extern const CollectiveAlgorithm ring_reduce_scatter;
+#define COLLECTIVE(ALGORITHM) extern const CollectiveAlgorithm ALGORITHM;
+#include "collectives/collectives.def"
+#undef COLLECTIVE
 
 const std::vector<const CollectiveAlgorithm*>& collective_algorithms() {
   static const std::vector<const CollectiveAlgorithm*> all = {
-      &linear_alltoall, &two_dh_alltoall, &pipe_alltoall, &one_dh_alltoall,    &ring_allreduce, &tree_allreduce,
-      &ring_broadcast,  &ring_reduce,     &ring_allgather, &ring_reduce_scatter};
+#define COLLECTIVE(ALGORITHM) &ALGORITHM,
+#include "collectives/collectives.def"
+#undef COLLECTIVE
+  };
   return all;
 }
 
@@ -43,7 +38,8 @@ Lowering lower(const Collective& c, const Cluster& cluster) {
 }
 
 Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
-  if (c.type == CollectiveType::all_to_all && c.algorithm == linear_alltoall.name) return lower_linear_alltoall_unlisted(c, cluster);
+  const auto* a = find_collective_algorithm(c.type, c.algorithm);
+  if (a && a->lower_unlisted) return a->lower_unlisted(c, cluster);
   return lower(c, cluster);
 }
 

@@ -52,6 +52,9 @@ struct CollectiveAlgorithm {
   const char* summary;
   /// The steps on `cluster` (its nodes and NCCL's send/recv concurrency matter to some algorithms).
   Lowering (*lower)(const Collective&, const Cluster&);
+  /// Optional: the same steps with a step between every pair of the group unlisted
+  /// (Step::all_pairs), for lower_unlisted(); null: lower() is used.
+  Lowering (*lower_unlisted)(const Collective&, const Cluster&) = nullptr;
 };
 
 /// Every algorithm moesim knows.
@@ -67,8 +70,6 @@ Lowering lower(const Collective& c, const Cluster& cluster);
 /// for a backend that needs only what crosses each link (the SimGrid backend's aggregated steps):
 /// at a thousand GPUs, a million transfers fewer to list per all-to-all.
 Lowering lower_unlisted(const Collective& c, const Cluster& cluster);
-/// The linear all-to-all's step unlisted, for lower_unlisted() (linear_alltoall.cpp).
-Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& cluster);
 
 /// nccl-tests' bus bandwidth over algorithm bandwidth (its doc/PERFORMANCE.md): the factor that makes
 /// a collective's bandwidth comparable with the links' speed whatever the rank count: all-reduce

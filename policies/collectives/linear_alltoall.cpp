@@ -16,8 +16,6 @@ Lowering lower_linear_alltoall(const Collective& c, const Cluster& cluster) {
   return one_step(std::move(step));
 }
 
-}  // namespace
-
 // The same step unlisted (lower_unlisted()): the rounds d = (j − i) mod n that send something, read
 // in the matrix's storage order, and no further once every round does.
 Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& cluster) {
@@ -36,8 +34,10 @@ Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& clus
   return one_step(std::move(step));
 }
 
+}  // namespace
+
 extern const CollectiveAlgorithm linear_alltoall = {
     "linear", CollectiveType::all_to_all, "n-1 send/recv rounds, p2p_peers at a time (NCCL grouped send/recv)",
-    lower_linear_alltoall};
+    lower_linear_alltoall, lower_linear_alltoall_unlisted};
 
 }  // namespace moesim
