@@ -22,7 +22,7 @@ nlohmann::json breakdown_json(const Breakdown& b) {
   return j;
 }
 
-// The load spread a policy leaves (one definition, README "Outputs"): per layer, the most
+// The load spread a policy leaves (one definition, docs/timeline.md): per layer, the most
 // token-slots a GPU computes over the mean; its mean and max over the layers. {0, 0}: not reported.
 std::pair<double, double> load_spread(const RunResult& r) {
   const auto per_layer = r.mean_load_max_mean();
@@ -450,7 +450,7 @@ std::string comparison_table(const Experiment& ex, const ExperimentResult& resul
     }
   }
   if (std::any_of(result.runs.begin(), result.runs.end(), [&](const RunResult& r) { return !fits(ex, r); }))
-    out += fmt::format("\n  OOM: needs more than the {:.0f} GiB of one {} (memory model: README, Memory)\n",
+    out += fmt::format("\n  OOM: needs more than the {:.0f} GiB of one {} (memory model: docs/model.md, Memory)\n",
                        ex.cluster_spec.gpu().memory_gib(), ex.cluster_spec.gpu().model());
   return out + "\n" + phase_table(result);
 }

@@ -13,7 +13,7 @@
 //
 // A policy changes where this work runs, never its result: the outputs, input gradients and the
 // owners' expert gradients must equal reference_layer()'s (one thread, no distribution) within
-// floating-point tolerance (ARCHITECTURE.md §4). The gate's own backward is left out (no policy
+// floating-point tolerance (docs/architecture.md §4). The gate's own backward is left out (no policy
 // changes it); the routing of the policy's plan must be the gate's (a gate policy that reroutes
 // tokens changes the model by design and is refused).
 #pragma once

@@ -1,5 +1,5 @@
 // The cost model: the policies' belief about how long things take, before running them
-// (shared/design/ARCHITECTURE.md §3). FasterMoE's performance model (fastermoe.md §1):
+// (docs/architecture.md §3). FasterMoE's performance model (docs/spec/fastermoe.md §1):
 //   compute  Lat_comp = max over workers of the time of its expert GEMMs (load-aware, Eq. 1), from
 //            the platform's GEMM-efficiency curve or, as FasterMoE does, 90% of peak;
 //   network  Lat_comm = max over directed links l of T_l / W_l (Eq. 2), with every message's bytes
@@ -31,7 +31,7 @@ struct CostOptions {
   bool fastermoe_90_percent = false;  // GEMMs at 90% of peak instead of the efficiency curve
 };
 
-/// DDL-Roofline quantities of one MoE layer (fastermoe.md §1.6, Eqs. 3-6).
+/// DDL-Roofline quantities of one MoE layer (docs/spec/fastermoe.md §1.6, Eqs. 3-6).
 struct Roofline {
   double lat_comp = 0;   // one forward pass of the expert GEMMs, slowest worker
   double lat_comm = 0;   // one all-to-all

@@ -1,5 +1,5 @@
-// FasterMoE (He et al., PPoPP'22; shared/papers/fastermoe.md) as a policy: dynamic shadowing
-// (§4.1, Algorithm 1), the smart schedule (§4.2, built by moe_iteration.cpp) and the
+// FasterMoE (He et al., PPoPP'22; docs/spec/fastermoe.md) as a policy: dynamic shadowing
+// (§4.1, Algorithm 1), the smart schedule (§4.2, schedule/smart.cpp) and the
 // congestion-avoiding topology-aware gate (§4.3). Symbols follow the paper: B_w tokens processed on
 // worker w, T_iw tokens from worker i to w, H = d_model, α·H = d_ffn, P GEMM throughput, W_net the
 // network bandwidth.
@@ -39,7 +39,7 @@ double network_bandwidth(const Cluster& c) {
 ///   Lat_imbl   = max_w { 3·comp(B_w)  + 4·A_w·H/W_net }                         (Eq. 7, r = 0)
 ///   Lat_shadow = max_w { 3·comp(B'_w) + 4·A'_w·H/W_net } + 2r·2αH²/W_net        (Eq. 8)
 /// comp(·) is the cost model's forward expert time, A_w the tokens worker w still receives through
-/// the all-to-all. Two choices where the paper is unclear (fastermoe.md §2.2-2.4):
+/// the all-to-all. Two choices where the paper is unclear (docs/spec/fastermoe.md §2.2-2.4):
 ///  - Eq. 8 as printed drops the all-to-all term of the tokens left unshadowed; without it
 ///    shadowing always wins once B > αH, even under a uniform load, which the paper says it does
 ///    not do. The term stays, as in Eq. 7.
@@ -95,7 +95,7 @@ std::vector<int> dynamic_shadowing(const CostModel& cost, const MoeModel& model,
 /// The loads B: the gathered [rank, expert] counts summed per expert (per_expert, what the loop is
 /// written for), or, as shipped, with .sum(1): per rank, so B has one entry per rank and the "expert"
 /// shadowed at step i is the one numbered like the i-th rank in that order. Under top-k gating every
-/// rank's sum is the same and nothing is shadowed (shared/notes/fidelity-diagnosis.md §3).
+/// rank's sum is the same and nothing is shadowed (docs/spec/fidelity-diagnosis.md §3).
 /// tests/data/fastermoe-released-policy.tsv holds the released function's own decisions
 /// (tools/fastermoe_released_policy.py); tests/test_fastermoe.cpp checks this one against every row.
 std::vector<int> released_shadowing(double d, const RoutingMatrix& R, ReleasedCounting counting,

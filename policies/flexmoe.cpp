@@ -1,4 +1,4 @@
-// FlexMoE-style replication, one of Hecate's baselines (hecate.md §2 table, §14): expert
+// FlexMoE-style replication, one of Hecate's baselines (docs/spec/hecate.md §2 table, §14): expert
 // parallelism plus persistent copies of hot experts in reserved memory slots. Copies are full
 // replicas with their optimizer states, so nothing is broadcast per iteration; their gradients are
 // all-reduced among the copies after each layer's backward (ReplicaOptions::persistent).

@@ -1,7 +1,7 @@
 // The gate's capacity (GShard, Tutel, DeepSpeed-MoE): each GPU sends at most C tokens to an expert.
 //   C = ceil(k · f · T / E)     T tokens per GPU, E experts, k top-k, f the capacity factor
 //   f > 0   fixed;  f = 0  dropless (C = the largest need);  f < 0  the smallest f that drops
-//   nothing, capped at −f (Tutel's convention, tutel.md §4.2);  unset: dropless.
+//   nothing, capped at −f (Tutel's convention, docs/spec/tutel.md §4.2);  unset: dropless.
 // Tokens over capacity are dropped (they skip the expert, the residual carries them). Which tokens
 // go — the last by position (GShard) or the lowest gate scores (Megatron `probs`) — does not change
 // the counts the simulator sees; it matters to a backend that moves real tokens.

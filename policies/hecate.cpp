@@ -1,10 +1,10 @@
-// Hecate's FSSDP as a policy ("hecate"; hecate.md §2-7). Read with hecate.hpp.
+// Hecate's FSSDP as a policy ("hecate"; docs/spec/hecate.md §2-7). Read with hecate.hpp.
 //
 // Per iteration and layer: F, the load of each expert predicted as the mean of the last w = 5
 // iterations' (nothing is materialized before there is one); t = ⌊T_non-MoE · bw / expert_size⌋,
 // the experts whose parameters the interconnect moves during the layer's attention forward
 // (T_non-MoE: the attention's GEMMs and its memory-bound softmax, dropout and norms, as the graph
-// runs them; bw: the node's inter-node bandwidth, all its NICs, as hecate.md §10.2 derives t for
+// runs them; bw: the node's inter-node bandwidth, all its NICs, as docs/spec/hecate.md §10.2 derives t for
 // clusters A and B (12.5 and 50 GB/s); a single node: a GPU's fastest route); m, the experts that
 // fit in a GPU's memory beyond its shards' state and the activations of a mean load, per layer
 // (without re-materialization every layer's copies stay until its backward, so the free memory is
@@ -25,7 +25,7 @@
 // and kept only when the cost model (policies/cost_model.hpp) estimates the layer with them plus
 // their broadcasts faster than without.
 //
-// Chosen where the paper is silent (hecate.md §13): Algorithm 2 uses Algorithm 1's F (the 5-
+// Chosen where the paper is silent (docs/spec/hecate.md §13): Algorithm 2 uses Algorithm 1's F (the 5-
 // iteration mean), node and GPU loads per layer, and fills the top-t experts' slots in layer
 // order, each to the GPU with the most free slots; owners are not relabelled to minimise moves.
 // The calibration's m is what the fullest GPU has left (m minus its predicted copies), its t the
@@ -169,7 +169,7 @@ std::vector<std::vector<int>> heterogeneous_shard(const std::vector<std::vector<
 
 namespace {
 
-// The per-iteration estimate of one layer under a plan (the calibration's, hecate.md §4.4): the
+// The per-iteration estimate of one layer under a plan (the calibration's, docs/spec/hecate.md §4.4): the
 // slowest GPU's experts forward and backward (3×) and four all-to-alls (FasterMoE's Lat_e2e).
 double layer_estimate(const LayerPlan& plan, const MoeModel& model, const CostModel& cost) {
   const Cluster& cluster = cost.cluster();

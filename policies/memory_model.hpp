@@ -1,7 +1,7 @@
 // The memory a GPU needs for one training iteration, by what holds it. One model for every policy:
 // the iteration builder counts what each GPU owns and what it materializes, this file prices it.
 //
-//   state per parameter (hecate.md §2, §14): the compute dtype's parameters and gradients, and
+//   state per parameter (docs/spec/hecate.md §2, §14): the compute dtype's parameters and gradients, and
 //     Adam's states: with fp16/bf16 an fp32 master copy, m and v (12 B: "optimizer states ≥ 6× the
 //     parameter size"); with fp32, m and v (8 B).
 //   activations kept for the backward, per layer and token (Korthikanti et al. 2022, "Reducing

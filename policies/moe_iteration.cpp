@@ -250,7 +250,7 @@ void LayerOps::broadcast_replicas(int l, Stream stream, const std::vector<OpId>&
           {CollectiveType::broadcast, group_of(l, reps[std::size_t(i)], 0, early(reps[std::size_t(i)])), {expert_bytes_}, "ring"}, deps);
 }
 
-// Hecate's calibration (hecate.md §4.4): the copies decided from the gate's real counts, sent
+// Hecate's calibration (docs/spec/hecate.md §4.4): the copies decided from the gate's real counts, sent
 // after the gate on the comm stream, before the dispatch: on the critical path.
 void LayerOps::broadcast_late(int l) {
   for (const auto& rep : plan_.layers[std::size_t(l)].replicas)
@@ -260,7 +260,7 @@ void LayerOps::broadcast_late(int l) {
           {CollectiveType::broadcast, group_of(l, rep, early(rep)), {expert_bytes_}, "ring"}, ready_);
 }
 
-// Re-materialization (hecate.md §6): layer l's copies gathered again for its backward (a second
+// Re-materialization (docs/spec/hecate.md §6): layer l's copies gathered again for its backward (a second
 // spAG to every holder), on the comm stream after the spRS of layer l + 1.
 void LayerOps::regather_replicas(int l) {
   for (const auto& rep : plan_.layers[std::size_t(l)].replicas)
@@ -346,7 +346,7 @@ OpId LayerOps::join(std::string label, std::vector<OpId> deps) {
                                std::move(deps));
 }
 
-// Fairseq's dense encode (or decode) on rank r (tutel.md §4.4): einsum "TEC,TM->ECM" over the
+// Fairseq's dense encode (or decode) on rank r (docs/spec/tutel.md §4.4): einsum "TEC,TM->ECM" over the
 // one-hot dispatch mask, a GEMM of (E·C) × M × T with C the rank's padded capacity per expert.
 // Tutel's sparse kernels are memory-bound only (permute_bytes_): no GEMM.
 std::vector<Gemm> LayerOps::codec_gemms(int l, int r) const {

@@ -31,7 +31,7 @@ namespace moesim {
 
 /// Copies of one expert for one iteration, on `holders` (GPUs other than its owner). The last
 /// `late` holders get theirs after the layer's gate, on the critical path (Hecate's calibration,
-/// hecate.md §4.4); the others as the ReplicaSchedule says.
+/// docs/spec/hecate.md §4.4); the others as the ReplicaSchedule says.
 struct Replica {
   int expert = 0;
   std::vector<int> holders;
@@ -63,7 +63,7 @@ struct LayerPlan {
 enum class ExpertSharding { owner, zero2, zero3 };
 /// Where replicas' parameter broadcasts (Pro-Prophet's Trans) and gradient reduces (Agg) go.
 enum class ReplicaSchedule : std::uint8_t {
-  /// Hecate's FSSDP (hecate.md §2.4): layer l's broadcasts (spAG) start with its attention, on the
+  /// Hecate's FSSDP (docs/spec/hecate.md §2.4): layer l's broadcasts (spAG) start with its attention, on the
   /// comm stream, from a placement predicted before the gate; its reduces (spRS) after its
   /// backward exchange, under the attention backward.
   under_attention,

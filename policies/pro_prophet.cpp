@@ -1,4 +1,4 @@
-// Pro-Prophet (Wang et al.; shared/papers/pro-prophet.md) as a policy: the lightweight expert
+// Pro-Prophet (Wang et al.; docs/spec/pro-prophet.md) as a policy: the lightweight expert
 // placement (Trans / Agg, §1.2), its performance model (Eqs. 1-8, §1.3), the locality-based greedy
 // search (Algorithm 1, §2) and the block-wise scheduler (Algorithm 2, §3, built by
 // moe_iteration.cpp as ReplicaSchedule::block_wise). Symbols follow the paper: D devices, E experts,
@@ -120,7 +120,7 @@ bool balanced(const std::vector<double>& H, double alpha) {
   return balanced_spread(*hi, *lo, std::accumulate(H.begin(), H.end(), 0.0), H.size(), alpha);
 }
 
-/// Algorithm 1 (reconstructed, pro-prophet.md §2.2): from the no-replica baseline, repeatedly take
+/// Algorithm 1 (reconstructed, docs/spec/pro-prophet.md §2.2): from the no-replica baseline, repeatedly take
 /// the heaviest device's heaviest unselected expert (greedy rule 1), send it to every device but
 /// the n with the fewest inputs for it (rule 2, BottomK), re-assign the inputs, score the prefix with
 /// Eq. 6 or 8, and keep the best prefix. Stops when Eq. 7 holds (balanced) or when the heaviest

@@ -1,6 +1,6 @@
-// ScheMoE (Shi et al., EuroSys '24; shared/papers/schemoe.md): the 7-task layer model, OptSche's
+// ScheMoE (Shi et al., EuroSys '24; docs/spec/schemoe.md): the 7-task layer model, OptSche's
 // optimal order and its makespan, and the compressors. The policy itself is in schemoe.cpp; the
-// ops are built by moe_iteration.cpp (schedule/pipelined.cpp).
+// ops are built by schedule/pipelined.cpp.
 #pragma once
 #include <array>
 #include <string>

@@ -1,4 +1,4 @@
-// SmartMoE-style expert rearrangement, one of Hecate's baselines (hecate.md §2 table, §14):
+// SmartMoE-style expert rearrangement, one of Hecate's baselines (docs/spec/hecate.md §2 table, §14):
 // expert parallelism whose placement is redone every N iterations (default 25) from the loads of
 // the iterations since the last rearrangement, keeping E/G experts on each GPU. The new placement
 // pairs hot experts with cold ones: experts in decreasing load, each to the GPU with the least

@@ -1,4 +1,4 @@
-// The TaskGraph: the contract between policies and backends (shared/design/ARCHITECTURE.md §3).
+// The TaskGraph: the contract between policies and backends (docs/architecture.md §3).
 // A DAG of ops for one iteration. Each op runs on a rank's stream; ops on one stream run in the
 // order they were added (as on a CUDA stream), ops on different streams may overlap. A backend
 // executes the graph and returns a Timing: start and end of every op.

@@ -1,6 +1,6 @@
 // Tutel's adaptive pipelining as a policy: plain expert placement; each MoE layer's all-to-all /
 // experts / all-to-all split along the capacity dimension into d parts (all-to-alls on the comm
-// stream, experts on the compute stream, tutel.md §2.2), with the all-to-all algorithm of the
+// stream, experts on the compute stream, docs/spec/tutel.md §2.2), with the all-to-all algorithm of the
 // strategy. Static (`policy.tutel.degree`, `.all_to_all`) or adaptive: Algorithm 2 times one
 // strategy per real iteration from the backend's measured step time (observe()) and keeps, per
 // capacity-factor bucket, the best.

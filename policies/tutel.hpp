@@ -1,4 +1,4 @@
-// Tutel (Hwang et al.; shared/papers/tutel.md): adaptive pipelining's online strategy search
+// Tutel (Hwang et al.; docs/spec/tutel.md): adaptive pipelining's online strategy search
 // (Algorithm 2, §2.3). The policy is in tutel.cpp; the pipelined layer is built by
 // schedule/pipelined.cpp (no compressor) and schedule/sharded.cpp.
 #pragma once
@@ -40,7 +40,7 @@ class StrategySearch {
   std::map<double, int> bucket_of_;                       // known f -> bucket index
 };
 
-/// Tutel's adaptive parallelism (tutel.md §1.4, the released code's `r`): with E experts on W GPUs
+/// Tutel's adaptive parallelism (docs/spec/tutel.md §1.4, the released code's `r`): with E experts on W GPUs
 /// and E < W, each expert is sharded over s = W/E GPUs (ZeRO-style slices, the same for every r,
 /// so switching moves no parameter). r = 0 is data parallelism (every GPU gathers every expert,
 /// no all-to-all); r ≥ 1, a divisor of s, repeats the dispatch tensor r times and gathers each

@@ -1,5 +1,5 @@
 // ZeRO data parallelism for the expert weights (DeepSpeed; FasterMoE's and Pro-Prophet's baseline,
-// fastermoe.md §5.3: "ZeRO runs over a single-worker FastMoE with all 16 experts on each GPU"):
+// docs/spec/fastermoe.md §5.3: "ZeRO runs over a single-worker FastMoE with all 16 experts on each GPU"):
 // every GPU computes every expert on its own tokens, so there is no all-to-all, and the experts'
 // parameters, gradients and optimizer states are sharded ZeRO-style (stage 2 or 3, see
 // moe_iteration.hpp ExpertSharding). Expert gradients are never all-reduced: ZeRO reduce-scatters

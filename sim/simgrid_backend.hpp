@@ -1,6 +1,6 @@
 // The SimGrid backend: builds the cluster as SimGrid zones and executes a TaskGraph on it.
 //
-// How ops map to SimGrid (shared/notes/simgrid-probe.md; README "How the simulator models time"):
+// How ops map to SimGrid (docs/spec/simgrid-probe.md; docs/model.md):
 // - host model ptask_L07: every activity is a SimGrid parallel task sharing links fairly (CM02/LV08
 //   share by route latency, pitfall P4), and one model serves both forms of a collective below;
 // - GPUs are hosts; a compute op is an Exec on its GPU whose duration comes from the GPU model

@@ -1,4 +1,4 @@
-// The synthetic gating generator (shared/notes/gating-traces.md §6): its samplers, the invariants
+// The synthetic gating generator (docs/spec/gating-traces.md §6): its samplers, the invariants
 // of every matrix (rows of n·k, no cell above n), determinism, the presets' statistics against
 // the notes' table, the drift, the phases and the hot-spot knob, and preset resolution.
 #include <catch2/catch.hpp>

@@ -234,7 +234,7 @@ TEST_CASE("hecate: re-sharding every N iterations keeps one owner per expert and
   CHECK(moved > 0);
 }
 
-// ---- Re-materialization (hecate.md §6) ---------------------------------------------------------
+// ---- Re-materialization (docs/spec/hecate.md §6) ---------------------------------------------------------
 
 namespace {
 
@@ -326,7 +326,7 @@ TEST_CASE("hecate: re-materialization holds one layer's copies, lowering the pea
   CHECK(waiting > 0);
 }
 
-// ---- Calibration (hecate.md §4.4) -------------------------------------------------------------
+// ---- Calibration (docs/spec/hecate.md §4.4) -------------------------------------------------------------
 
 TEST_CASE("hecate: calibration adds the real hot expert's copies after the gate only when they pay") {
   const test::SmallSetup t;  // 16 GPUs on 2 nodes, 32 experts

@@ -13,7 +13,7 @@ using namespace moesim;
 
 namespace {
 
-spec::ModelSpec gpt_moe_s() {  // hecate.md §11: d_model 768, d_ffn 1536, 64 experts, top-2
+spec::ModelSpec gpt_moe_s() {  // docs/spec/hecate.md §11: d_model 768, d_ffn 1536, 64 experts, top-2
   return test::model_spec(12, 768, 1536, 64, 2, 1024, 4096, 12);
 }
 

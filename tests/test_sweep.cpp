@@ -153,7 +153,7 @@ TEST_CASE("sweep: killed with SIGKILL then resumed or sharded then merged it equ
     o.figures = {"speedup"};
     o.out = dir + "/plots";
     CHECK(fs::file_size(plot({dir + "/full.db"}, o).at(0)) > 1000);
-    // Without -o, a database named from its own folder (the README's example): figures beside it.
+    // Without -o, a database named from its own folder (docs/sweeps.md's example): figures beside it.
     REQUIRE(test::run_command("cd " + dir + " && " + bin + " plot full.db --figure speedup", out) == 0);
     CHECK(fs::file_size(dir + "/speedup.pdf") > 1000);
   }

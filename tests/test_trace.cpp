@@ -284,7 +284,7 @@ TEST_CASE("the real trace's stable phase matches the notes' measured statistics"
   spec::TraceRecord rec;
   while (r.next(rec)) stats.add(rec);
   const auto j = stats.json()["overall"];
-  // shared/notes/gating-traces.md §3: max/mean 12-15, top-1 share 0.417, cos(lag 10) 0.9995,
+  // docs/spec/gating-traces.md §3: max/mean 12-15, top-1 share 0.417, cos(lag 10) 0.9995,
   // Gini 0.826, 5 experts with no token, GPU-level max/mean 7.0 on 16 GPUs.
   CHECK(j["max_mean"].get<double>() >= 12);
   CHECK(j["max_mean"].get<double>() <= 15);

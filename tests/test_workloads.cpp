@@ -56,7 +56,7 @@ TEST_CASE("the language-model ends: an output GEMM over the vocabulary, one or t
 }
 
 TEST_CASE("the attention's memory-bound bytes: scores softmax and dropout, norms, residuals") {
-  // Hecate's GPT-MoE-S (hecate.md §10.2): d 768, 2 sequences of 2048 tokens, 12 heads, fp16.
+  // Hecate's GPT-MoE-S (docs/spec/hecate.md §10.2): d 768, 2 sequences of 2048 tokens, 12 heads, fp16.
   const MoeModel m(test::model_spec(12, 768, 1536, 64, 2, 2048, 4096, 12));
   // h·(t/s)·s²·(4b+1) = 12·2·2048²·9 and t·d·(10b+2) = 4096·768·22.
   CHECK(m.dense_forward_memory_bytes() == 905969664.0 + 69206016.0);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a gating trace (moesim's CSV) in which every GPU routes its tokens alike.
 
-One source row per iteration; replayed on G GPUs, every GPU replays it (README, "Replay onto a
+One source row per iteration; replayed on G GPUs, every GPU replays it (docs/gating.md, "Replay onto a
 cluster"), so every message to an expert has the same size. Each row is the expected routing of
 `tokens` tokens, top-k, under Zipf(s) popularity over a seeded permutation of the experts (s = 0:
 uniform), rounded by largest remainder so that it sums to tokens * k.

@@ -1,4 +1,4 @@
-// The seeded synthetic gating generator of shared/notes/gating-traces.md §6. Per layer and
+// The seeded synthetic gating generator of docs/spec/gating-traces.md §6. Per layer and
 // iteration t, source s sends its n·k token-slots to expert e with probability
 //
 //   p[s][e] = softmax_e( scale(t) · (growth(t) · mu[e] + d_t[e] + eps[t][s][e] + delta[s][e]) )
@@ -46,7 +46,7 @@ const Preset kPresets[] = {
     {"naive", {.sigma_pop = 2.2, .dead_fraction = 0.15, .sigma_slow = 0.2, .tau = 1500, .sigma_fast = 0.08, .sigma_src = 0.01}},
     {"aux", {.sigma_pop = 0.27, .sigma_slow = 0.15, .tau = 300, .sigma_fast = 0.05, .sigma_src = 0.05}},
     {"concentrated", {.sigma_pop = 0.62, .sigma_slow = 0.15, .tau = 300, .sigma_fast = 0.05, .sigma_src = 0.05}},
-    // Pro-Prophet's runs (pro-prophet.md §4, Fig. 3): sigma_pop fitted by `moesim trace fit
+    // Pro-Prophet's runs (docs/spec/pro-prophet.md §4, Fig. 3): sigma_pop fitted by `moesim trace fit
     // pro-prophet` (fit_preset below) so that in two thirds of the layers the 3 hottest of 16 experts
     // take over half of the tokens; no dead experts (the paper's 3 coldest hold "less than 5%", not
     // none); the drift and noise of `naive` (no balance loss is stated).
@@ -359,7 +359,7 @@ GeneratorParams resolve_generator(const spec::GeneratorSpec& spec) {
 
 namespace {
 
-// Pro-Prophet Fig. 3 (pro-prophet.md §4): "In most MoE layers, the three heaviest experts hold over
+// Pro-Prophet Fig. 3 (docs/spec/pro-prophet.md §4): "In most MoE layers, the three heaviest experts hold over
 // 50% of inputs, while the three least less than 5%", on a model of 12 MoE layers x 16 experts, one
 // per device. Measured here on 600 layers (50 such models, one iteration each) of 16 sources of 1,024
 // tokens (Pro-Prophet's tokens per GPU), top-1: "most layers" read as two thirds, so the statistic is
@@ -397,7 +397,7 @@ PresetFit fit_preset(const std::string& name) {
   fit.statistic =
       "lower tercile over layers of the 3 hottest of 16 experts' share of tokens (\"in most MoE layers, the three heaviest "
       "experts hold over 50% of inputs\")";
-  fit.source = "pro-prophet.md §4, Fig. 3";
+  fit.source = "docs/spec/pro-prophet.md §4, Fig. 3";
   fit.target = 0.50;
   fit.table_sigma_pop = p.sigma_pop;
   const Fig3 table = pro_prophet_fig3(p);

@@ -1,4 +1,4 @@
-// The seeded synthetic gating generator (shared/notes/gating-traces.md §6): log-normal (or Zipf)
+// The seeded synthetic gating generator (docs/spec/gating-traces.md §6): log-normal (or Zipf)
 // base popularity per layer, dead experts, slow OU drift, fast noise, per-source offsets, warm-up
 // and transient phases, rare regime switches, the hot-spot knob, and multinomial sampling with the
 // top-k per-token cap so that rows sum exactly to tokens × k. Portable: same seed, same trace, on

@@ -1,5 +1,5 @@
 // Statistics of gating: how skewed the expert load is, how fast it drifts, how alike the sources
-// are. The measures of shared/notes/gating-traces.md §3, so a trace (real, generated or rescaled)
+// are. The measures of docs/spec/gating-traces.md §3, so a trace (real, generated or rescaled)
 // can be compared with the notes' table.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// NCCL-style linear all-to-all(v) (tutel.md §3.1, Algorithm 1): every rank posts a send to and a
+// NCCL-style linear all-to-all(v) (docs/spec/tutel.md §3.1, Algorithm 1): every rank posts a send to and a
 // receive from every other rank inside one ncclGroupStart/End. NCCL runs them as rotating pairs,
 // round d = 1..n−1 sending to rank + d, `p2p_peers` rounds in flight at a time: n−1 messages per
 // rank and a chain of ⌈(n−1)/p2p_peers⌉ rounds per channel, each paying a route latency. Small

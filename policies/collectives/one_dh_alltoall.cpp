@@ -1,4 +1,4 @@
-// HetuMoE's one-dimensional hierarchical all-to-all (schemoe.md §4, "1DH-A2A"), for whole nodes (else
+// HetuMoE's one-dimensional hierarchical all-to-all (docs/spec/schemoe.md §4, "1DH-A2A"), for whole nodes (else
 // linear): every GPU sends its whole input to its node's leader (local GPU 0), the leader regroups
 // it, the leaders exchange per-node aggregates, regroup, and scatter to their GPUs. One message per
 // node pair, but everything funnels through one GPU per node (and the leader holds m inputs: the

@@ -1,10 +1,10 @@
-// ScheMoE's Pipe-A2A (schemoe.md §4): the same messages as linear (S/n per peer, no aggregation, no
+// ScheMoE's Pipe-A2A (docs/spec/schemoe.md §4): the same messages as linear (S/n per peer, no aggregation, no
 // extra hop), split by interconnect: the intra-node send/recv pairs on one communicator and stream,
 // the inter-node ones on another, running concurrently. Each communicator has its own NCCL
 // channels, so each lane keeps `p2p_peers` rounds in flight, and intra-node traffic (PCIe /
 // NVLink) no longer waits in the same rounds as the network's: t = max(t_intra, t_inter) (Eq. 16)
 // where linear interleaves them. A Collective with `lane` set is that lane alone (the released code's
-// lanes are separate streams: moe_iteration.cpp runs each as its own op).
+// lanes are separate streams: schedule/pipelined.cpp runs each as its own op).
 #include "collectives/collectives.hpp"
 
 namespace moesim {

@@ -1,5 +1,5 @@
 // Ring all-reduce of S bytes over n ranks: reduce-scatter then all-gather, 2(n−1) rounds in which
-// each rank sends a chunk to its ring successor (fastermoe.md §1.3: every ring edge carries
+// each rank sends a chunk to its ring successor (docs/spec/fastermoe.md §1.3: every ring edge carries
 // 2(n−1)/n·S). NCCL runs C rings at once (its channels, rings()), each on an even share S/C of the
 // buffer and crossing between nodes through its own NIC. The rounds are one pipelined step
 // (rounds = 2(n−1)), so the model pays the bandwidth term and one route latency, not 2(n−1).

@@ -1,4 +1,4 @@
-// Ring broadcast and ring reduce of S bytes over n ranks, pipelined (fastermoe.md §1.3: "also ring
+// Ring broadcast and ring reduce of S bytes over n ranks, pipelined (docs/spec/fastermoe.md §1.3: "also ring
 // + pipeline, but each link carries a total of S"). The broadcast runs down a chain from the root
 // group[0] (rings(..., rooted): the ring cut at the root, each node left and entered once); the
 // reduce runs the same chain backwards into the root. NCCL splits the buffer over its C channels,

@@ -1,4 +1,4 @@
-// Tutel's two-dimensional hierarchical all-to-all (tutel.md §3.3, Algorithm 3), for a group of whole
+// Tutel's two-dimensional hierarchical all-to-all (docs/spec/tutel.md §3.3, Algorithm 3), for a group of whole
 // nodes in rank order (anything else is lowered as linear):
 //   1. stride copy: chunks with the same local destination become contiguous blocks;
 //   2. intra-node all-to-all: block g goes to local GPU g (NVLink / NVSwitch / PCIe);

@@ -7,7 +7,7 @@
     recorder.close()
 
 Each rank writes run/gating.rank{R}.trace; `moesim trace import run/gating.rank*.trace -o run.trace`
-merges them into one trace that `moesim run` replays (README, "Recording a PyTorch run").
+merges them into one trace that `moesim run` replays (docs/gating.md, "Recording a PyTorch run").
 """
 from .recorder import GateOutputError, Recorder, topk_indices
 

@@ -1,5 +1,5 @@
 // libFuzzer target for the trace reader: any bytes must give records or an InputError, never a
-// crash, a hang or a leak. Built with clang when MOESIM_FUZZ=ON (see README, "Fuzzing").
+// crash, a hang or a leak. Built with clang when MOESIM_FUZZ=ON (see docs/untrusted-input.md).
 #include <cstdint>
 #include <memory>
 #include <sstream>

@@ -1,0 +1,113 @@
+// SimBackend, the platform: the SimGrid engine (one per process) and the cluster built as zones,
+// a Full zone per node with the GPUs as hosts and explicit routes, the fabric between the nodes.
+#include "sim_impl.hpp"
+
+namespace moesim {
+
+namespace {
+
+bool g_engine_created = false;
+
+std::vector<sg4::LinkInRoute> to_links(const Route& route, const std::vector<sg4::Link*>& links, bool reverse) {
+  std::vector<sg4::LinkInRoute> out;
+  for (const auto& hop : route) {
+    const bool up = hop.forward != reverse;
+    out.emplace_back(links[hop.link], up ? Dir::UP : Dir::DOWN);
+  }
+  if (reverse) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+SimBackend::Impl::Impl(const Cluster& c, const GpuModel& g, SimOptions o) : cluster(c), gpu(g), options(o) {
+  if (g_engine_created) throw std::logic_error("SimBackend: SimGrid allows one engine per process");
+  g_engine_created = true;
+  int argc = 3;
+  const char* argv[] = {"moesim", "--cfg=host/model:ptask_L07", "--log=root.thres:critical", nullptr};
+  engine = std::make_unique<sg4::Engine>(&argc, const_cast<char**>(argv));
+  hosts.resize(cluster.num_gpus());
+  node_links.resize(cluster.nodes());
+  nic_links.resize(cluster.nodes());
+  if (cluster.nodes() > 1) ports.resize(cluster.nodes());
+  tabulate();
+  auto* world = sg4::create_full_zone("world");
+  build_platform(world);
+  if (options.aggregate) build_groups(world);
+  world->seal();
+  sg4::Activity::on_completion_cb([this](const sg4::Activity& a) { completed(a); });
+  sg4::Exec::on_start_cb([this](const sg4::Exec& e) { started(e); });
+  alone.resize(hosts.size());
+  loading.assign(hosts.size(), 0);
+}
+
+// One node: a Full zone with the GPUs as hosts, the node's links, explicit routes between GPUs
+// and, when there is a fabric, from each GPU through its NIC to the node's gateway.
+std::pair<NetPoint*, NetPoint*> SimBackend::Impl::build_node(const sg4::NetZone* parent, bool fabric, int n) {
+  const std::string prefix = fmt::format("n{}", n);
+  auto* zone = sg4::create_full_zone(prefix);
+  zone->set_parent(parent);
+  const int g = cluster.gpus_per_node();
+  for (int i = 0; i < g; ++i)
+    hosts[n * g + i] = zone->create_host(fmt::format("{}-gpu{}", prefix, i), gpu.peak_flops())->seal();
+  auto& links = node_links[std::size_t(n)];
+  for (const auto& l : cluster.node_links())
+    links.push_back(zone->create_split_duplex_link(prefix + "-" + l.name, l.bandwidth)->set_latency(l.latency)->seal());
+  for (int i = 0; i < g; ++i)
+    for (int j = 0; j < g; ++j)
+      if (i != j)
+        zone->add_route(hosts[n * g + i]->get_netpoint(), hosts[n * g + j]->get_netpoint(), nullptr, nullptr,
+                        to_links(cluster.intra_route(i, j), links, false), false);
+  NetPoint* gateway = nullptr;
+  if (fabric) {
+    gateway = zone->create_router(prefix + "-gw");
+    auto& nics = nic_links[std::size_t(n)];
+    for (const auto& nic : cluster.nics())
+      nics.push_back(
+          zone->create_split_duplex_link(prefix + "-" + nic.name, nic.bandwidth)->set_latency(nic.latency)->seal());
+    // The node's port: port -> gateway is a link that never binds, whose latency is that of the
+    // longest GPU -> NIC route, so that port -> port costs the latency of a full GPU -> GPU route
+    // (an aggregated task's latency, aggregated_task()); it also gives the fabric's routes.
+    ports[n] = zone->create_host(prefix + "-port", 1.0)->seal();
+    double nic_latency = 0;
+    for (int i = 0; i < g; ++i)
+      nic_latency = std::max(nic_latency, cluster.route_latency(cluster.nic_route(i)) + cluster.nics()[cluster.nic_of(i)].latency);
+    auto* port_link = zone->create_split_duplex_link(prefix + "-port", 1e18)->set_latency(nic_latency)->seal();
+    zone->add_route(ports[n]->get_netpoint(), gateway, nullptr, nullptr, {{port_link, Dir::UP}}, false);
+    zone->add_route(gateway, ports[n]->get_netpoint(), nullptr, nullptr, {{port_link, Dir::DOWN}}, false);
+    // Each GPU reaches the gateway through its route to its NIC, then the NIC.
+    for (int i = 0; i < g; ++i) {
+      auto up = to_links(cluster.nic_route(i), links, false);
+      up.emplace_back(nics[cluster.nic_of(i)], Dir::UP);
+      auto down = to_links(cluster.nic_route(i), links, true);
+      down.insert(down.begin(), sg4::LinkInRoute(nics[cluster.nic_of(i)], Dir::DOWN));
+      zone->add_route(hosts[n * g + i]->get_netpoint(), gateway, nullptr, nullptr, up, false);
+      zone->add_route(gateway, hosts[n * g + i]->get_netpoint(), nullptr, nullptr, down, false);
+    }
+  }
+  zone->seal();
+  return {zone->get_netpoint(), gateway};
+}
+
+void SimBackend::Impl::build_platform(sg4::NetZone* world) {
+  if (cluster.nodes() == 1) {
+    build_node(world, false, 0);
+    return;
+  }
+  // Fat-tree of nodes; each node's uplink carries its aggregate NIC bandwidth (probe pitfall P3).
+  const auto& f = cluster.spec().fabric();
+  const unsigned nodes = unsigned(cluster.nodes());
+  const sg4::FatTreeParams params =
+      nodes <= f.nodes_per_leaf()
+          ? sg4::FatTreeParams(1, {nodes}, {1}, {1})
+          : sg4::FatTreeParams(2, {f.nodes_per_leaf(), nodes / f.nodes_per_leaf()}, {1, f.spines()}, {1, 1});
+  auto node_cb = [this](sg4::NetZone* parent, const std::vector<unsigned long>&, unsigned long id) {
+    return build_node(parent, true, int(id));
+  };
+  sg4::create_fatTree_zone("fabric", world, params, sg4::ClusterCallbacks(node_cb),
+                           cluster.node_uplink_bandwidth(), f.latency_us() * 1e-6,
+                           sg4::Link::SharingPolicy::SPLITDUPLEX)
+      ->seal();
+}
+
+}  // namespace moesim

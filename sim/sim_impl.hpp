@@ -1,0 +1,168 @@
+// SimBackend's implementation (simgrid_backend.hpp), one struct whose parts live in a file each,
+// by role:
+//   platform.cpp     the engine and the cluster as SimGrid zones: hosts, links, routes
+//   link_shares.cpp  the groups an aggregated collective step loads (a link and direction each,
+//                    in zones of their own) and a step's bytes measured per group
+//   step_tasks.cpp   an op as SimGrid activities: a step as a few parallel tasks (or one flow per
+//                    transfer), a compute as an exec, its entry and exit markers
+//   executor.cpp     a TaskGraph run: ops issued as their predecessors end, lone computes as timers
+// Only sim/ includes SimGrid.
+#pragma once
+#include "simgrid_backend.hpp"
+
+#include <fmt/format.h>
+#include <simgrid/kernel/Timer.hpp>
+#include <simgrid/s4u.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <iterator>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+
+#include "collectives/collectives.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace moesim {
+
+using NetPoint = simgrid::kernel::routing::NetPoint;
+using Dir = sg4::LinkInRoute::Direction;
+
+struct SimBackend::Impl {
+  const Cluster& cluster;
+  const GpuModel& gpu;
+  SimOptions options;
+  std::unique_ptr<sg4::Engine> engine;
+  std::vector<sg4::Host*> hosts;  // by rank
+  std::vector<sg4::Host*> ports;  // by node: a host at the node's uplink (see build_node)
+  std::vector<std::vector<sg4::Link*>> node_links, nic_links;  // by node, then cluster link / NIC index
+  // Aggregated collective steps (aggregated_tasks()): each (link, direction) an aggregated task may
+  // load is a group, the route between a pair of hosts of its share's own zone ("agg<share>") that
+  // crosses that one link. Node groups are numbered node by node, the fabric's after them.
+  struct Groups {
+    std::vector<std::array<int, 2>> link;  // by node link: the node's group per direction (backward,
+                                           // forward), -1 when left out (link_needed())
+    std::vector<std::array<int, 2>> nic;   // by NIC: (down, up)
+    std::vector<std::pair<int, int>> of_node;  // a node's groups: (link index, or links + NIC index; direction)
+    int fabric = 0;                            // the first fabric group
+    std::vector<sg4::Link*> fabric_links;      // by fabric group
+    int nodes_per_leaf = 1;
+    std::vector<int> up, down;                 // by node: its fabric uplink's group, each way
+    std::vector<std::array<int, 2>> between;   // by (source leaf, destination node): the groups between the
+                                               // leaves' switches (-1: none)
+    std::vector<int> share;                    // by group: the step's share it belongs to (aggregated_tasks())
+    std::vector<sg4::Host*> hosts;             // the agg zones' hosts, share after share
+    std::vector<std::array<std::size_t, 2>> ends;  // by group: its route's two hosts (indices in `hosts`)
+    // The latency a step's tasks pay, that of its longest route, as a class: an index in
+    // `latencies`, the distinct route latencies SimGrid gives between two GPUs of a node
+    // (intra_class, by local source and destination) or two nodes' ports (inter_class, by fabric
+    // hops: 2 or 4). Each share's zone has a route of each class, over a link of its own.
+    std::vector<double> latencies;
+    std::vector<int> intra_class;
+    std::array<int, 5> inter_class{-1, -1, -1, -1, -1};
+    std::vector<std::vector<std::array<std::size_t, 2>>> latency_ends;  // by share, by class
+    std::size_t count() const { return std::size_t(fabric) + fabric_links.size(); }
+    int per_node() const { return int(of_node.size()); }
+  } groups;
+  std::vector<double> intra_latency;  // by (local source, local destination): the route's latency
+  std::vector<double> group_load;     // by group, for aggregated_tasks()
+  std::vector<std::vector<int>> share_groups;  // by share: its loaded groups, for aggregated_tasks()
+  std::vector<int> agg_index;                  // by agg host: its index in the task being built, or -1
+  // A step's bytes, gathered in one pass over its transfers (a step of an all-to-all has G² of
+  // them) for aggregated_task() and latency_bound(), in buffers kept from step to step.
+  struct StepBytes {
+    std::vector<double> intra;            // inside a node, by (source rank, local destination)
+    std::vector<double> out, in;          // between nodes, by source rank and by destination rank
+    std::vector<double> pairs;            // between nodes, by node pair
+    bool any_intra = false, any_inter = false;  // with bytes
+    bool crosses = false;                 // a transfer between nodes, even of no bytes
+    double nic_latency = 0;               // the longest route to its NIC (and the NIC) of a GPU that sends out
+    int intra_pair = -1;                  // the longest route inside a node: local source · g + local destination
+    int hops = 0;                         // the longest between nodes: fabric hops (2 or 4)
+  } step_bytes;
+  // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
+  // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
+  // of Cluster's accessors, done once: they were a fifth of a large step's cost).
+  std::vector<int> node_of_rank, local_of_rank;
+  std::vector<double> overhead_of_local, nic_latency_of_local, nic_bandwidth_of_local;
+  // measure(), but an unlisted step (an all-to-all's whole matrix) is measured once per execute()
+  // for each view of each matrix: a layer's forward and backward all-to-alls send the same bytes.
+  struct Measured {
+    CollectiveBytes bytes;  // held, so that its values outlive the entry
+    std::vector<int> group;
+    int rounds = 1, messages = 1;
+    StepBytes s;
+  };
+  std::deque<Measured> measured;  // this execute()'s
+  // Ops are issued when their predecessors have finished, not all at once: SimGrid keeps every
+  // started-or-vetoed activity of the maestro in one list that each completion walks
+  // (ExecImpl::post), so issuing a whole iteration up front made the run quadratic in its
+  // activities. An op's completion (its exit activity's) records its end, releases its
+  // activities (a collective step's byte matrix is G² doubles) and counts down its successors.
+  struct Run {
+    const TaskGraph* graph = nullptr;
+    std::vector<std::vector<OpId>> successors;
+    std::vector<int> waiting;                                // predecessors not finished, per op
+    std::vector<std::vector<sg4::ActivityPtr>> activities;   // per op, until it ends
+    std::unordered_map<const sg4::Activity*, OpId> exit_of;  // exit activity -> its op
+    Timing timing;                                           // absolute times until the end
+    std::vector<char> ended;
+    std::vector<sg4::ActivityPtr> deferred;                  // the last exit, released at the next
+  };
+  Run* run = nullptr;
+  // GPU compute that runs alone is not an activity of the solver. A compute op issued on a GPU
+  // that runs nothing else (no exec that computes: a compute or a collective's copy) ends
+  // `seconds` later whatever the network does, exactly as an exec alone on its host would; it is a
+  // SimGrid timer, which costs no variable in the fair-bottleneck system (re-solved whole at every
+  // event) and no update at each event. Should an exec start on that GPU while it runs, the op
+  // becomes an exec of its remaining flops at that instant (started()), and the two share the GPU
+  // as they would have from the start. At 1,024 GPUs an iteration's ~124,000 compute ops made
+  // ~1,000 variables live through its ~22,000 events.
+  struct Alone {
+    simgrid::kernel::timer::Timer* timer = nullptr;  // null: nothing runs alone on this GPU
+    OpId op = 0;
+    double end = 0;
+  };
+  std::vector<Alone> alone;                              // by rank
+  std::vector<int> loading;                              // by rank: execs that compute, running
+  std::unordered_map<const sg4::Activity*, int> loads;   // such an exec -> its rank, until it ends
+  // A step's start activity -> the gates of its min_seconds, each with its delay (issue()).
+  std::unordered_map<const sg4::Activity*, std::vector<std::pair<sg4::ExecPtr, double>>> floors;
+
+  // platform.cpp
+  Impl(const Cluster& c, const GpuModel& g, SimOptions o);
+  std::pair<NetPoint*, NetPoint*> build_node(const sg4::NetZone* parent, bool fabric, int n);
+  void build_platform(sg4::NetZone* world);
+
+  // link_shares.cpp
+  int fabric_hops(int a, int b) const;
+  std::vector<std::array<bool, 2>> links_needed() const;
+  void build_groups(const sg4::NetZone* world);
+  void tabulate();
+  const StepBytes& measure(const Step& step);
+  const StepBytes& measure_once(const Step& step);
+
+  // step_tasks.cpp
+  Transfer chain_route(const Step& step) const;
+  std::vector<sg4::ExecPtr> aggregated_tasks(const StepBytes& s);
+  sg4::ExecPtr transfer_task(const Transfer& t, double scale, bool probe = false, int messages = 1);
+  bool latency_bound(const Step& step, const StepBytes& s) const;
+  sg4::ExecPtr marker(int rank);
+  sg4::ExecPtr issue(const Op& op, std::vector<sg4::ActivityPtr>& all);
+
+  // executor.cpp
+  void issue_op(OpId id);
+  void alone_done(int rank);
+  void started(const sg4::Exec& e);
+  void completed(const sg4::Activity& a);
+  void op_done(OpId done);
+  Timing execute(const TaskGraph& graph);
+};
+
+}  // namespace moesim
