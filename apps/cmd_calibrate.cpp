@@ -41,10 +41,10 @@ int calibrate_gpu(Options o, const Invocation& invocation) {
 void add_calibrate(CLI::App& app, Commands& commands, const Invocation& invocation) {
   auto* cmd = app.add_subcommand(
       "calibrate",
-      "Measure the GEMM-efficiency curve of the spec's expert shapes and dtype and the memory bandwidth on a\n"
-      "hardware backend; write them as a GPU profile the simulator takes in place of the catalog's GPU:\n"
-      "  moesim calibrate --backend hw --out profile.textproto\n"
-      "  moesim run SPEC --set cluster.gpu_profile=profile.textproto");
+      R"(Measure the GEMM-efficiency curve of the spec's expert shapes and dtype and the memory bandwidth on a
+hardware backend; write them as a GPU profile the simulator takes in place of the catalog's GPU:
+  moesim calibrate --backend hw --out profile.textproto
+  moesim run SPEC --set cluster.gpu_profile=profile.textproto)");
   auto o = std::make_shared<Options>();
   cmd->add_option("spec", o->spec, "Experiment spec whose model is measured (default: the demo's)");
   cmd->add_option("--backend", o->calibrate.backend, "host (this CPU) or hw (GPU 0 through CUDA)")

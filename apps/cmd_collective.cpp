@@ -73,11 +73,11 @@ int run(const Options& o, const CLI::App& cmd) {
 void add_collective(CLI::App& app, Commands& commands) {
   auto* cmd = app.add_subcommand(
       "collective",
-      "Time each collective per algorithm, GPU count and size, with nccl-tests' algbw and busbw\n"
-      "  moesim collective --platform p4d-a100 --gpus 16 --sizes 256M              every collective, every algorithm\n"
-      "  moesim collective --collectives all_reduce --gpus 8,16,64 --sizes 1G     one collective\n"
-      "  moesim collective --gpus 16,64,256,1024 --sizes 1M,32M,256M --algorithms linear,2dh     Tutel §3.4\n"
-      "  moesim collective experiments/schemoe/fig9-alltoall.textproto             a sweep spec with a paper's claims");
+      R"(Time each collective per algorithm, GPU count and size, with nccl-tests' algbw and busbw
+  moesim collective --platform p4d-a100 --gpus 16 --sizes 256M              every collective, every algorithm
+  moesim collective --collectives all_reduce --gpus 8,16,64 --sizes 1G     one collective
+  moesim collective --gpus 16,64,256,1024 --sizes 1M,32M,256M --algorithms linear,2dh     Tutel §3.4
+  moesim collective experiments/schemoe/fig9-alltoall.textproto             a sweep spec with a paper's claims)");
   auto o = std::make_shared<Options>();
   cmd->add_option("spec", o->spec, "A sweep spec (CollectiveSweepSpec, e.g. experiments/tutel/alltoall-crossover.textproto); "
                                    "options given on the command line override it");

@@ -9,11 +9,11 @@ namespace moesim::cli {
 void add_compare(CLI::App& app, Commands& commands) {
   auto* compare = app.add_subcommand(
       "compare",
-      "Two runs side by side: iteration time, critical-path phases, op classes, the ops that differ most\n"
-      "  moesim run experiments/hw/moe-small.textproto --out sim-out\n"
-      "  moesim run experiments/hw/moe-small.textproto --backend hw --out gpu-out\n"
-      "  moesim compare sim-out gpu-out\n"
-      "  moesim compare moesim-out moesim-out --a-variant ep --b-variant hecate   two variants of one run");
+      R"(Two runs side by side: iteration time, critical-path phases, op classes, the ops that differ most
+  moesim run experiments/hw/moe-small.textproto --out sim-out
+  moesim run experiments/hw/moe-small.textproto --backend hw --out gpu-out
+  moesim compare sim-out gpu-out
+  moesim compare moesim-out moesim-out --a-variant ep --b-variant hecate   two variants of one run)");
   struct Options {
     std::string a, b;
     CompareOptions compare;

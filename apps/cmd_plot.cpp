@@ -9,13 +9,13 @@ namespace moesim::cli {
 void add_plot(CLI::App& app, Commands& commands) {
   auto* cmd = app.add_subcommand(
       "plot",
-      "Paper-style figures with gnuplot, one style for all (NAME.gp is kept beside NAME.pdf to restyle)\n"
-      "  moesim plot moesim-out                       every figure a results directory supports\n"
-      "  moesim plot res/fig23-16 res/fig23-64 res/fig23-256 --figure scaling --baseline fairseq\n"
-      "  moesim plot ../shared/traces/smartmoe-gpt-e32-k2-r16/trace.csv --figure heatmap --layer 3\n"
-      "Figures: speedup (bars over a baseline, grouped by GROUP/ in variant names or by summary),\n"
-      "breakdown (stacked critical path), scaling (time or speedup vs GPUs; also collective.json),\n"
-      "load (per-GPU computed tokens), heatmap (expert x iteration load), timeline (timeline.json)");
+      R"(Paper-style figures with gnuplot, one style for all (NAME.gp is kept beside NAME.pdf to restyle)
+  moesim plot moesim-out                       every figure a results directory supports
+  moesim plot res/fig23-16 res/fig23-64 res/fig23-256 --figure scaling --baseline fairseq
+  moesim plot ../shared/traces/smartmoe-gpt-e32-k2-r16/trace.csv --figure heatmap --layer 3
+Figures: speedup (bars over a baseline, grouped by GROUP/ in variant names or by summary),
+breakdown (stacked critical path), scaling (time or speedup vs GPUs; also collective.json),
+load (per-GPU computed tokens), heatmap (expert x iteration load), timeline (timeline.json))");
   struct Options {
     std::vector<std::string> inputs;
     PlotOptions plot;

@@ -10,10 +10,10 @@ namespace moesim::cli {
 void add_report(CLI::App& app, Commands& commands, const Invocation& invocation) {
   auto* cmd = app.add_subcommand(
       "report",
-      "The validation report: every experiment with a paper's numbers, paper vs simulated, pass/fail\n"
-      "  moesim report --run --exclude fig23-layer-2048     run what has no results yet, then write report/report.md\n"
-      "  moesim report --results results                    only read RESULTS/<name>/ (as `moesim run --out` wrote it)\n"
-      "  moesim report --only schemoe --run                 one paper's experiments");
+      R"(The validation report: every experiment with a paper's numbers, paper vs simulated, pass/fail
+  moesim report --run --exclude fig23-layer-2048     run what has no results yet, then write report/report.md
+  moesim report --results results                    only read RESULTS/<name>/ (as `moesim run --out` wrote it)
+  moesim report --only schemoe --run                 one paper's experiments)");
   struct Options {
     ReportOptions report;
     bool quiet = false;

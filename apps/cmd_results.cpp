@@ -44,8 +44,8 @@ void add_results(CLI::App& app, Commands& commands) {
     std::vector<std::string> inputs;
     bool csv = true, iterations = false;
   };
-  auto o = std::make_shared<Options>();
   auto* exp = results->add_subcommand("export", "Write a results.db as CSV (one row per point and variant)");
+  auto o = std::make_shared<Options>();
   exp->add_option("db", o->db, "The results database")->required();
   exp->add_flag("--csv", o->csv, "CSV (the only format; for the reader's clarity)");
   exp->add_flag("--iterations", o->iterations, "One row per iteration instead of per run");

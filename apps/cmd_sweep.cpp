@@ -49,12 +49,12 @@ int run(Options o, const Invocation& invocation) {
 void add_sweep(CLI::App& app, Commands& commands, const Invocation& invocation) {
   auto* cmd = app.add_subcommand(
       "sweep",
-      "Run an experiment at every point of a grid of overrides (SweepSpec), points in parallel, results in SQLite\n"
-      "  moesim sweep experiments/sweeps/policies-by-size.textproto             all points, --jobs = cores\n"
-      "  moesim sweep SPEC --resume                                           continue a killed sweep\n"
-      "  moesim sweep SPEC --shard 0/4 --db shard0.db                         one machine's quarter\n"
-      "  moesim sweep SPEC --emit-slurm --shards 16 > sweep.slurm             a Slurm job array of the shards\n"
-      "Then: moesim results export results.db --csv; moesim results merge all.db shard*.db; moesim plot results.db");
+      R"(Run an experiment at every point of a grid of overrides (SweepSpec), points in parallel, results in SQLite
+  moesim sweep experiments/sweeps/policies-by-size.textproto             all points, --jobs = cores
+  moesim sweep SPEC --resume                                           continue a killed sweep
+  moesim sweep SPEC --shard 0/4 --db shard0.db                         one machine's quarter
+  moesim sweep SPEC --emit-slurm --shards 16 > sweep.slurm             a Slurm job array of the shards
+Then: moesim results export results.db --csv; moesim results merge all.db shard*.db; moesim plot results.db)");
   auto o = std::make_shared<Options>();
   cmd->add_option("spec", o->spec, "The sweep spec (.textproto)")->required();
   cmd->add_option("--jobs,-j", o->sweep.jobs, "Points run at once (worker processes); default: the cores")->check(CLI::Range(0, 4096));

@@ -11,9 +11,9 @@ void add_timeline(CLI::App& app, Commands& commands) {
   timeline->require_subcommand(1);
   auto* summary = timeline->add_subcommand(
       "summary",
-      "Per layer, each phase in the order it starts on the hottest and the median GPU, its busy time and how much\n"
-      "of it hides under expert compute (docs/timeline.md):\n"
-      "  moesim run --out res && moesim timeline summary res --variant tutel --layer 3");
+      R"(Per layer, each phase in the order it starts on the hottest and the median GPU, its busy time and how much
+of it hides under expert compute (docs/timeline.md):
+  moesim run --out res && moesim timeline summary res --variant tutel --layer 3)");
   struct Options {
     std::string run;
     TimelineSummaryOptions summary;

@@ -175,10 +175,10 @@ void add_trace(CLI::App& app, Commands& commands) {
 
   auto* fit_cmd = trace->add_subcommand(
       "fit",
-      "The presets fitted to what a paper reports of its own workload: each one's statistic, its target, the value the\n"
-      "preset reaches as the table has it, and sigma_pop fitted again\n"
-      "  moesim trace fit                   every fitted preset\n"
-      "  moesim trace fit pro-prophet       one");
+      R"(The presets fitted to what a paper reports of its own workload: each one's statistic, its target, the value the
+preset reaches as the table has it, and sigma_pop fitted again
+  moesim trace fit                   every fitted preset
+  moesim trace fit pro-prophet       one)");
   auto names = std::make_shared<std::vector<std::string>>();
   fit_cmd->add_option("preset", *names, "Fitted presets (default: all)");
   commands.push_back({fit_cmd, [names] { return fit(*names); }});
