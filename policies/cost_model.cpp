@@ -175,7 +175,7 @@ Roofline CostModel::roofline(const MoeModel& model, const RoutingMatrix& R) cons
     tokens += double(R.expert_load(e));
     biggest = std::max(biggest, double(R.expert_load(e)));
   }
-  const double per_token = 3 * 2 * 2 * double(model.spec().d_model()) * model.spec().d_ffn();  // 12 α H² flops
+  const double per_token = 3 * 2 * model.expert_params();  // 12 α H² flops (fwd + bwd: 3 × 2 FLOPs per parameter)
   r.p_bar = r.lat_e2e > 0 ? per_token * tokens / (G * r.lat_e2e) : 0;
   r.p_worker = biggest > 0 ? per_token / 3 * biggest / expert_time(model, biggest) : 0;
   r.p_ideal = r.p_worker * std::min(1.0, r.r_cc);

@@ -15,11 +15,23 @@ StateBytes state_bytes(spec::DType dtype) {
 
 double layer_activation_bytes(const MoeModel& model, double tokens, double token_slots) {
   const auto& s = model.spec();
-  const double h = s.d_model(), f = s.d_ffn(), a = s.heads(), seq = s.seq_len(), k = s.top_k();
+  const double h = s.d_model(), f = model.expert_ffn(), a = s.heads(), seq = s.seq_len(), k = s.top_k();
   const double scale = model.dtype_bytes() / 2.0;  // the coefficients count 2-byte activations
   const double attention = tokens * (11 * h + 5 * a * seq) + tokens * 4 * h;
-  const double ffn = token_slots * (3 * h + 4 * f) + tokens * 2 * k * h;
+  // A gated FFN keeps two f-wide outputs (gate, up) and their product instead of one output and
+  // its activation: 2f more per token-slot (our count; Korthikanti et al. give the ungated one).
+  const double per_slot = 3 * h + (s.gated_ffn() ? 6 : 4) * f;
+  // Shared experts: every token is one more slot of each.
+  const double ffn = (token_slots + tokens * s.shared_experts()) * per_slot + tokens * 2 * k * h;
   return scale * (attention + ffn);
+}
+
+double dense_block_activation_bytes(const MoeModel& model) {
+  const auto& s = model.spec();
+  const double t = model.tokens_per_gpu(), h = s.d_model(), f = s.d_ffn(), a = s.heads(), seq = s.seq_len();
+  const double scale = model.dtype_bytes() / 2.0;
+  const double block = t * (11 * h + 5 * a * seq) + t * 4 * h + t * (3 * h + (s.gated_ffn() ? 6 : 4) * f);
+  return scale * s.dense_layers() * block;
 }
 
 MemoryUse expert_state(const MoeModel& model, double experts) {
@@ -30,7 +42,7 @@ MemoryUse expert_state(const MoeModel& model, double experts) {
 
 MemoryUse dense_memory(const MoeModel& model) {
   const auto b = state_bytes(model.dtype());
-  const double params = model.dense_params_per_layer() * model.layers() + model.embedding_params();
+  const double params = model.dense_params_per_layer() * model.layers() + model.embedding_params() + model.dense_block_params();
   return {params * b.param, params * b.grad, params * b.optimizer, 0, 0};
 }
 
@@ -96,7 +108,8 @@ void account_iteration(const IterationInput& in, const IterationPlan& plan, cons
   const int G = in.cluster.num_gpus(), E = in.model.experts();
   const bool owners = plan.placement().kind == ExpertPlacement::owner;
   const ReplicaOptions& replicas = plan.replicas;
-  std::vector<double> activations(std::size_t(G), 0.0), copies(std::size_t(G), 0.0), owned(std::size_t(G), 0.0);
+  std::vector<double> activations(std::size_t(G), dense_block_activation_bytes(in.model)), copies(std::size_t(G), 0.0),
+      owned(std::size_t(G), 0.0);
   for (std::size_t l = 0; l < plan.layers.size(); ++l) {
     std::vector<double> H(std::size_t(G), 0.0);  // token-slots each GPU computes
     for (int t = 0; t < G; ++t)

@@ -43,6 +43,9 @@ StateBytes state_bytes(spec::DType dtype);
 /// Activations one layer keeps for its backward, for `tokens` tokens of which the MoE part computes
 /// `token_slots` (k per token on average; a GPU computes the slots routed to the experts it runs).
 double layer_activation_bytes(const MoeModel& model, double tokens, double token_slots);
+/// Activations the dense blocks (ModelSpec.dense_layers) keep, all of them: attention and an FFN
+/// of d_ffn per token.
+double dense_block_activation_bytes(const MoeModel& model);
 
 /// Every layer's dense parameters with their full state (data parallelism replicates them).
 MemoryUse dense_memory(const MoeModel& model);

@@ -141,6 +141,16 @@ TaskGraph LayerOps::build() {
       migrated.push_back(graph_.add_transfer(Stream::comm, fmt::format("L{}.migrate.e{}", l, m.expert),
                                              {m.from, m.to, in_.model.expert_params() * (states.param + states.optimizer)}));
   const std::vector<OpId> start = migrated.empty() ? std::vector<OpId>{} : std::vector<OpId>{join("migrations_done", migrated)};
+  // Dense blocks (DeepSeek-V3's first three) before the MoE blocks: attention and a dense FFN on
+  // each GPU's own tokens, no communication but their gradients' share of the dense all-reduce.
+  const auto dense_blocks = in_.model.dense_block_gemms();
+  const double dense_block_bytes = in_.model.dense_layers() * dense_bytes;
+  auto repeated = [&](std::vector<Gemm> gemms) {
+    for (auto& g : gemms) g.repeat *= std::uint64_t(in_.model.dense_layers());
+    return gemms;
+  };
+  if (!dense_blocks.empty())
+    for (int r = 0; r < G; ++r) graph_.add_compute(r, "fwd.dense_blocks", {ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}, start);
   if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
   for (int l = 0; l < L; ++l) {
     if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
@@ -154,6 +164,7 @@ TaskGraph LayerOps::build() {
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
     if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
     broadcast_late(l);  // Hecate's calibrated copies, after the gate
+    shared_experts(l, Pass::forward);
     const OpId done = schedule_.emit(*this, l, Pass::forward);
     if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
     for (int r = 0; r < G; ++r)
@@ -170,6 +181,7 @@ TaskGraph LayerOps::build() {
   for (int l = L - 1; l >= 0; --l) {
     for (int r = 0; r < G; ++r)
       ready_[r] = graph_.add_compute(r, fmt::format("L{}.bwd.decode", l), {ComputeKind::decode, codec_gemms(l, r), permute_bytes_});
+    shared_experts(l, Pass::backward);
     const OpId done = schedule_.emit(*this, l, Pass::backward);
     // Replicas' gradients go back to their owners (a reduce each): on the second stream, under
     // the rest of the backward, with second_stream; after the layer otherwise; block_wise keeps
@@ -191,8 +203,11 @@ TaskGraph LayerOps::build() {
       ready_[r] = graph_.add_compute(r, fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward_gemms(dense), 2 * dense_bytes});
     }
   }
+  if (!dense_blocks.empty())
+    for (int r = 0; r < G; ++r)
+      ready_[r] = graph_.add_compute(r, "bwd.dense_blocks", {ComputeKind::gemm, repeated(backward_gemms(dense_blocks)), 2 * dense_block_bytes});
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
-  const double dense_params = in_.model.dense_params_per_layer() * L + in_.model.embedding_params();
+  const double dense_params = in_.model.dense_params_per_layer() * L + in_.model.embedding_params() + in_.model.dense_block_params();
   std::vector<OpId> before_ar(ready_);
   before_ar.insert(before_ar.end(), reduces_.begin(), reduces_.end());
   const OpId allreduce = graph_.add_collective(
@@ -216,6 +231,18 @@ OpId LayerOps::collective(Stream stream, std::string label, Collective c, std::v
 
 OpId LayerOps::compute(int rank, std::string label, Compute c, std::vector<OpId> deps) {
   return graph_.add_compute(rank, std::move(label), std::move(c), std::move(deps));
+}
+
+// Shared experts (DeepSeek-V3's): every GPU runs them on all its tokens, on the compute stream after
+// the encode, so that they overlap the dispatch as DeepSeek-V3 overlaps them; the layer's routed
+// experts follow them on the stream.
+void LayerOps::shared_experts(int l, Pass pass) {
+  const auto gemms = in_.model.shared_expert_gemms();
+  if (gemms.empty()) return;
+  for (int r = 0; r < gpus_; ++r) {
+    Compute c{ComputeKind::grouped_gemm, pass == Pass::backward ? backward_gemms(gemms) : gemms, 0};
+    graph_.add_compute(r, label(l, pass, "shared_experts"), std::move(c), {ready_[std::size_t(r)]});
+  }
 }
 
 // The spec's all-reduce algorithm; "nccl" (the default): the one NCCL's tuner would pick for these

@@ -91,7 +91,8 @@ constexpr OpName kOpNames[] = {
     {"experts_allgather", Phase::parameter_gather}, {"experts_allgather_updated", Phase::parameter_gather},
     {"expert_allgather", Phase::parameter_gather}, {"migrate", Phase::expert_moves},
     {"migrations_done", Phase::expert_moves},     {"allreduce", Phase::dense_allreduce},
-    {"optimizer", Phase::optimizer},
+    {"optimizer", Phase::optimizer},              {"dense_blocks", Phase::dense_compute},
+    {"shared_experts", Phase::expert_compute},
 };
 
 // <name> of a label (see kOpNames), without its step number.

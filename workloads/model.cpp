@@ -29,8 +29,14 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
   require(spec_.tokens_per_gpu() % spec_.seq_len() == 0, "tokens_per_gpu",
           fmt::format("{} is not a multiple of seq_len {} (tokens per GPU = micro-batch × seq_len)",
                       spec_.tokens_per_gpu(), spec_.seq_len()));
-  require(spec_.heads() >= 1 && spec_.d_model() % spec_.heads() == 0, "heads",
-          fmt::format("must be >= 1 and divide d_model ({})", spec_.d_model()));
+  require(spec_.heads() >= 1 && (spec_.head_dim() > 0 || spec_.d_model() % spec_.heads() == 0), "heads",
+          fmt::format("must be >= 1 and divide d_model ({}), unless head_dim is set", spec_.d_model()));
+  require(spec_.kv_heads() == 0 || (spec_.kv_heads() <= spec_.heads() && spec_.heads() % spec_.kv_heads() == 0), "kv_heads",
+          fmt::format("must divide heads ({}): each K/V head serves a group of query heads", spec_.heads()));
+  in(spec_.head_dim(), 0, 1u << 16, "head_dim");
+  in(spec_.expert_d_ffn(), 0, 1u << 22, "expert_d_ffn");
+  in(spec_.shared_experts(), 0, 1024, "shared_experts");
+  in(spec_.dense_layers(), 0, 10'000, "dense_layers");
   require(spec_.dtype() != spec::DTYPE_UNSPECIFIED, "dtype", "is not set; use FP32, TF32, FP16 or BF16");
   in(spec_.vocab(), 0, 1u << 24, "vocab");
   for (int i = 0; i < spec_.extra_dense_gemms_size(); ++i) {
@@ -44,12 +50,13 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
 
 std::vector<Gemm> MoeModel::dense_forward_gemms() const {
   const std::uint64_t t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len();
-  const std::uint64_t h = spec_.heads(), dh = d / h, sequences = t / s;
+  const std::uint64_t h = spec_.heads(), dh = spec_.head_dim() ? spec_.head_dim() : d / h, sequences = t / s;
+  const std::uint64_t kv = spec_.kv_heads() ? spec_.kv_heads() : h;
   std::vector<Gemm> gemms = {
-      {t, 3 * d, d, 1},              // QKV projection
+      {t, (h + 2 * kv) * dh, d, 1},  // QKV projection (3d for multi-head attention)
       {s, s, dh, sequences * h},     // scores Q·Kᵀ per sequence and head
       {s, dh, s, sequences * h},     // context scores·V
-      {t, d, d, 1},                  // output projection
+      {t, d, h * dh, 1},             // output projection
   };
   for (const auto& g : spec_.extra_dense_gemms()) gemms.push_back({g.m(), g.n(), g.k(), g.batch() ? g.batch() : 1});
   return gemms;
@@ -63,10 +70,27 @@ double MoeModel::dense_forward_memory_bytes() const {
 
 Gemm MoeModel::gate_gemm() const { return {spec_.tokens_per_gpu(), spec_.experts(), spec_.d_model(), 1}; }
 
+std::vector<Gemm> MoeModel::ffn_gemms(std::uint64_t t, std::uint64_t f) const {
+  return {{t, spec_.gated_ffn() ? 2 * f : f, spec_.d_model(), 1}, {t, spec_.d_model(), f, 1}};
+}
+
 std::vector<Gemm> MoeModel::expert_gemms(long tokens) const {
   if (tokens <= 0) return {};
-  const auto t = std::uint64_t(tokens);
-  return {{t, spec_.d_ffn(), spec_.d_model(), 1}, {t, spec_.d_model(), spec_.d_ffn(), 1}};
+  return ffn_gemms(std::uint64_t(tokens), std::uint64_t(expert_ffn()));
+}
+
+std::vector<Gemm> MoeModel::shared_expert_gemms() const {
+  if (spec_.shared_experts() == 0) return {};
+  auto gemms = expert_gemms(tokens_per_gpu());
+  for (auto& g : gemms) g.repeat = spec_.shared_experts();
+  return gemms;
+}
+
+std::vector<Gemm> MoeModel::dense_block_gemms() const {
+  if (spec_.dense_layers() == 0) return {};
+  auto gemms = dense_forward_gemms();
+  for (const auto& g : ffn_gemms(spec_.tokens_per_gpu(), spec_.d_ffn())) gemms.push_back(g);
+  return gemms;
 }
 
 std::vector<Gemm> MoeModel::output_forward_gemms() const {
@@ -84,13 +108,33 @@ double MoeModel::embedding_params() const {
   return double(spec_.vocab()) * spec_.d_model() * (spec_.untied_output() ? 2 : 1);
 }
 
-double MoeModel::expert_params() const { return 2.0 * spec_.d_model() * spec_.d_ffn(); }
+double MoeModel::expert_params() const { return (spec_.gated_ffn() ? 3.0 : 2.0) * spec_.d_model() * expert_ffn(); }
+
+double MoeModel::attention_params() const {
+  const double d = spec_.d_model(), h = spec_.heads();
+  if (!spec_.kv_heads() && !spec_.head_dim()) return 4 * d * d;
+  const double dh = spec_.head_dim() ? spec_.head_dim() : d / h, kv = spec_.kv_heads() ? spec_.kv_heads() : h;
+  return d * dh * (2 * h + 2 * kv);  // Q and O: d·h·dh each; K and V: d·h_kv·dh each
+}
 
 double MoeModel::dense_params_per_layer() const {
   const double d = spec_.d_model();
-  double params = 4 * d * d + d * spec_.experts();
+  double params = attention_params() + d * spec_.experts() + spec_.shared_experts() * expert_params();
   for (const auto& g : spec_.extra_dense_gemms()) params += double(g.n()) * double(g.k());
   return params;
+}
+
+double MoeModel::dense_block_params() const {
+  const double ffn = (spec_.gated_ffn() ? 3.0 : 2.0) * spec_.d_model() * spec_.d_ffn();
+  return spec_.dense_layers() * (attention_params() + ffn);
+}
+
+double MoeModel::total_params() const {
+  return layers() * (dense_params_per_layer() + experts() * expert_params()) + dense_block_params() + embedding_params();
+}
+
+double MoeModel::activated_params() const {
+  return layers() * (dense_params_per_layer() + top_k() * expert_params()) + dense_block_params() + embedding_params();
 }
 
 }  // namespace moesim

@@ -34,8 +34,21 @@ class MoeModel {
   double dense_forward_memory_bytes() const;
   /// Forward gate scoring on one GPU: tokens × experts × d_model.
   Gemm gate_gemm() const;
-  /// One expert's two forward GEMMs for `tokens` routed tokens: d_model -> d_ffn -> d_model.
+  /// One expert's forward GEMMs for `tokens` routed tokens: d_model -> f -> d_model, f its FFN size
+  /// (expert_d_ffn); with a gated FFN the first GEMM has 2f outputs (gate and up).
   std::vector<Gemm> expert_gemms(long tokens) const;
+  /// The expert FFN size f (expert_d_ffn, else d_ffn).
+  int expert_ffn() const { return int(spec_.expert_d_ffn() ? spec_.expert_d_ffn() : spec_.d_ffn()); }
+  /// Shared experts: each layer's forward GEMMs on all of a GPU's tokens (none without them).
+  std::vector<Gemm> shared_expert_gemms() const;
+  int dense_layers() const { return int(spec_.dense_layers()); }
+  /// One dense block's forward GEMMs on one GPU (attention and the FFN of d_ffn), and its memory
+  /// traffic besides them; none without dense blocks.
+  std::vector<Gemm> dense_block_gemms() const;
+  /// Parameters of the whole model, and those one token goes through (the routed experts it is
+  /// sent to, top-k of them, and everything dense): the figures models publish.
+  double total_params() const;
+  double activated_params() const;
 
   /// The output projection's forward GEMM (tokens × vocab × d_model); none without a vocabulary.
   std::vector<Gemm> output_forward_gemms() const;
@@ -47,12 +60,17 @@ class MoeModel {
   /// Parameters of the embedding table and, untied, of the output projection (vocab · d_model each).
   double embedding_params() const;
 
-  /// Parameters of one expert (2 · d_model · d_ffn) and the dense parameters of one layer that
-  /// data parallelism all-reduces (attention 4·d², gate d·E, extra GEMMs n·k).
+  /// Parameters of one expert (2 · d_model · f, or 3 · d_model · f gated) and the dense parameters
+  /// of one MoE layer that data parallelism all-reduces (attention: 4·d² for multi-head, d·dh·(2h +
+  /// 2h_kv) in general; the gate d·E; shared experts; extra GEMMs n·k).
   double expert_params() const;
   double dense_params_per_layer() const;
+  /// The parameters of the dense blocks (attention and the FFN of d_ffn each), all of them.
+  double dense_block_params() const;
 
  private:
+  double attention_params() const;
+  std::vector<Gemm> ffn_gemms(std::uint64_t tokens, std::uint64_t f) const;
   spec::ModelSpec spec_;
 };
 

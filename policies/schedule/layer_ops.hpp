@@ -70,6 +70,7 @@ class LayerOps {
   std::optional<OpId> copy_arrival(int l, int rank, int e, Pass pass) const;
   void reduce_replicas(int l, Stream stream, int limit = -1);
   void exchange_counts(int l);
+  void shared_experts(int l, Pass pass);
   std::vector<Gemm> codec_gemms(int l, int r) const;
   Compute expert_work(int l, int rank, int from, int to, Pass pass, std::vector<OpId>& deps, std::vector<int>& copies,
                       int part, int parts);

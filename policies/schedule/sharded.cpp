@@ -55,7 +55,8 @@ class Sharded final : public LayerSchedule {
       for (int t = first; t < first + g; ++t) gathered[std::size_t(t)] = id;
     }
     const auto& R = ops.routing(l);
-    const auto d = std::uint64_t(ops.model().spec().d_model()), h = std::uint64_t(ops.model().spec().d_ffn() / std::uint32_t(r));
+    const auto d = std::uint64_t(ops.model().spec().d_model()), h = std::uint64_t(ops.model().expert_ffn() / r);
+    const auto h_in = ops.model().spec().gated_ffn() ? 2 * h : h;  // gate and up projections, gated
     std::vector<double> received(static_cast<std::size_t>(E), 0.0);  // by each GPU of expert e's subgroup
     for (int e = 0; e < E; ++e)
       for (int src = 0; src < G; ++src) received[std::size_t(e)] += double(R.at(src, e)) / g;
@@ -65,7 +66,7 @@ class Sharded final : public LayerSchedule {
         const auto m = std::uint64_t(std::llround(received[std::size_t(t / s)] / parts));
         Compute c{ComputeKind::grouped_gemm, {}, 0};
         if (m > 0) {
-          const std::vector<Gemm> fwd = {{m, h, d, 1}, {m, d, h, 1}};
+          const std::vector<Gemm> fwd = {{m, h_in, d, 1}, {m, d, h, 1}};
           c.gemms = bwd ? backward_gemms(fwd) : fwd;
           c.tokens = long(m);
         }

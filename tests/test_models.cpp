@@ -1,0 +1,152 @@
+// Today's MoE models: grouped-query attention, gated (SwiGLU) FFNs, fine-grained and shared experts,
+// dense blocks before the MoE blocks, top-8; against the published parameter counts of the models
+// whose configs experiments/models/ holds, and against hand-computed shapes.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "gating.hpp"
+#include "helpers.hpp"
+#include "moe_iteration.hpp"
+#include "policy.hpp"
+#include "runner.hpp"
+#include "taskgraph.hpp"
+
+using namespace moesim;
+
+namespace {
+
+MoeModel catalog_model(const std::string& name) {
+  const auto ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/models/" + name + ".textproto", {});
+  return MoeModel(ex.spec.model());
+}
+
+double flops_of(const TaskGraph& g, const std::string& label, int rank) {
+  for (const auto& op : g.ops())
+    if (op.label == label && op.rank == rank) return std::get<Compute>(op.body).flops();
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("the catalog's models have their published parameter counts") {
+  // Mixtral-8x7B: 46.7B parameters, 12.9B activated (mistral.ai's announcement and model card).
+  const MoeModel mixtral = catalog_model("mixtral-8x7b");
+  CHECK(mixtral.total_params() == Approx(46.7e9).epsilon(0.01));
+  CHECK(mixtral.activated_params() == Approx(12.9e9).epsilon(0.01));
+  // Qwen3-235B-A22B: 235B in all, 22B activated (its name and model card).
+  const MoeModel qwen = catalog_model("qwen3-235b-a22b");
+  CHECK(qwen.total_params() == Approx(235e9).epsilon(0.01));
+  CHECK(qwen.activated_params() == Approx(22e9).epsilon(0.02));
+  // DeepSeek-V3 with multi-head attention in place of MLA: the routed and shared experts and the
+  // dense blocks as published (58 × 257 experts of 3 · 7168 · 2048, 3 dense FFNs of 18,432), the
+  // attention 128 heads of 128 (4 · 7168 · 16384 each block): 688B where the report has 671B.
+  const MoeModel ds = catalog_model("deepseek-v3");
+  const double expert = 3.0 * 7168 * 2048, attention = 4.0 * 7168 * 16384;
+  CHECK(ds.expert_params() == expert);
+  CHECK(ds.total_params() == Approx(58 * (attention + 7168 * 256 + 257 * expert) + 3 * (attention + 3.0 * 7168 * 18432) +
+                                    2.0 * 129280 * 7168));
+  CHECK(ds.total_params() == Approx(671e9).epsilon(0.03));
+}
+
+TEST_CASE("at their defaults the new fields leave the seeds' block as it was") {
+  const MoeModel m(test::model_spec(2, 64, 256, 8, 2, 16, 32, 4));
+  CHECK(m.expert_params() == 2.0 * 64 * 256);
+  CHECK(m.dense_params_per_layer() == 4.0 * 64 * 64 + 64 * 8);
+  CHECK(m.expert_ffn() == 256);
+  const auto gemms = m.dense_forward_gemms();
+  CHECK((gemms[0].m == 32 && gemms[0].n == 3 * 64 && gemms[0].k == 64));  // QKV
+  CHECK((gemms[3].n == 64 && gemms[3].k == 64));                          // output projection
+  CHECK(m.shared_expert_gemms().empty());
+  CHECK(m.dense_block_gemms().empty());
+  CHECK(m.total_params() == 2 * (4.0 * 64 * 64 + 64 * 8 + 8 * 2.0 * 64 * 256));
+}
+
+TEST_CASE("grouped-query attention, wide heads and gated fine-grained experts on a hand case") {
+  auto s = test::model_spec(1, 64, 512, 8, 2, 16, 32, 8);
+  s.set_kv_heads(2);
+  s.set_head_dim(16);
+  s.set_gated_ffn(true);
+  s.set_expert_d_ffn(96);
+  const MoeModel m(s);
+  const auto gemms = m.dense_forward_gemms();
+  CHECK(gemms[0].n == (8 + 2 * 2) * 16);             // Q 8 heads, K and V 2 heads each, of 16
+  CHECK((gemms[3].n == 64 && gemms[3].k == 8 * 16));  // output projection from 128 back to 64
+  CHECK(m.dense_params_per_layer() == 64.0 * 16 * (2 * 8 + 2 * 2) + 64 * 8);
+  const auto e = m.expert_gemms(10);
+  REQUIRE(e.size() == 2);
+  CHECK((e[0].n == 2 * 96 && e[0].k == 64));  // gate and up fused: 2f outputs
+  CHECK((e[1].n == 64 && e[1].k == 96));      // down
+  CHECK(m.expert_params() == 3.0 * 64 * 96);
+  s.set_kv_heads(3);
+  CHECK_THROWS_WITH(MoeModel(s), Catch::Contains("kv_heads"));
+}
+
+TEST_CASE("shared experts run on every GPU's tokens beside the routed ones, overlapping the dispatch") {
+  // 16 GPUs, 2 MoE layers of 32 experts, 2 shared experts of 512: each GPU's shared-expert op has
+  // the FLOPs of all its tokens through both, forward (2 FLOPs a parameter) and backward (4).
+  auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "model.experts=32", "model.shared_experts=2",
+                                              "model.expert_d_ffn=512", "iterations=1"});
+  const MoeModel model(ex.spec.model());
+  const double T = model.tokens_per_gpu(), P = model.expert_params();
+  CHECK(model.dense_params_per_layer() == 4.0 * 1024 * 1024 + 1024.0 * 32 + 2 * P);
+  const auto result = run_experiment(ex);
+  const auto& run = result.runs.front();
+  const TaskGraph& g = run.graphs.at(0);
+  const Timing& t = run.timings.at(0);
+  CHECK(flops_of(g, "L1.fwd.shared_experts", 5) == Approx(2 * 2 * T * P));
+  CHECK(flops_of(g, "L1.bwd.shared_experts", 5) == Approx(2 * 4 * T * P));
+  int shared = 0;
+  for (const auto& op : g.ops()) {
+    CHECK(known_op_name(op.label));
+    if (op.label != "L0.fwd.shared_experts") continue;
+    ++shared;
+    // On the same GPU, the layer's dispatch runs while the shared experts compute.
+    for (const auto& d : g.ops())
+      if (d.label == "L0.fwd.a2a_dispatch") CHECK((t.start[d.id] < t.end[op.id] && t.start[op.id] < t.end[d.id]));
+  }
+  CHECK(shared == 16);
+}
+
+TEST_CASE("dense blocks: one op per pass with every block's GEMMs, their parameters in the dense all-reduce") {
+  const test::SmallSetup dense({"model.dense_layers=3", "model.d_ffn=2048"});
+  const test::SmallSetup wide({"model.d_ffn=2048"});
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  auto build = [&](const test::SmallSetup& t) {
+    PolicyReport report;
+    return make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+  };
+  const TaskGraph g = build(dense);
+  const MoeModel& m = dense.model;
+  const double T = m.tokens_per_gpu(), d = m.spec().d_model(), f = m.spec().d_ffn();
+  double attention = 0;
+  for (const auto& gemm : m.dense_forward_gemms()) attention += 2.0 * double(gemm.m) * double(gemm.n) * double(gemm.k) * double(gemm.batch);
+  CHECK(flops_of(g, "fwd.dense_blocks", 3) == Approx(3 * (attention + 2 * T * 2 * d * f)));
+  CHECK(flops_of(g, "bwd.dense_blocks", 3) == Approx(2 * 3 * (attention + 2 * T * 2 * d * f)));
+  CHECK(flops_of(build(wide), "fwd.dense_blocks", 3) < 0);  // none without dense blocks
+  auto allreduce_bytes = [](const TaskGraph& graph) {
+    for (const auto& op : graph.ops())
+      if (op.label == "allreduce.dense") return std::get<Collective>(op.body).bytes.total();
+    return -1.0;
+  };
+  // The dense blocks' attention (4d²) and FFN (2·d·f) parameters join the dense all-reduce.
+  CHECK(allreduce_bytes(g) - allreduce_bytes(build(wide)) == Approx(3 * (4 * d * d + 2 * d * f) * m.dtype_bytes()));
+  CHECK(m.total_params() == Approx(wide.model.total_params() + 3 * (4 * d * d + 2 * d * f)));
+}
+
+TEST_CASE("top-8 of 256 experts: the generator's rows sum to each source's tokens times 8") {
+  auto ex = load_experiment(test::kBaseSpec, {"model.experts=256", "model.top_k=8", "model.layers=2", "cluster.nodes=4"});
+  ex.spec.mutable_gating()->mutable_generator()->set_preset("aux");
+  const MoeModel model(ex.spec.model());
+  auto source = make_gating_source(ex.spec.gating(), model, 32, 1);
+  for (int it = 0; it < 2; ++it)
+    for (const auto& R : source->next()) {
+      REQUIRE(R.experts == 256);
+      for (int s = 0; s < 32; ++s) {
+        std::int64_t row = 0;
+        for (int e = 0; e < 256; ++e) row += R.at(s, e);
+        CHECK(row == std::int64_t(model.tokens_per_gpu()) * 8);
+      }
+    }
+}
