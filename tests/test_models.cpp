@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <set>
 
 #include "gating.hpp"
 #include "helpers.hpp"
@@ -149,4 +150,37 @@ TEST_CASE("top-8 of 256 experts: the generator's rows sum to each source's token
         CHECK(row == std::int64_t(model.tokens_per_gpu()) * 8);
       }
     }
+}
+
+TEST_CASE("group-limited routing: each token's top-k within at most group_limit groups of experts") {
+  // One token per source, so that each row is one token's experts: 64 experts in 8 groups of 8,
+  // top-8 within at most 2 groups. Without the limit the same draws spread over more groups.
+  std::vector<double> popularity(64);
+  for (int e = 0; e < 64; ++e) popularity[std::size_t(e)] = 1.0 / (1 + e % 13);
+  auto widest = [&](const RoutingMatrix& R) {
+    int most = 0;
+    for (int s = 0; s < R.sources; ++s) {
+      std::set<int> groups;
+      std::int64_t slots = 0;
+      for (int e = 0; e < 64; ++e)
+        if (R.at(s, e) > 0) groups.insert(e / 8), slots += R.at(s, e);
+      CHECK(slots == 8);
+      most = std::max(most, int(groups.size()));
+    }
+    return most;
+  };
+  Rng a(7), b(7);
+  CHECK(widest(sample_routing(popularity, 2000, 1, 8, a, {8, 2})) == 2);
+  CHECK(widest(sample_routing(popularity, 2000, 1, 8, b)) > 2);
+  // The generator draws token by token under the limit, the rows still summing to tokens × k.
+  auto ex = load_experiment(test::kBaseSpec, {"model.experts=64", "model.top_k=8", "model.layers=1", "model.tokens_per_gpu=1024",
+                                              "model.seq_len=1024", "model.expert_groups=8", "model.group_limit=2"});
+  ex.spec.mutable_gating()->mutable_generator()->set_preset("naive");
+  const MoeModel model(ex.spec.model());
+  const auto R = make_gating_source(ex.spec.gating(), model, 64, 3)->next().front();
+  for (int s = 0; s < 64; ++s) CHECK(R.row_sum(s) == 1024 * 8);
+  // Refused: a limit that cannot hold a token's top-k, and a limit on a replayed trace.
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"model.top_k=8", "model.expert_groups=16", "model.group_limit=1"}),
+                    Catch::Contains("group_limit"));
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"model.expert_groups=8", "model.group_limit=9"}), Catch::Contains("group_limit"));
 }

@@ -154,7 +154,7 @@ class DistributionSource final : public GatingSource {
     std::vector<RoutingMatrix> out;
     for (int l = 0; l < model_.layers(); ++l)
       out.push_back(generate_routing(gating_, gpus_, model_.experts(), model_.tokens_per_gpu(), model_.top_k(), seed_,
-                                     int(iteration_), l));
+                                     int(iteration_), l, model_.group_limit()));
     ++iteration_;
     return out;
   }
@@ -171,7 +171,7 @@ class GeneratorSource final : public GatingSource {
  public:
   GeneratorSource(const spec::GeneratorSpec& g, const MoeModel& m, int gpus, std::uint64_t seed)
       : layers_(m.layers()),
-        gen_(resolve_generator(g), m.experts(), m.top_k(), m.layers(), gpus, m.tokens_per_gpu(), seed) {}
+        gen_(resolve_generator(g), m.experts(), m.top_k(), m.layers(), gpus, m.tokens_per_gpu(), seed, m.group_limit()) {}
   std::vector<RoutingMatrix> next() override {
     std::vector<RoutingMatrix> out;
     for (int l = 0; l < layers_; ++l) out.push_back(gen_.next(l));
@@ -247,6 +247,9 @@ class TraceSource final : public GatingSource {
 }  // namespace
 
 GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, int iterations, std::uint64_t seed) {
+  if (g.has_trace() && model.group_limit().on())
+    throw FieldError("model.group_limit", "a replayed trace carries its own routing (recorded with whatever limit its "
+                                          "gate had); leave expert_groups and group_limit out, or generate the routing");
   if (g.has_zipf() && !(g.zipf().exponent() >= 0 && std::isfinite(g.zipf().exponent())))
     throw FieldError("gating.zipf.exponent", "must be a finite number >= 0 (0 is uniform popularity)");
   if (g.has_generator()) {

@@ -481,8 +481,8 @@ std::vector<int> hottest(const std::vector<double>& logits, int m, int live) {
 }  // namespace
 
 GatingGenerator::GatingGenerator(const GeneratorParams& params, int experts, int top_k, int layers, int sources,
-                                 std::int64_t tokens_per_source, std::uint64_t seed)
-    : params_(params), experts_(experts), top_k_(top_k), sources_(sources), tokens_(tokens_per_source) {
+                                 std::int64_t tokens_per_source, std::uint64_t seed, const GroupLimit& limit)
+    : params_(params), limit_(limit), experts_(experts), top_k_(top_k), sources_(sources), tokens_(tokens_per_source) {
   layers_.reserve(layers);
   for (int l = 0; l < layers; ++l) {
     Layer& L = layers_.emplace_back(seed, l);
@@ -531,7 +531,12 @@ RoutingMatrix GatingGenerator::next(int layer) {
     for (int e = 0; e < experts_; ++e) p[e] = scale * (common[e] + P.sigma_fast * p[e] + delta[e]);
     softmax(p);
     if (!hot.empty()) apply_hot_spot(p, hot, P.hot_fraction, top_k_);
-    capped_into(L.sampling, tokens_, top_k_, p, row);
+    if (limit_.on()) {  // token by token, each within its groups
+      std::fill(row.begin(), row.end(), 0);
+      sample_tokens_into(p, int(tokens_), top_k_, limit_, L.sampling, row);
+    } else {
+      capped_into(L.sampling, tokens_, top_k_, p, row);
+    }
     std::copy(row.begin(), row.end(), R.mutable_counts().begin() + std::ptrdiff_t(s) * experts_);  // each at most tokens_
   }
   // OU step to d_{t+1}: d = a d + sigma_slow sqrt(1 - a²) N(0, 1), a = exp(-1/tau).

@@ -62,8 +62,9 @@ GeneratorParams resolve_generator(const spec::GeneratorSpec& spec);
 /// At least top_k experts stay alive whatever dead_fraction; top_k <= experts.
 class GatingGenerator {
  public:
+  /// With a group limit on, each source's tokens are drawn one by one (sample_tokens_into()).
   GatingGenerator(const GeneratorParams& params, int experts, int top_k, int layers, int sources,
-                  std::int64_t tokens_per_source, std::uint64_t seed);
+                  std::int64_t tokens_per_source, std::uint64_t seed, const GroupLimit& limit = {});
   ~GatingGenerator();
   GatingGenerator(GatingGenerator&&) noexcept;
   GatingGenerator& operator=(GatingGenerator&&) noexcept;
@@ -75,6 +76,7 @@ class GatingGenerator {
  private:
   struct Layer;
   GeneratorParams params_;
+  GroupLimit limit_;
   int experts_, top_k_, sources_;
   std::int64_t tokens_;
   std::vector<Layer> layers_;

@@ -37,6 +37,14 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
   in(spec_.expert_d_ffn(), 0, 1u << 22, "expert_d_ffn");
   in(spec_.shared_experts(), 0, 1024, "shared_experts");
   in(spec_.dense_layers(), 0, 10'000, "dense_layers");
+  if (spec_.expert_groups() || spec_.group_limit()) {
+    const std::uint32_t g = spec_.expert_groups(), m = spec_.group_limit();
+    require(g >= 1 && spec_.experts() % g == 0, "expert_groups",
+            fmt::format("must divide experts ({}) into equal groups", spec_.experts()));
+    require(m >= 1 && m <= g, "group_limit", fmt::format("must be between 1 and expert_groups ({})", g));
+    require(std::uint64_t(m) * (spec_.experts() / g) >= spec_.top_k(), "group_limit",
+            fmt::format("{} groups of {} experts cannot hold a token's top-{}", m, spec_.experts() / g, spec_.top_k()));
+  }
   require(spec_.dtype() != spec::DTYPE_UNSPECIFIED, "dtype", "is not set; use FP32, TF32, FP16 or BF16");
   in(spec_.vocab(), 0, 1u << 24, "vocab");
   for (int i = 0; i < spec_.extra_dense_gemms_size(); ++i) {

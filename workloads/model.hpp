@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gpu.hpp"
+#include "routing.hpp"
 #include "moesim.pb.h"
 
 namespace moesim {
@@ -42,6 +43,8 @@ class MoeModel {
   /// Shared experts: each layer's forward GEMMs on all of a GPU's tokens (none without them).
   std::vector<Gemm> shared_expert_gemms() const;
   int dense_layers() const { return int(spec_.dense_layers()); }
+  /// Group-limited routing (expert_groups, group_limit); off when not set.
+  GroupLimit group_limit() const { return {int(spec_.expert_groups()), int(spec_.group_limit())}; }
   /// One dense block's forward GEMMs on one GPU (attention and the FFN of d_ffn), and its memory
   /// traffic besides them; none without dense blocks.
   std::vector<Gemm> dense_block_gemms() const;

@@ -142,67 +142,93 @@ std::vector<double> expert_popularity(const spec::GatingSpec& gating, int expert
 
 namespace {
 
-// Redraws of an already chosen expert before sample_routing() draws exactly (draw_excluding()):
+// Redraws of an already chosen expert before a token's draw is made exact (draw_excluding()):
 // at any popularity a real model's gate would learn, 64 redraws in a row never happen.
 constexpr int kRedraws = 64;
 
-// An expert drawn in proportion to `popularity` among those not in chosen[0, j): by its cumulative
-// mass; when that mass is 0 (popularities too small to sum), the most popular of them.
-int draw_excluding(const std::vector<double>& popularity, const std::vector<int>& chosen, int j, Rng& rng) {
-  auto taken = [&](int x) { return std::find(chosen.begin(), chosen.begin() + j, x) != chosen.begin() + j; };
+// An expert drawn in proportion to `popularity` among those `allowed`: by its cumulative mass;
+// when that mass is 0 (popularities too small to sum), the most popular of them.
+template <class Allowed>
+int draw_excluding(const std::vector<double>& popularity, const Allowed& allowed, Rng& rng) {
   double mass = 0;
   int best = -1;
   for (int x = 0; x < int(popularity.size()); ++x)
-    if (!taken(x)) {
+    if (allowed(x)) {
       mass += popularity[std::size_t(x)];
       if (best < 0 || popularity[std::size_t(x)] > popularity[std::size_t(best)]) best = x;
     }
   if (!(mass > 0)) return best;
   double u = rng.uniform() * mass;
   for (int x = 0; x < int(popularity.size()); ++x)
-    if (!taken(x) && (u -= popularity[std::size_t(x)]) < 0) return x;
+    if (allowed(x) && (u -= popularity[std::size_t(x)]) < 0) return x;
   return best;  // u ran past the end by rounding
+}
+
+// Each token's top_k distinct experts, drawn in proportion to popularity without replacement,
+// counted into row. Without replacement: an expert this token already chose is drawn again; a
+// skewed enough popularity (the first choices hold nearly all the mass) would redraw for ever, so
+// after kRedraws the draw is exact from the experts still allowed, renormalized.
+// Group-limited: a token's draws come in the order of its affinities (the first is the likeliest
+// to be its highest); the groups of its first draws are its groups, until it has `per_token` of
+// them, after which only experts of those groups are drawn. DeepSeek-V3 chooses a token's nodes by
+// the sum of its highest affinities on each; this is our reading of it for a gate modelled by
+// popularity alone (docs/model.md).
+template <class Row>
+void count_tokens(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
+                  const GroupLimit& limit, Rng& rng, Row& row) {
+  std::vector<int> chosen(static_cast<std::size_t>(top_k)), groups;
+  const int experts = int(popularity.size()), size = limit.on() ? experts / limit.groups : experts;
+  for (int t = 0; t < tokens; ++t) {
+    groups.clear();
+    for (int j = 0; j < top_k; ++j) {
+      auto allowed = [&](int x) {
+        if (std::find(chosen.begin(), chosen.begin() + j, x) != chosen.begin() + j) return false;
+        return !limit.on() || int(groups.size()) < limit.per_token ||
+               std::find(groups.begin(), groups.end(), x / size) != groups.end();
+      };
+      int e = -1;
+      for (int tries = 0; tries < kRedraws && e < 0; ++tries)
+        if (const int x = int(table.draw(rng)); allowed(x)) e = x;
+      if (e < 0) e = draw_excluding(popularity, allowed, rng);
+      chosen[std::size_t(j)] = e;
+      if (limit.on() && std::find(groups.begin(), groups.end(), e / size) == groups.end()) groups.push_back(e / size);
+      ++row[std::size_t(e)];
+    }
+  }
 }
 
 }  // namespace
 
-RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng) {
+RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng,
+                             const GroupLimit& limit) {
   const int experts = int(popularity.size());
   std::vector<std::int32_t> counts;
   counts.reserve(std::size_t(sources) * std::size_t(experts));
   const AliasTable table(popularity);
-  std::vector<int> chosen(top_k);
   // A source's row is counted in a buffer that stays in the L1 cache, then appended: counted in
   // place, each row's first touches missed the cache (a 4,096-expert matrix is 64 MiB).
   std::vector<std::int32_t> row(static_cast<std::size_t>(experts));
   for (int s = 0; s < sources; ++s) {
     std::fill(row.begin(), row.end(), 0);
-    for (int t = 0; t < tokens; ++t) {
-      for (int j = 0; j < top_k; ++j) {
-        int e = -1;
-        auto taken = [&](int x) { return std::find(chosen.begin(), chosen.begin() + j, x) != chosen.begin() + j; };
-        // Without replacement: redraw an expert this token already chose. A skewed enough popularity
-        // (the first choices hold nearly all the mass) would redraw for ever: after kRedraws the
-        // draw is exact from the experts not chosen yet, renormalized.
-        for (int tries = 0; tries < kRedraws && e < 0; ++tries)
-          if (const int x = int(table.draw(rng)); !taken(x)) e = x;
-        if (e < 0) e = draw_excluding(popularity, chosen, j, rng);
-        chosen[std::size_t(j)] = e;
-        ++row[std::size_t(e)];
-      }
-    }
+    count_tokens(table, popularity, tokens, top_k, limit, rng, row);
     counts.insert(counts.end(), row.begin(), row.end());
   }
   return RoutingMatrix(sources, experts, std::move(counts));
 }
 
+void sample_tokens_into(const std::vector<double>& popularity, int tokens, int top_k, const GroupLimit& limit, Rng& rng,
+                        std::vector<std::int64_t>& row) {
+  const AliasTable table(popularity);
+  count_tokens(table, popularity, tokens, top_k, limit, rng, row);
+}
+
 RoutingMatrix generate_routing(const spec::GatingSpec& gating, int sources, int experts, int tokens, int top_k,
-                               std::uint64_t seed, int iteration, int layer) {
+                               std::uint64_t seed, int iteration, int layer, const GroupLimit& limit) {
   // Popularity is a property of the layer (fixed across iterations); sampling noise is per iteration.
   Rng layer_rng(derive_seed(seed, 0x6c61796572ull, std::uint64_t(layer)));
   const auto popularity = expert_popularity(gating, experts, layer_rng);
   Rng rng(derive_seed(seed, std::uint64_t(iteration) + 1, std::uint64_t(layer)));
-  return sample_routing(popularity, sources, tokens, top_k, rng);
+  return sample_routing(popularity, sources, tokens, top_k, rng, limit);
 }
 
 }  // namespace moesim

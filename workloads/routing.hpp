@@ -62,12 +62,24 @@ std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t a, std::uint64_t b =
 /// Expert popularity of one layer under a gating spec: uniform, or Zipf over a seeded permutation.
 std::vector<double> expert_popularity(const spec::GatingSpec& gating, int experts, Rng& rng);
 
+/// Group-limited (DeepSeek-V3's node-limited) routing: the experts in `groups` equal groups of
+/// consecutive experts, each token's top-k within at most `per_token` of them (ModelSpec
+/// expert_groups, group_limit). Off when either is 0.
+struct GroupLimit {
+  int groups = 0, per_token = 0;
+  bool on() const { return groups > 0 && per_token > 0 && per_token < groups; }
+};
+
 /// Each of `tokens` tokens on each source picks `top_k` distinct experts with probability ∝
-/// `popularity` (sampling without replacement, as a top-k gate does).
-RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng);
+/// `popularity` (sampling without replacement, as a top-k gate does), within its groups' limit.
+RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng,
+                             const GroupLimit& limit = {});
+/// One source's row of sample_routing(): `tokens` tokens' top-k added to row[expert].
+void sample_tokens_into(const std::vector<double>& popularity, int tokens, int top_k, const GroupLimit& limit, Rng& rng,
+                        std::vector<std::int64_t>& row);
 
 /// The routing of one layer in one iteration, reproducible from (seed, iteration, layer).
 RoutingMatrix generate_routing(const spec::GatingSpec& gating, int sources, int experts, int tokens, int top_k,
-                               std::uint64_t seed, int iteration, int layer);
+                               std::uint64_t seed, int iteration, int layer, const GroupLimit& limit = {});
 
 }  // namespace moesim
