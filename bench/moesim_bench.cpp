@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cmath>
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -27,6 +28,17 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The least-squares slope of log y against log x: the exponent b of y ∝ x^b over the points.
+double growth_exponent(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = double(x.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double lx = std::log(x[i]), ly = std::log(y[i]);
+    sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly;
+  }
+  return (n * sxy - sx * sy) / (n * sxx - sx * sx);
+}
 
 // One size, in this process: prints one result line (the last iteration's figures; a policy that
 // learns from timings, like Pro-Prophet's planner, decides from the second iteration on).
@@ -148,16 +160,22 @@ int main(int argc, char** argv) {
              policy, flows ? "one flow per transfer" : "as parallel tasks per block of links (default)");
   fmt::print("{:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>13} {:>13}\n", "GPUs", "ops", "routing s",
              "graph s", "decide s", "platform s", "simulate s", "total s", "peak MB", "decide/sim", "simulated ms");
+  std::vector<double> gpus, wall, memory, op_counts;
   for (int g : sizes) {
     const auto r = run_child(argv[0], g, policy, iterations, flows);
     if (!r) {
       fmt::print(stderr, "moesim-bench: the run at {} GPUs failed\n", g);
       return 1;
     }
+    gpus.push_back(g), wall.push_back(r->total()), memory.push_back(r->rss), op_counts.push_back(r->ops);
     fmt::print("{:>6} {:>9.0f} {:>10.2f} {:>10.2f} {:>10.3f} {:>10.2f} {:>10.2f} {:>10.2f} {:>11.0f} {:>12.2f}% {:>13.3f}\n", g,
                r->ops, r->routing, r->graph, r->decide, r->platform, r->simulate, r->total(), r->rss,
                100 * r->decide / r->simulate, r->makespan * 1e3);
     std::fflush(stdout);
   }
+  if (gpus.size() >= 2)
+    fmt::print("\nGrowth with the GPU count G (least squares of log against log G over the rows): wall time ∝ G^{:.2f}, "
+               "peak memory ∝ G^{:.2f}, ops ∝ G^{:.2f}\n",
+               growth_exponent(gpus, wall), growth_exponent(gpus, memory), growth_exponent(gpus, op_counts));
   return 0;
 }
