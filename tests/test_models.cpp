@@ -188,13 +188,12 @@ TEST_CASE("group-limited routing: each token's top-k within at most group_limit 
 TEST_CASE("a 256-expert top-8 trace: generated, replayed on 64 GPUs, every row tokens times 8 under the cap") {
   // The command line writes it (16 sources), the replay maps its sources onto 64 GPUs.
   const auto dir = test::temp_dir("top8");
+  const std::string trace = dir + "/t.trace", flags = " --experts 256 --top-k 8 --layers 2 --sources 16 --tokens 1024 --iterations 3";
   std::string out;
-  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " trace gen -q --preset aux --experts 256 --top-k 8 --layers 2 "
-                                                      "--sources 16 --tokens 1024 --iterations 3 --seed 2 -o " + dir + "/t.trace",
-                            out) == 0);
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " trace gen -q --preset aux --seed 2" + flags + " -o " + trace, out) == 0);
   auto ex = load_experiment(test::kBaseSpec, {"model.experts=256", "model.top_k=8", "model.layers=2", "model.tokens_per_gpu=1024",
                                               "model.seq_len=1024"});
-  ex.spec.mutable_gating()->mutable_trace()->set_path(dir + "/t.trace");
+  ex.spec.mutable_gating()->mutable_trace()->set_path(trace);
   const MoeModel model(ex.spec.model());
   auto source = make_gating_source(ex.spec.gating(), model, 64, 1);
   for (int it = 0; it < 3; ++it)
