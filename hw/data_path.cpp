@@ -137,7 +137,7 @@ LayerNumbers reference_layer(const LayerProblem& p) {
 
 namespace {
 
-/// The layer on host ranks, following `plan` and `sched`.
+/// The layer on host ranks, following `plan` and the schedule's placement `where`.
 LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& gated, const LayerPlan& plan,
                                const ExpertPlacement& where, const Cluster& cluster) {
   const int G = p.G, E = p.E, d = p.d;

@@ -31,16 +31,22 @@ std::string collective_algorithm_names(CollectiveType type) {
   return names;
 }
 
-Lowering lower(const Collective& c, const Cluster& cluster) {
+namespace {
+
+// The collective's own algorithm (std::logic_error if unknown: validated earlier).
+const CollectiveAlgorithm& algorithm_of(const Collective& c) {
   const auto* a = find_collective_algorithm(c.type, c.algorithm);
   if (!a) throw std::logic_error(std::string("no ") + collective_type_name(c.type) + " algorithm '" + c.algorithm + "'");
-  return a->lower(c, cluster);
+  return *a;
 }
 
+}  // namespace
+
+Lowering lower(const Collective& c, const Cluster& cluster) { return algorithm_of(c).lower(c, cluster); }
+
 Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
-  const auto* a = find_collective_algorithm(c.type, c.algorithm);
-  if (a && a->lower_unlisted) return a->lower_unlisted(c, cluster);
-  return lower(c, cluster);
+  const CollectiveAlgorithm& a = algorithm_of(c);
+  return a.lower_unlisted ? a.lower_unlisted(c, cluster) : a.lower(c, cluster);
 }
 
 const char* bus_bandwidth_formula(CollectiveType type) {
