@@ -13,25 +13,34 @@ StateBytes state_bytes(spec::DType dtype) {
   return {b, b, b >= 4 ? 8.0 : 12.0};  // fp32: Adam's m and v; mixed precision: + fp32 master copy
 }
 
+namespace {
+
+// In units of 2-byte activations (Korthikanti et al.'s coefficients): the attention block and its
+// two layer norms for `tokens` tokens, and one token-slot of an FFN of width f. A gated FFN keeps
+// two f-wide outputs (gate, up) and their product instead of one output and its activation: 2f
+// more per token-slot (our count; Korthikanti et al. give the ungated one).
+double attention_units(const spec::ModelSpec& s, double tokens) {
+  const double h = s.d_model(), a = s.heads(), seq = s.seq_len();
+  return tokens * (11 * h + 5 * a * seq) + tokens * 4 * h;
+}
+double ffn_slot_units(const spec::ModelSpec& s, double f) { return 3 * s.d_model() + (s.gated_ffn() ? 6 : 4) * f; }
+
+}  // namespace
+
 double layer_activation_bytes(const MoeModel& model, double tokens, double token_slots) {
   const auto& s = model.spec();
-  const double h = s.d_model(), f = model.expert_ffn(), a = s.heads(), seq = s.seq_len(), k = s.top_k();
+  const double h = s.d_model(), k = s.top_k();
   const double scale = model.dtype_bytes() / 2.0;  // the coefficients count 2-byte activations
-  const double attention = tokens * (11 * h + 5 * a * seq) + tokens * 4 * h;
-  // A gated FFN keeps two f-wide outputs (gate, up) and their product instead of one output and
-  // its activation: 2f more per token-slot (our count; Korthikanti et al. give the ungated one).
-  const double per_slot = 3 * h + (s.gated_ffn() ? 6 : 4) * f;
   // Shared experts: every token is one more slot of each.
-  const double ffn = (token_slots + tokens * s.shared_experts()) * per_slot + tokens * 2 * k * h;
-  return scale * (attention + ffn);
+  const double ffn = (token_slots + tokens * s.shared_experts()) * ffn_slot_units(s, model.expert_ffn()) + tokens * 2 * k * h;
+  return scale * (attention_units(s, tokens) + ffn);
 }
 
 double dense_block_activation_bytes(const MoeModel& model) {
   const auto& s = model.spec();
-  const double t = model.tokens_per_gpu(), h = s.d_model(), f = s.d_ffn(), a = s.heads(), seq = s.seq_len();
-  const double scale = model.dtype_bytes() / 2.0;
-  const double block = t * (11 * h + 5 * a * seq) + t * 4 * h + t * (3 * h + (s.gated_ffn() ? 6 : 4) * f);
-  return scale * s.dense_layers() * block;
+  const double t = model.tokens_per_gpu();
+  const double block = attention_units(s, t) + t * ffn_slot_units(s, s.d_ffn());
+  return model.dtype_bytes() / 2.0 * s.dense_layers() * block;
 }
 
 MemoryUse expert_state(const MoeModel& model, double experts) {
