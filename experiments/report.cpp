@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -324,8 +325,7 @@ std::string workload_words(const spec::ExperimentSpec& s) {
 }
 
 // The spec's claims, with the simulated values of its results when they exist.
-ReportEntry experiment_entry(const std::string& path, const fs::path& results) {
-  const auto ex = load_experiment(path, {});
+ReportEntry experiment_entry(const std::string& path, const Experiment& ex, const fs::path& results) {
   ReportEntry e{path, ex.spec.name(), ex.spec.description(), false, {}, "", ex.cluster_spec, workload_words(ex.spec)};
   json summary = json::object();
   if (const auto file = results / ex.spec.name() / "summary.json"; fs::exists(file)) std::ifstream(file) >> summary;
@@ -345,8 +345,7 @@ ReportEntry experiment_entry(const std::string& path, const fs::path& results) {
   return e;
 }
 
-ReportEntry collective_entry(const std::string& path, const fs::path& results) {
-  const auto file = load_collective_sweep(path);
+ReportEntry collective_entry(const std::string& path, const CollectiveSweepFile& file, const fs::path& results) {
   ReportEntry e{path, file.name, file.description, true, {}, "", load_platform(file.sweep.platform), ""};
   std::vector<CollectivePoint> points;
   if (const auto f = results / file.name / "collective.json"; fs::exists(f)) {
@@ -382,10 +381,17 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
   std::sort(specs.begin(), specs.end());
   const fs::path results(o.results), out(o.out);
   // The experiments with paper values, and which of them have no results yet.
+  // Each spec loaded once: an experiment, or a collective sweep.
   struct Item {
     std::string path;
     bool collective;
     ReportEntry entry;
+    std::optional<Experiment> experiment;
+    std::optional<CollectiveSweepFile> sweep;
+    bool ran = false;  // run here: its results are read again afterwards
+    ReportEntry read(const fs::path& results) const {
+      return collective ? collective_entry(path, *sweep, results) : experiment_entry(path, *experiment, results);
+    }
   };
   std::vector<Item> items;
   for (const auto& path : specs) {
@@ -393,11 +399,14 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
     const std::string message = proto_message(path);
     // Grids of experiments (`moesim sweep`), measured GPU profiles, platforms: no paper numbers.
     if (!message.empty() && message != "ExperimentSpec" && message != "CollectiveSweepSpec") continue;
-    const bool collective = message == "CollectiveSweepSpec";
-    ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
-    if (e.claims.empty()) continue;  // held out, or no paper numbers
-    if (e.name.empty()) throw InputError(path + ": name is not set; the report keeps each experiment's results under its name");
-    items.push_back({path, collective, std::move(e)});
+    Item item{path, message == "CollectiveSweepSpec", {}, {}, {}, false};
+    if (item.collective) item.sweep = load_collective_sweep(path);
+    else item.experiment = load_experiment(path, {});
+    item.entry = item.read(results);
+    if (item.entry.claims.empty()) continue;  // held out, or no paper numbers
+    if (item.entry.name.empty())
+      throw InputError(path + ": name is not set; the report keeps each experiment's results under its name");
+    items.push_back(std::move(item));
   }
   // Those without results run, `jobs` at a time, each in a child process (one SimGrid engine per
   // process), longest first as far as the spec says (its GPUs × iterations × variants × seeds).
@@ -408,8 +417,9 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
     for (std::size_t i = 0; i < items.size(); ++i)
       if (count_claims(items[i].entry.claims).not_run == int(items[i].entry.claims.size())) {
         todo.push_back(i);
+        items[i].ran = true;
         if (!items[i].collective) {
-          const auto ex = load_experiment(items[i].path, {});
+          const Experiment& ex = *items[i].experiment;
           seeds[i] = ex.spec.seeds() ? ex.spec.seeds() : o.seeds;
           cost[i] = double(ex.cluster_spec.nodes()) * double(ex.cluster_spec.node().gpus()) * double(ex.spec.iterations()) *
                     double(std::max<std::size_t>(1, ex.variants.size())) * seeds[i];
@@ -440,7 +450,7 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
       running.emplace_back(fork_worker(
                                [&, dir] {
                                  if (item.collective) {
-                                   const auto file = load_collective_sweep(item.path);
+                                   const CollectiveSweepFile& file = *item.sweep;
                                    write_collective_results(dir, file.sweep, run_collective_sweep(file.sweep), &file);
                                  } else {
                                    const auto ex = load_experiment(item.path, {fmt::format("seeds={}", seeds[i])});
@@ -454,9 +464,7 @@ std::vector<ReportEntry> write_report(const ReportOptions& o, const std::functio
   }
   std::vector<ReportEntry> entries;
   for (auto& item : items) {
-    const std::string& path = item.path;
-    const bool collective = item.collective;
-    ReportEntry e = collective ? collective_entry(path, results) : experiment_entry(path, results);
+    ReportEntry e = item.ran ? item.read(results) : std::move(item.entry);
     // Its figure: speedups of the variants, or the collective's scaling lines.
     const fs::path dir = results / e.name;
     if (!gnuplot_path().empty() && (fs::exists(dir / "summary.json") || fs::exists(dir / "collective.json"))) {
