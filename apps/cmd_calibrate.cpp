@@ -22,13 +22,7 @@ struct Options {
 int calibrate_gpu(Options o, const Invocation& invocation) {
   const auto ex = load_experiment(o.spec.empty() ? std::nullopt : std::optional(o.spec), o.sets);
   if (!o.quiet) o.calibrate.progress = [](const std::string& line) { fmt::print(stderr, "  {}\n", line); };
-  // The command as typed, for the profile's header (a comment: control characters become spaces).
-  for (int i = 0; i < invocation.argc; ++i) {
-    std::string word = i == 0 ? "moesim" : invocation.argv[i];
-    for (char& ch : word)
-      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
-    o.calibrate.command += (i ? " " : "") + word;
-  }
+  o.calibrate.command = invocation.command();  // for the profile's header
   const Calibration cal = calibrate(ex, o.calibrate);
   write_atomically(o.out, cal.text());
   fmt::print("wrote {}: peak {:.4g} TFLOP/s, {} GEMM points, {:.1f} GB/s; use it with --set cluster.gpu_profile={}\n", o.out,

@@ -37,12 +37,7 @@ void add_report(CLI::App& app, Commands& commands, const Invocation& invocation)
   cmd->add_option("--exclude", r.exclude, "Leave out specs whose path contains one of these")->delimiter(',');
   cmd->add_flag("--quiet,-q", o->quiet, "No progress on stderr");
   commands.push_back({cmd, [o, invocation] {
-                        // The command as typed (without -q), for report.md's "Regenerate with".
-                        std::string command = "moesim report";
-                        for (int i = 2; i < invocation.argc; ++i)
-                          if (std::string(invocation.argv[i]) != "-q" && std::string(invocation.argv[i]) != "--quiet")
-                            command += std::string(" ") + invocation.argv[i];
-                        o->report.command = command;
+                        o->report.command = invocation.command(true);  // report.md's "Regenerate with"
                         const auto entries = write_report(o->report, [&](const std::string& line) {
                           if (!o->quiet) fmt::print(stderr, "  {}\n", line);
                         });

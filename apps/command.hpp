@@ -16,6 +16,9 @@ namespace moesim::cli {
 struct Invocation {
   int argc = 0;
   char** argv = nullptr;
+  /// The command as typed, "moesim ..." (written into files: control characters become spaces),
+  /// without -q / --quiet when `drop_quiet`.
+  std::string command(bool drop_quiet = false) const;
 };
 
 /// A subcommand and what it does when the command line chose it; returns the exit status.

@@ -1,3 +1,4 @@
+// The shared pieces of the command line (command.hpp): the command as typed, the progress line.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -5,6 +6,18 @@
 #include "command.hpp"
 
 namespace moesim::cli {
+
+std::string Invocation::command(bool drop_quiet) const {
+  std::string out = "moesim";
+  for (int i = 1; i < argc; ++i) {
+    std::string word = argv[i];
+    if (drop_quiet && (word == "-q" || word == "--quiet")) continue;
+    for (char& ch : word)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
+    out += " " + word;
+  }
+  return out;
+}
 
 void Progress::operator()(int done, int total, const std::string& detail) const {
   const double s = elapsed();
