@@ -48,17 +48,23 @@ std::string worker_failure(int status, const std::string& error_file) {
   return why;
 }
 
-pid_t wait_any_worker(int& status) {
-  pid_t pid;
-  while ((pid = ::waitpid(-1, &status, 0)) < 0)
+namespace {
+
+// waitpid() for `pid` (-1: any child), again when a signal interrupts it.
+pid_t wait_child(pid_t pid, int& status) {
+  pid_t ended;
+  while ((ended = ::waitpid(pid, &status, 0)) < 0)
     if (errno != EINTR) throw std::runtime_error(fmt::format("waitpid failed: {}", std::strerror(errno)));
-  return pid;
+  return ended;
 }
+
+}  // namespace
+
+pid_t wait_any_worker(int& status) { return wait_child(-1, status); }
 
 std::string wait_worker(pid_t pid, const std::string& error_file) {
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw std::runtime_error(fmt::format("waitpid failed: {}", std::strerror(errno)));
+  wait_child(pid, status);
   return worker_failure(status, error_file);
 }
 
