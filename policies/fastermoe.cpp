@@ -158,11 +158,10 @@ namespace {
 // FasterMoE's configurations. Paper: the paper's techniques as named (`fastermoe`,
 // `fastermoe-shadow`, `fastermoe-smart`). Released: `fastermoe-released`, the switches and constants
 // of laekov/fastmoe as shipped, read from policy.fastermoe.released.
-enum class Config { paper, released };
 
 class FasterMoe final : public Policy {
  public:
-  FasterMoe(bool shadow, bool smart, Config config) : shadow_(shadow), smart_(smart), config_(config) {}
+  FasterMoe(bool shadow, bool smart, Code code) : shadow_(shadow), smart_(smart), code_(code) {}
 
   void validate(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec) const override {
     validate_expert_placement(cluster, model, spec);
@@ -173,7 +172,7 @@ class FasterMoe final : public Policy {
                        fmt::format("{} GPUs do not split into groups of {}; use a divisor of the GPU count", cluster.num_gpus(), gs));
     if (!(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))  // whatever the gate: never a silent NaN
       throw FieldError("policy.fastermoe.outgoing_fraction", "must be in [0, 1] (0 means the released default, 0.14)");
-    if (config_ != Config::released) return;
+    if (code_ != Code::released) return;
     const auto& r = f.released();
     if (r.shadow() && !r.schedule())
       throw FieldError("policy.fastermoe.released.shadow",
@@ -208,12 +207,12 @@ class FasterMoe final : public Policy {
   }
 
  private:
-  bool shadow(const spec::FasterMoeSpec& f) const { return config_ == Config::released ? f.released().shadow() : shadow_; }
-  bool smart(const spec::FasterMoeSpec& f) const { return config_ == Config::released ? f.released().schedule() : smart_; }
+  bool shadow(const spec::FasterMoeSpec& f) const { return code_ == Code::released ? f.released().shadow() : shadow_; }
+  bool smart(const spec::FasterMoeSpec& f) const { return code_ == Code::released ? f.released().schedule() : smart_; }
 
   std::vector<int> shadowed(const spec::FasterMoeSpec& f, const IterationInput& in, const RoutingMatrix& routing) const {
     const double d = in.model.spec().d_model();
-    if (config_ == Config::paper)
+    if (code_ == Code::paper)
       return f.shadow_variant() == spec::FasterMoeSpec::RELEASED ? released_shadowing(d, routing, ReleasedCounting::per_expert)
                                                                  : dynamic_shadowing(*cost_, in.model, routing);
     const auto& r = f.released();
@@ -238,14 +237,14 @@ class FasterMoe final : public Policy {
   }
 
   bool shadow_, smart_;
-  Config config_;
+  Code code_;
   std::optional<CostModel> cost_;
 };
 
 }  // namespace
 
 std::unique_ptr<Policy> make_fastermoe(const FasterMoeOptions& o) {
-  return std::make_unique<FasterMoe>(o.shadow, o.smart, o.released ? Config::released : Config::paper);
+  return std::make_unique<FasterMoe>(o.shadow, o.smart, o.code);
 }
 
 }  // namespace moesim

@@ -6,12 +6,13 @@
 
 namespace moesim {
 
-/// The paper's algorithm, or the seed's released code (Fragile-azalea/ScheMoE, microsoft/tutel).
+/// The paper's algorithm, or the seed's released code (laekov/fastmoe, Fragile-azalea/ScheMoE,
+/// microsoft/tutel).
 enum class Code { paper, released };
 
 struct FasterMoeOptions {
   bool shadow = false, smart = false;  // dynamic shadowing (§4.1), the smart schedule (§4.2)
-  bool released = false;               // laekov/fastmoe as shipped (its switches in the spec)
+  Code code = Code::paper;             // released: laekov/fastmoe as shipped (its switches in the spec)
 };
 struct ProProphetOptions {
   bool scheduler = true;  // the block-wise scheduler; without it, the planner alone
