@@ -1,5 +1,7 @@
 #include "helpers.hpp"
 
+#include <catch2/catch.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,8 +10,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "plot.hpp"
+
 namespace moesim::test {
 namespace fs = std::filesystem;
+
+bool skip_without_gnuplot() {
+  if (!gnuplot_path().empty()) return false;
+  WARN("skipped: gnuplot is not installed (apt-get install gnuplot-nox; the quickstart installs it)");
+  return true;
+}
 
 spec::ModelSpec model_spec(int layers, int d_model, int d_ffn, int experts, int top_k, int seq_len, int tokens_per_gpu,
                            int heads, spec::DType dtype) {

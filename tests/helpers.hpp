@@ -34,6 +34,9 @@ struct SmallSetup {
   GpuModel gpu;
 };
 
+/// True, with a warning that the test is skipped, where gnuplot is not installed.
+bool skip_without_gnuplot();
+
 /// Runs a shell command; returns its exit status and puts stdout+stderr in `output`.
 int run_command(const std::string& command, std::string& output);
 

@@ -54,10 +54,7 @@ bool any_marker(const std::string& marker) {
 }  // namespace
 
 TEST_CASE("hostile: run names in a results file reach gnuplot as text, never as commands") {
-  if (gnuplot_path().empty()) {
-    WARN("skipped: gnuplot is not installed (apt-get install gnuplot-nox; the quickstart installs it)");
-    return;
-  }
+  if (test::skip_without_gnuplot()) return;
   const auto dir = test::temp_dir("hostile-plot");
   // gnuplot runs in the figures' folder: a payload there names its marker without a '/' (which
   // plot would read as GROUP/NAME).

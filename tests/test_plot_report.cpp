@@ -62,10 +62,7 @@ std::pair<double, double> pdf_size(const std::string& path) {
 }  // namespace
 
 TEST_CASE("plot: every figure type renders to a PDF and a PNG of one paper column") {
-  if (gnuplot_path().empty()) {
-    WARN("skipped: gnuplot is not installed (apt-get install gnuplot-nox; the quickstart installs it)");
-    return;
-  }
+  if (test::skip_without_gnuplot()) return;
   const auto dir = test::temp_dir("plot");
   const auto ex = load_experiment(small_spec(dir), {});
   write_results(dir + "/run", ex, run_experiment(ex));
@@ -135,10 +132,7 @@ std::string scaling_gp(const std::string& dir, const std::vector<nlohmann::json>
 }  // namespace
 
 TEST_CASE("plot: a scaling speedup divides each group by its own baseline, on a linear axis under a decade") {
-  if (gnuplot_path().empty()) {
-    WARN("skipped: gnuplot is not installed");
-    return;
-  }
+  if (test::skip_without_gnuplot()) return;
   // Two cluster sizes, groups x and y: a is 2× ep in x and 1.1× ep in y, at both sizes.
   const auto dir = test::temp_dir("plot-scaling");
   std::vector<nlohmann::json> variants;
@@ -153,10 +147,7 @@ TEST_CASE("plot: a scaling speedup divides each group by its own baseline, on a 
 }
 
 TEST_CASE("plot: with several seeds the scaling lines carry 95% error bars, speedups paired seed by seed") {
-  if (gnuplot_path().empty()) {
-    WARN("skipped: gnuplot is not installed");
-    return;
-  }
+  if (test::skip_without_gnuplot()) return;
   // Seeds of ep: 0.2, 0.4; of a: 0.1, 0.1. Paired speedups 2 and 4: mean 3, half-width
   // t(0.975, 1) · s / √2 = 12.706 · 1.414 / 1.414 = 12.706. Times of a in ms: 100 ± 0.
   const auto dir = test::temp_dir("plot-scaling-seeds");
