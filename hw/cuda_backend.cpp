@@ -38,8 +38,6 @@ void check(cublasStatus_t e, const char* what) {
 }
 #define MOESIM_CHECK(call) check((call), #call)
 
-enum Buffer { kA, kB, kC, kSend, kRecv, kState, kBuffers };
-
 /// One rank on its GPU: streams, handles, communicators, buffers, the iteration's events.
 struct Rank {
   int rank = 0, device = 0;

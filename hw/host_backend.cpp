@@ -43,10 +43,9 @@ class Scratch {
   double peak() const { return double(peak_); }
 
  private:
-  std::vector<float> buffers_[6];
+  std::vector<float> buffers_[kBuffers];
   std::size_t bytes_ = 0, peak_ = 0;
 };
-enum Slot { kA, kB, kC, kSend, kRecv, kState };
 
 /// A barrier for an op's participants with a timeout and a shared abort flag.
 class Rendezvous {

@@ -35,6 +35,10 @@ struct MemoryKernel {
   enum Kind { permute, gate, adam, axpy } kind = axpy;
   std::size_t rows = 0, width = 1;
 };
+/// The scratch buffers a rank runs its ops in, on either device: a GEMM's A, B and C (a memory-bound
+/// kernel's input and output), a transfer's send and receive sides, and optimizer state.
+enum Buffer { kA, kB, kC, kSend, kRecv, kState, kBuffers };
+
 /// rows = 0: nothing to run (fewer bytes than one element).
 MemoryKernel memory_kernel(ComputeKind kind, double bytes, const MoeModel& model);
 

@@ -34,7 +34,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_WERROR=ON >/dev/null
+# A unity build (each library's files compiled as a few units): a one-off build in about half the
+# time; a developer's own build (without it) recompiles only the files an edit touches.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_WERROR=ON -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build build -j"$jobs"
 
 if [ "$mode" = demo ]; then
@@ -48,7 +50,7 @@ else
     # without its null, alignment and vptr checks, a third of the build: AddressSanitizer reports a
     # null dereference itself, x86 forgives misalignment, and moesim casts no polymorphic pointers.
     # gcc's -Wmaybe-uninitialized misfires on libstdc++ under the sanitizers; the main build keeps it.
-    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO= -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF \
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO= -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF -DCMAKE_UNITY_BUILD=ON \
       -DCMAKE_CXX_FLAGS="-O0 -fsanitize=address,undefined -fno-sanitize=vptr,alignment,null,nonnull-attribute,returns-nonnull-attribute -fno-omit-frame-pointer -fno-sanitize-recover=undefined -Wno-maybe-uninitialized" \
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
     cmake --build build-asan -j"$jobs" --target moesim_tests  # and moesim, which it runs; not the bench
