@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -486,7 +487,42 @@ class CudaBackend final : public Backend {
   double clock_ = 0;
 };
 
+/// Device memory freed on every path out.
+struct DeviceFloats {
+  explicit DeviceFloats(std::size_t n) { MOESIM_CHECK(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(float))); }
+  ~DeviceFloats() { cudaFree(p); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  float* p = nullptr;
+};
+
 }  // namespace
+
+void cublas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B, float* C,
+                 float beta) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // nothing to multiply: C = beta·C, as host::gemm
+    for (std::size_t i = 0; i < m * n; ++i) C[i] = beta == 0 ? 0.0f : beta * C[i];
+    return;
+  }
+  static std::mutex mutex;
+  static cublasHandle_t blas = nullptr;  // kept for the process, as cuBLAS's own handles are
+  const std::lock_guard lock(mutex);
+  if (!blas) {
+    MOESIM_CHECK(cublasCreate(&blas));
+    MOESIM_CHECK(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));  // fp32 as the host computes it
+  }
+  DeviceFloats a(m * k), b(k * n), c(m * n);
+  MOESIM_CHECK(cudaMemcpy(a.p, A, m * k * sizeof(float), cudaMemcpyHostToDevice));
+  MOESIM_CHECK(cudaMemcpy(b.p, B, k * n * sizeof(float), cudaMemcpyHostToDevice));
+  if (beta != 0) MOESIM_CHECK(cudaMemcpy(c.p, C, m * n * sizeof(float), cudaMemcpyHostToDevice));
+  // As compute() above: row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ.
+  const float alpha = 1;
+  const int lda = int(ta ? m : k), ldb = int(tb ? k : n);
+  MOESIM_CHECK(cublasSgemm(blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
+                           &alpha, b.p, ldb, a.p, lda, &beta, c.p, int(n)));
+  MOESIM_CHECK(cudaMemcpy(C, c.p, m * n * sizeof(float), cudaMemcpyDeviceToHost));
+}
 
 std::unique_ptr<Backend> make_cuda_backend(const Cluster& cluster, const MoeModel& model, CudaOptions options) {
   return std::make_unique<CudaBackend>(cluster, model, options);

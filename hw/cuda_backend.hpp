@@ -15,6 +15,7 @@
 // finished after `timeout_s` fails naming the first op still running, after aborting the
 // communicators: never a hang.
 #pragma once
+#include <cstddef>
 #include <memory>
 
 #include "backend.hpp"
@@ -30,5 +31,10 @@ struct CudaOptions {
 
 std::unique_ptr<Backend> make_cuda_backend(const Cluster& cluster, const MoeModel& model, CudaOptions options = {});
 
+/// host::gemm's contract (row-major fp32, C = op(A)·op(B) + beta·C) computed by cuBLAS's SGEMM on
+/// the current GPU, in plain fp32 (no TF32): host memory in and out, one call at a time from any
+/// thread. The data path's experts run on it on a GPU (data_path.hpp).
+void cublas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B, float* C,
+                 float beta);
 
 }  // namespace moesim::hw

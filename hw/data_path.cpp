@@ -139,7 +139,7 @@ namespace {
 
 /// The layer on host ranks, following `plan` and the schedule's placement `where`.
 LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& gated, const LayerPlan& plan,
-                               const ExpertPlacement& where, const Cluster& cluster) {
+                               const ExpertPlacement& where, const Cluster& cluster, Gemm gemm) {
   const int G = p.G, E = p.E, d = p.d;
   const bool sharded = where.kind == ExpertPlacement::sharded;
   const int r = sharded ? where.r : 1;
@@ -243,11 +243,11 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
         }
         const std::size_t m = wk.xs.size() / std::size_t(d);
         wk.pre.resize(m * std::size_t(wk.w));
-        host::gemm(false, false, m, std::size_t(wk.w), std::size_t(d), wk.xs.data(), wk.W.data(), wk.pre.data());
+        gemm(false, false, m, std::size_t(wk.w), std::size_t(d), wk.xs.data(), wk.W.data(), wk.pre.data(), 0.0f);
         wk.act = wk.pre;
         for (auto& v : wk.act) v = std::max(0.0f, v);
         std::vector<float> y(m * std::size_t(d));
-        host::gemm(false, false, m, std::size_t(d), std::size_t(wk.w), wk.act.data(), wk.W.data() + std::size_t(d) * wk.w, y.data());
+        gemm(false, false, m, std::size_t(d), std::size_t(wk.w), wk.act.data(), wk.W.data() + std::size_t(d) * wk.w, y.data(), 0.0f);
         std::size_t row = 0;
         for (const auto& [src, part] : u.parts) {
           const std::size_t rows = part.to - part.from;
@@ -283,12 +283,12 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
       const float* W1 = wk.W.data();
       const float* W2 = wk.W.data() + std::size_t(d) * w;
       std::vector<float> dh(m * w), dW1(std::size_t(d) * w), dW2(w * std::size_t(d)), dxs(m * std::size_t(d));
-      host::gemm(false, true, m, w, std::size_t(d), dy.data(), W2, dh.data());
+      gemm(false, true, m, w, std::size_t(d), dy.data(), W2, dh.data(), 0.0f);
       for (std::size_t i = 0; i < dh.size(); ++i)
         if (wk.pre[i] <= 0) dh[i] = 0;
-      host::gemm(true, false, w, std::size_t(d), m, wk.act.data(), dy.data(), dW2.data());
-      host::gemm(true, false, std::size_t(d), w, m, wk.xs.data(), dh.data(), dW1.data());
-      host::gemm(false, true, m, std::size_t(d), w, dh.data(), W1, dxs.data());
+      gemm(true, false, w, std::size_t(d), m, wk.act.data(), dy.data(), dW2.data(), 0.0f);
+      gemm(true, false, std::size_t(d), w, m, wk.xs.data(), dh.data(), dW1.data(), 0.0f);
+      gemm(false, true, m, std::size_t(d), w, dh.data(), W1, dxs.data(), 0.0f);
       std::size_t row = 0;
       for (const auto& [src, part] : u.parts) {
         const std::size_t rows = part.to - part.from;
@@ -342,7 +342,8 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
 }  // namespace
 
 DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const GpuModel& gpu,
-                          const spec::PolicySpec& policy_spec, int iterations, std::uint64_t seed, double skew) {
+                          const spec::PolicySpec& policy_spec, int iterations, std::uint64_t seed, double skew,
+                          Gemm expert_gemm) {
   auto policy = make_policy(policy_spec);
   policy->validate(cluster, model, policy_spec);
   DataPathRun run;
@@ -362,7 +363,7 @@ DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const G
     if (plan.layers.front().routing.counts() != R.counts())
       throw std::invalid_argument("data path: policy " + policy->name() +
                                   " changed the gate's routing (a gate policy changes the model by design)");
-    run.numbers.push_back(distributed_layer(p, gated, plan.layers.front(), plan.placement(), cluster));
+    run.numbers.push_back(distributed_layer(p, gated, plan.layers.front(), plan.placement(), cluster, expert_gemm));
   }
   return run;
 }

@@ -22,6 +22,7 @@
 
 #include "cluster.hpp"
 #include "gpu.hpp"
+#include "host_kernels.hpp"
 #include "model.hpp"
 #include "moesim.pb.h"
 #include "routing.hpp"
@@ -60,8 +61,13 @@ struct DataPathRun {
   std::vector<LayerProblem> problems;
   std::vector<LayerNumbers> numbers;
 };
+/// The experts' GEMMs (forward and backward) run on `expert_gemm`: the host's by default, cuBLAS's
+/// on a GPU (cuda_backend.hpp's cublas_gemm); the gate and the reference stay on the host, so that
+/// the routing is the reference's bit for bit.
+using Gemm = decltype(&host::gemm);
 DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const GpuModel& gpu,
-                          const spec::PolicySpec& policy, int iterations, std::uint64_t seed, double skew);
+                          const spec::PolicySpec& policy, int iterations, std::uint64_t seed, double skew,
+                          Gemm expert_gemm = host::gemm);
 
 /// Largest |a − b| / max(1, |b|) over every number of two layers' results.
 double max_relative_difference(const LayerNumbers& a, const LayerNumbers& b);

@@ -3,6 +3,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,10 +14,13 @@
 
 #include "spec.hpp"
 #include "cluster.hpp"
+#include "cuda_backend.hpp"
 #include "cuda_kernels.hpp"
+#include "data_path.hpp"
 #include "host_kernels.hpp"
 #include "hw_info.hpp"
 #include "model.hpp"
+#include "policy.hpp"
 
 using namespace moesim;
 
@@ -159,6 +163,42 @@ TEST_CASE("the CUDA kernels compute what the host device's kernels compute") {
       const auto got = b.back();
       for (std::size_t r = 0; r < rows; ++r)
         for (std::size_t c = 0; c < width; ++c) REQUIRE(got[r * width + c] == in[(r * 7919 % rows) * width + c]);
+    }
+  }
+}
+
+namespace {
+std::atomic<long> gpu_gemms{0};
+void counted_cublas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B,
+                         float* C, float beta) {
+  ++gpu_gemms;
+  hw::cublas_gemm(ta, tb, m, n, k, A, B, C, beta);
+}
+}  // namespace
+
+TEST_CASE("every placement policy computes plain EP's outputs and gradients with cuBLAS on the GPU") {
+  // tests/test_hw.cpp's data-path check with the experts' GEMMs (forward, and the backward's
+  // transposed ones) on the GPU: the demo's variants, every policy, on 16 ranks of a small layer.
+  std::vector<std::string> set{"cluster.nodes=2",  "model.layers=1",     "model.d_model=32", "model.d_ffn=64",
+                               "model.experts=16", "model.tokens_per_gpu=64", "model.seq_len=64", "model.heads=2",
+                               "model.dtype=FP32"};
+  const Experiment ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/demo.textproto", set);
+  const Cluster cluster(ex.cluster_spec);
+  const MoeModel model(ex.spec.model());
+  const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
+  REQUIRE(ex.variants.size() == policy_names().size());
+  for (const auto& [name, s] : ex.variants) {
+    INFO("policy " << name);
+    const long before = gpu_gemms;
+    const hw::DataPathRun run = hw::run_data_path(cluster, model, gpu, s.policy(), 2, 7, 3.0, counted_cublas_gemm);
+    CHECK(gpu_gemms > before);
+    for (std::size_t it = 0; it < run.numbers.size(); ++it) {
+      INFO("iteration " << it);
+      const hw::LayerNumbers ref = hw::reference_layer(run.problems[it]);  // on the host
+      CHECK(run.numbers[it].routing.counts() == ref.routing.counts());
+      // fp32 on both, summed in another order by cuBLAS's kernels: a wrong operand or transpose is
+      // off by O(1).
+      CHECK(hw::max_relative_difference(run.numbers[it], ref) < 1e-4);
     }
   }
 }
