@@ -25,8 +25,9 @@ namespace moesim {
 //  zfp   schemoe/custom/compressor/zfpc.cpp: zfp_type_float, fixed rate, the CUDA kernels: fp32
 //        only, so a 16-bit payload is cast to fp32 first (read b, write 4) and back after; then
 //        read 4, write bits/8 (compress) and the reverse. This is ZFP at memory speed, a lower
-//        bound: its block transform and bit-plane coding (global atomics) have no measured
-//        throughput on the papers' GPUs; `gbytes_per_s` sets one.
+//        bound: its block transform and bit-plane coding (global atomics) are compute-bound, 10-20x
+//        slower on an H100 (docs/hardware.md); `gbytes_per_s` sets a measured rate, as ScheMoE's
+//        specs do.
 //  fp16  not a released ScheMoE compressor: a cast to 16 bits and back (read b, write 2; the
 //        reverse).
 Compressor make_compressor(const spec::CompressorSpec& s, const std::string& default_name, double b) {
