@@ -139,7 +139,7 @@ namespace {
 
 /// The layer on host ranks, following `plan` and the schedule's placement `where`.
 LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& gated, const LayerPlan& plan,
-                               const ExpertPlacement& where, const Cluster& cluster, Gemm gemm) {
+                               const ExpertPlacement& where, const Cluster& cluster, GemmFn gemm) {
   const int G = p.G, E = p.E, d = p.d;
   const bool sharded = where.kind == ExpertPlacement::sharded;
   const int r = sharded ? where.r : 1;
@@ -343,7 +343,7 @@ LayerNumbers distributed_layer(const LayerProblem& p, const std::vector<Gated>& 
 
 DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const GpuModel& gpu,
                           const spec::PolicySpec& policy_spec, int iterations, std::uint64_t seed, double skew,
-                          Gemm expert_gemm) {
+                          GemmFn expert_gemm) {
   auto policy = make_policy(policy_spec);
   policy->validate(cluster, model, policy_spec);
   DataPathRun run;

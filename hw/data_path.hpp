@@ -64,10 +64,10 @@ struct DataPathRun {
 /// The experts' GEMMs (forward and backward) run on `expert_gemm`: the host's by default, cuBLAS's
 /// on a GPU (cuda_backend.hpp's cublas_gemm); the gate and the reference stay on the host, so that
 /// the routing is the reference's bit for bit.
-using Gemm = decltype(&host::gemm);
+using GemmFn = decltype(&host::gemm);
 DataPathRun run_data_path(const Cluster& cluster, const MoeModel& model, const GpuModel& gpu,
                           const spec::PolicySpec& policy, int iterations, std::uint64_t seed, double skew,
-                          Gemm expert_gemm = host::gemm);
+                          GemmFn expert_gemm = host::gemm);
 
 /// Largest |a − b| / max(1, |b|) over every number of two layers' results.
 double max_relative_difference(const LayerNumbers& a, const LayerNumbers& b);

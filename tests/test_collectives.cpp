@@ -267,3 +267,38 @@ TEST_CASE("the RTX 2080 Ti testbed's all-to-all matches the time its owners meas
     CHECK(x.seconds == Approx(measured).epsilon(0.05));
   }
 }
+
+namespace {
+/// An all-to-all of S = 256 MiB a GPU over 2 and 4 dgx-a100 nodes (16 and 32 GPUs), 2 nodes a leaf
+/// switch on `spines` spines: the 32-GPU time over the 16-GPU time. One sweep (SimGrid allows one
+/// engine a process).
+double four_over_two_nodes(int spines) {
+  std::string base = test::read_file(std::string(MOESIM_SOURCE_DIR) + "/platforms/dgx-a100.textproto");
+  const auto at = base.find("\nfabric {");
+  REQUIRE(at != std::string::npos);
+  base.erase(at + 1, base.find('}', at) - at);
+  const std::string path = test::temp_dir("spines" + std::to_string(spines)) + "/platform.textproto";
+  test::write_file(path, base + "fabric { nodes_per_leaf: 2 spines: " + std::to_string(spines) + " latency_us: 0.25 }\n");
+  CollectiveSweep sweep;
+  sweep.platform = path;
+  sweep.gpus = {16, 32};
+  sweep.sizes = {256 << 20};
+  sweep.collectives = {CollectiveType::all_to_all};
+  sweep.algorithms = {"linear"};
+  const auto p = run_collective_sweep(sweep);
+  REQUIRE(p.size() == 2);
+  return p[1].seconds / p[0].seconds;
+}
+}  // namespace
+
+// An oversubscribed fat-tree is platform data (fabric.spines below nodes_per_leaf). S/n bytes go to
+// each peer. 2 nodes (one leaf): a node's uplink carries 8 GPUs × 8/16 S = 4S. 4 nodes: a node's
+// uplink 8 × 24/32 S = 6S, a leaf's spine links 16 × 16/32 S = 8S, at one node's NIC bandwidth
+// per spine link. Non-blocking (2 spines: 2 links a leaf) the node uplink stays the bottleneck, 6S /
+// 4S = 1.5; at 2:1 (1 spine) the leaf's link is, 8S / 4S = 2.
+TEST_CASE("a non-blocking fat-tree: 4 nodes' all-to-all is bound by the node uplinks") {
+  CHECK(four_over_two_nodes(2) == Approx(1.5).epsilon(0.05));
+}
+TEST_CASE("a 2-to-1 oversubscribed fat-tree: 4 nodes' all-to-all is bound by the leaf's spine link") {
+  CHECK(four_over_two_nodes(1) == Approx(2.0).epsilon(0.05));
+}
