@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The simulator against one real GPU (docs/hardware.md): calibrate a profile from the expert GEMMs,
-# run three one-GPU models on the GPU and in simulation with that profile, compare op class by op
-# class, and time PyTorch's yardsticks (tools/gpu_yardsticks.py) beside them. Every step has a time
+# run five one-GPU models (and the demo in BF16) on the GPU and in simulation with that profile,
+# compare op class by op class, and time PyTorch's yardsticks (tools/gpu_yardsticks.py) beside them. Every step has a time
 # limit and writes its log under OUT; a failed step is reported and the rest still run.
 #   bash tools/gpu-validate.sh [MOESIM] [OUT]     (default: build/moesim, gpu-validate-out)
 # On a machine without moesim's libraries, run it from the bundle of shared/tools/device-bundle.sh
@@ -22,13 +22,24 @@ S=(experiments/hw/demo-layer-1gpu.textproto --set sim.timeline_iterations=5)
 fine=(--set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6
       --set model.tokens_per_gpu=8192 --set model.heads=16 --set model.name=fine-grained)
 lm=(--set model.layers=4 --set model.vocab=32000 --set model.name=lm-4-layers)
+# Held out (docs/hardware.md): layers of DeepSeek-V3's and Mixtral's sizes, and the demo in BF16.
+deepseek=(--set model.d_model=7168 --set model.d_ffn=2048 --set model.experts=64 --set model.top_k=8
+          --set model.tokens_per_gpu=8192 --set model.heads=56 --set model.name=deepseek-v3-layer-64-experts)
+mixtral=(--set model.d_model=4096 --set model.d_ffn=14336 --set model.experts=8 --set model.top_k=2
+         --set model.tokens_per_gpu=8192 --set model.heads=32 --set model.name=mixtral-layer)
 { date -u; nvidia-smi; } > "$out/device.txt" 2>&1
 step calibrate 150 "$M" calibrate "${S[@]}" --backend hw --out "$out/profile-demo.textproto"
 step calibrate-fine 150 "$M" calibrate "${S[@]}" "${fine[@]}" --backend hw --out "$out/profile-fine.textproto"
-for model in demo fine lm; do
-  case $model in demo) sets=() ;; fine) sets=("${fine[@]}") ;; lm) sets=("${lm[@]}") ;; esac
+step calibrate-bf16 150 "$M" calibrate "${S[@]}" --set model.dtype=BF16 --backend hw --out "$out/profile-demo-bf16.textproto"
+for model in demo fine lm deepseek mixtral demo-bf16; do
+  case $model in
+    demo) sets=() ;; fine) sets=("${fine[@]}") ;; lm) sets=("${lm[@]}") ;;
+    deepseek) sets=("${deepseek[@]}") ;; mixtral) sets=("${mixtral[@]}") ;; demo-bf16) sets=(--set model.dtype=BF16) ;;
+  esac
+  profile=$out/profile-demo.textproto
+  [[ $model == demo-bf16 ]] && profile=$out/profile-demo-bf16.textproto
   step "gpu-$model" 120 "$M" run "${S[@]}" "${sets[@]}" --backend hw -q --out "$out/$model"
-  step "sim-$model" 60 "$M" run "${S[@]}" "${sets[@]}" --set cluster.gpu_profile="$out/profile-demo.textproto" -q \
+  step "sim-$model" 60 "$M" run "${S[@]}" "${sets[@]}" --set cluster.gpu_profile="$profile" -q \
     --out "$out/sim-$model"
   step "compare-$model" 30 "$M" compare "$out/sim-$model" "$out/$model"
 done
