@@ -74,9 +74,38 @@ def prepare_forward(E=64, T=8192, k=2):
     with_sync, without = wall_us(lambda: prepare(True)), wall_us(lambda: prepare(False))
     print(f"prepare_forward {with_sync:.0f} us, {with_sync - without:.0f} us of it its host syncs")
 
+def attention(tokens=4096, seq=512, d=1024, heads=16):
+    """A BERT-style attention block as the papers' PyTorch code ran it, unfused (Megatron-LM's and
+    fairseq's eager path): layer norm, QKV projection, per-head scores, softmax, dropout, context,
+    output projection, dropout, residual; FP16. Hecate's cluster-B layer (BERT-MoE-Deep: 8 x 512
+    tokens, d_model 1024, 16 heads) by default. Forward, and forward + backward (autograd); beside
+    it PyTorch's fused scaled_dot_product_attention in the same block."""
+    import torch.nn.functional as F
+    b, hd = tokens // seq, d // heads
+    x = torch.randn(b, seq, d, dtype=torch.float16, device='cuda', requires_grad=True)
+    ln = torch.nn.LayerNorm(d).cuda().half()
+    qkv = torch.nn.Linear(d, 3 * d).cuda().half()
+    proj = torch.nn.Linear(d, d).cuda().half()
+    grad = torch.randn_like(x)
+
+    def block(fused):
+        q, k, v = qkv(ln(x)).view(b, seq, 3, heads, hd).permute(2, 0, 3, 1, 4)
+        if fused:
+            c = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        else:
+            p = F.dropout(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / hd ** 0.5, dim=-1), 0.1)
+            c = torch.matmul(p, v)
+        return x + F.dropout(proj(c.permute(0, 2, 1, 3).reshape(b, seq, d)), 0.1)
+    for fused in (False, True):
+        f = gpu_seconds(lambda: block(fused))
+        fb = gpu_seconds(lambda: block(fused).backward(grad))
+        print(f"attention block {b} x {seq} tokens, d {d}, {heads} heads, {'fused sdpa' if fused else 'unfused'}: "
+              f"forward {f * 1e3:.3f} ms, backward {(fb - f) * 1e3:.3f} ms")
+
 if __name__ == '__main__':
     print(torch.cuda.get_device_name(), 'torch', torch.__version__)
     gemms()
     bandwidth()
     host_sync()
     prepare_forward()
+    attention()
