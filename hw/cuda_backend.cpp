@@ -21,6 +21,7 @@
 
 #include "cuda_kernels.hpp"
 #include "errors.hpp"
+#include "host_kernels.hpp"
 #include "hw_info.hpp"
 #include "op_work.hpp"
 
@@ -38,6 +39,16 @@ void check(cublasStatus_t e, const char* what) {
   if (e != CUBLAS_STATUS_SUCCESS) throw MachineError(fmt::format("cuBLAS: {}: status {}", what, int(e)));
 }
 #define MOESIM_CHECK(call) check((call), #call)
+
+/// A row-major GEMM C[m×n] = op(A)·op(B) as cuBLAS (column-major) runs it: Cᵀ = op(B)ᵀ·op(A)ᵀ, so
+/// cuBLAS sees each row-major operand as its transpose and a transposed one (ta/tb: stored k×m,
+/// n×k) is passed as OP_T. Call cuBLAS with (opb, opa, n, m, k, B, ldb, A, lda, C, n).
+struct ColumnMajor {
+  ColumnMajor(bool ta, bool tb, int m, int n, int k)
+      : opa(ta ? CUBLAS_OP_T : CUBLAS_OP_N), opb(tb ? CUBLAS_OP_T : CUBLAS_OP_N), lda(ta ? m : k), ldb(tb ? k : n) {}
+  cublasOperation_t opa, opb;
+  int lda, ldb;
+};
 
 /// One rank on its GPU: streams, handles, communicators, buffers, the iteration's events.
 struct Rank {
@@ -369,11 +380,8 @@ class CudaBackend final : public Backend {
     const cublasComputeType_t ctype = compute_type(model_.dtype());
     const float alpha = 1, beta = 0;
     for (const Gemm& g : c.gemms) {
-      // Row-major C[m×n] = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLAS sees each row-major
-      // operand as its transpose, so a transposed one (ta/tb: stored k×m, n×k) is passed as OP_T.
       const int m = int(g.m), n = int(g.n), k = int(g.k);
-      const cublasOperation_t opa = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-      const int lda = g.ta ? m : k, ldb = g.tb ? k : n;
+      const auto [opa, opb, lda, ldb] = ColumnMajor(g.ta, g.tb, m, n, k);
       for (std::uint64_t i = 0; i < std::max<std::uint64_t>(1, g.repeat); ++i) {
         if (g.batch > 1)
           MOESIM_CHECK(cublasGemmStridedBatchedEx(r.blas, opb, opa, n, m, k, &alpha, r.buf[kB], type, ldb,
@@ -500,11 +508,7 @@ struct DeviceFloats {
 
 void cublas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B, float* C,
                  float beta) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // nothing to multiply: C = beta·C, as host::gemm
-    for (std::size_t i = 0; i < m * n; ++i) C[i] = beta == 0 ? 0.0f : beta * C[i];
-    return;
-  }
+  if (m == 0 || n == 0 || k == 0) return host::gemm(ta, tb, m, n, k, A, B, C, beta);  // no product: C = beta·C
   static std::mutex mutex;
   static cublasHandle_t blas = nullptr;  // kept for the process, as cuBLAS's own handles are
   const std::lock_guard lock(mutex);
@@ -516,11 +520,9 @@ void cublas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, 
   MOESIM_CHECK(cudaMemcpy(a.p, A, m * k * sizeof(float), cudaMemcpyHostToDevice));
   MOESIM_CHECK(cudaMemcpy(b.p, B, k * n * sizeof(float), cudaMemcpyHostToDevice));
   if (beta != 0) MOESIM_CHECK(cudaMemcpy(c.p, C, m * n * sizeof(float), cudaMemcpyHostToDevice));
-  // As compute() above: row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ.
   const float alpha = 1;
-  const int lda = int(ta ? m : k), ldb = int(tb ? k : n);
-  MOESIM_CHECK(cublasSgemm(blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
-                           &alpha, b.p, ldb, a.p, lda, &beta, c.p, int(n)));
+  const auto [opa, opb, lda, ldb] = ColumnMajor(ta, tb, int(m), int(n), int(k));
+  MOESIM_CHECK(cublasSgemm(blas, opb, opa, int(n), int(m), int(k), &alpha, b.p, ldb, a.p, lda, &beta, c.p, int(n)));
   MOESIM_CHECK(cudaMemcpy(C, c.p, m * n * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
