@@ -22,6 +22,17 @@ inline spec::ClusterSpec platform(const std::string& name, int nodes) {
 spec::ModelSpec model_spec(int layers, int d_model, int d_ffn, int experts, int top_k, int seq_len, int tokens_per_gpu,
                            int heads, spec::DType dtype = spec::FP16);
 
+/// The demo's variants (every policy, as the demo configures them) on a small problem: 2 DGX-A100
+/// nodes (16 GPUs), one MoE layer, d_model 32, d_ffn 64, 16 experts, top-2, 64 tokens per GPU.
+inline Experiment small_demo(const std::vector<std::string>& extra = {},
+                             const std::string& spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/demo.textproto") {
+  std::vector<std::string> set{"cluster.nodes=2",  "model.layers=1",          "model.d_model=32",
+                               "model.d_ffn=64",   "model.experts=16",        "model.tokens_per_gpu=64",
+                               "model.seq_len=64", "model.heads=2",           "model.dtype=FP32"};
+  set.insert(set.end(), extra.begin(), extra.end());
+  return load_experiment(spec, set);
+}
+
 /// The base experiment made small (2 DGX-A100 nodes: 16 GPUs, 2 layers, 32 experts; `extra`
 /// overrides on top) with what a test needs to build iterations by hand.
 struct SmallSetup {

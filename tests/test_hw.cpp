@@ -14,19 +14,9 @@
 #include "textproto.hpp"
 
 using namespace moesim;
+using test::small_demo;
 
 namespace {
-
-/// The demo's variants (every policy, as the demo configures them) on a small problem: 2 DGX-A100
-/// nodes (16 GPUs), one MoE layer, d_model 32, d_ffn 64, 16 experts, top-2, 64 tokens per GPU.
-Experiment small_demo(const std::vector<std::string>& extra = {},
-                      const std::string& spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/demo.textproto") {
-  std::vector<std::string> set{"cluster.nodes=2",      "model.layers=1",          "model.d_model=32",
-                               "model.d_ffn=64",       "model.experts=16",        "model.tokens_per_gpu=64",
-                               "model.seq_len=64",     "model.heads=2",           "model.dtype=FP32"};
-  set.insert(set.end(), extra.begin(), extra.end());
-  return load_experiment(spec, set);
-}
 
 constexpr double kTolerance = 1e-5;  // fp32 sums in another order
 

@@ -17,6 +17,7 @@
 #include "cuda_backend.hpp"
 #include "cuda_kernels.hpp"
 #include "data_path.hpp"
+#include "../helpers.hpp"
 #include "host_kernels.hpp"
 #include "hw_info.hpp"
 #include "model.hpp"
@@ -179,10 +180,7 @@ void counted_cublas_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::si
 TEST_CASE("every placement policy computes plain EP's outputs and gradients with cuBLAS on the GPU") {
   // tests/test_hw.cpp's data-path check with the experts' GEMMs (forward, and the backward's
   // transposed ones) on the GPU: the demo's variants, every policy, on 16 ranks of a small layer.
-  std::vector<std::string> set{"cluster.nodes=2",  "model.layers=1",     "model.d_model=32", "model.d_ffn=64",
-                               "model.experts=16", "model.tokens_per_gpu=64", "model.seq_len=64", "model.heads=2",
-                               "model.dtype=FP32"};
-  const Experiment ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/demo.textproto", set);
+  const Experiment ex = test::small_demo();
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
