@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "memory_model.hpp"
 #include "schedule/layer_ops.hpp"
@@ -105,6 +106,10 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
         for (int e = 0; e < E; ++e) load[std::size_t(e)] += R.at(s, e);
       for (int e = 0; e < E; ++e)
         if (load[std::size_t(e)] > 0) computes_[l][std::size_t(target_[l][std::size_t(e)])].push_back({e, load[std::size_t(e)]});
+    } else if (zero) {  // every GPU its own tokens: row s as it is, in expert order
+      for (int s = 0; s < G; ++s)
+        for (int e = 0; e < E; ++e)
+          if (const std::int64_t x = R.at(s, e); x != 0) computes_[l][std::size_t(s)].push_back({e, x});
     } else {
       std::vector<std::int32_t> at(std::size_t(G) * E, -1);  // (GPU, expert) -> its place in computes_
       for (int s = 0; s < G; ++s)
@@ -414,7 +419,7 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
     return x * (part + 1) / parts - x * part / parts;
   };
   const bool whole = from == 0 && to == gpus_ && parts == 1;
-  std::map<long, std::uint64_t> experts_of_size;  // ZeRO: tokens -> how many experts have as many
+  std::vector<long> sizes;  // ZeRO: the distinct token counts of its experts (experts_of_size_ counts each)
   for (const auto& [e, total] : computes_[std::size_t(l)][std::size_t(rank)]) {
     long tokens = 0;
     if (whole)  // every source's tokens for e that this GPU computes, summed once (the constructor)
@@ -424,7 +429,8 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
         if (target(l, s, e) == rank) tokens += share(s, e);
     if (tokens == 0) continue;
     if (zero && !per_source) {  // every expert on this GPU's own tokens: E of them
-      ++experts_of_size[tokens];
+      if (std::size_t(tokens) >= experts_of_size_.size()) experts_of_size_.resize(std::size_t(tokens) + 1, 0);
+      if (experts_of_size_[std::size_t(tokens)]++ == 0) sizes.push_back(tokens);
       c.tokens += tokens;
       continue;
     }
@@ -433,7 +439,7 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
       std::map<long, std::uint64_t> chunks;  // chunk size -> how many
       for (int s = from; s < to; ++s)
         if (target(l, s, e) == rank && R.at(s, e) > 0) ++chunks[share(s, e)];
-      fwd = repeated_expert_gemms(chunks);
+      fwd = repeated_expert_gemms({chunks.begin(), chunks.end()});
     } else {
       fwd = in_.model.expert_gemms(tokens);
     }
@@ -446,8 +452,11 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
       copies.push_back(e);
     }
   }
-  if (!experts_of_size.empty()) {
-    const auto fwd = repeated_expert_gemms(experts_of_size);
+  if (!sizes.empty()) {
+    std::sort(sizes.begin(), sizes.end());
+    std::vector<std::pair<long, std::uint64_t>> count_of_size;
+    for (long size : sizes) count_of_size.emplace_back(size, std::exchange(experts_of_size_[std::size_t(size)], 0));
+    const auto fwd = repeated_expert_gemms(count_of_size);
     const auto gemms = bwd ? backward_gemms(fwd) : fwd;
     c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
   }
@@ -455,7 +464,7 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
 }
 
 // The expert GEMMs of each size, run `count` times: equal GEMMs are one entry, repeated.
-std::vector<Gemm> LayerOps::repeated_expert_gemms(const std::map<long, std::uint64_t>& count_of_size) const {
+std::vector<Gemm> LayerOps::repeated_expert_gemms(const std::vector<std::pair<long, std::uint64_t>>& count_of_size) const {
   std::vector<Gemm> out;
   for (const auto& [size, count] : count_of_size)
     for (auto g : in_.model.expert_gemms(size)) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cost_model.hpp"
@@ -74,7 +75,8 @@ class LayerOps {
   std::vector<Gemm> codec_gemms(int l, int r) const;
   Compute expert_work(int l, int rank, int from, int to, Pass pass, std::vector<OpId>& deps, std::vector<int>& copies,
                       int part, int parts);
-  std::vector<Gemm> repeated_expert_gemms(const std::map<long, std::uint64_t>& count_of_size) const;
+  /// The expert GEMMs of each size (ascending), each run `count` times.
+  std::vector<Gemm> repeated_expert_gemms(const std::vector<std::pair<long, std::uint64_t>>& count_of_size) const;
 
   const IterationInput& in_;
   const IterationPlan& plan_;
@@ -96,6 +98,7 @@ class LayerOps {
   std::map<std::pair<int, int>, std::vector<OpId>> users_;  // (layer, expert) -> bwd ops on its copies
   std::vector<int> trans_sent_, agg_sent_;  // per layer: replicas whose broadcast / reduce is added
   std::vector<OpId> reduces_;
+  std::vector<std::uint64_t> experts_of_size_;  // expert_work()'s count of a GPU's experts by token count, all 0 between calls
   std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, step) -> bytes
   std::string a2a_, ar_;
   double token_bytes_ = 0, scores_bytes_ = 0, permute_bytes_ = 0, expert_bytes_ = 0;
