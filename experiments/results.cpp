@@ -216,6 +216,18 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
       for (const auto& op : r.graphs[i].ops()) {
         const double start = t0 + r.timings[i].start[op.id], end = t0 + r.timings[i].end[op.id];
         nlohmann::json args = {{"iteration", first + i}, {"op", op.id}};
+        if (const auto* parts = std::get_if<Computes>(&op.body)) {  // each part as a compute op on its rank
+          for (std::size_t p = 0; p < parts->parts(); ++p) {
+            const Compute& c = parts->work(p);
+            const std::size_t k = parts->first_part + p;
+            const double s = t0 + r.timings[i].part_start[k], e = t0 + r.timings[i].part_end[k];
+            nlohmann::json part_args = {{"iteration", first + i}, {"op", op.id}, {"kind", compute_kind_name(c.kind)}, {"gflop", c.flops() / 1e9}};
+            if (c.tokens) part_args["tokens"] = c.tokens;
+            emit({{"name", op.label}, {"cat", phase_name(op.phase)}, {"ph", "X"}, {"ts", s * 1e6}, {"dur", (e - s) * 1e6},
+                  {"pid", base + parts->ranks[p]}, {"tid", int(op.stream)}, {"args", part_args}});
+          }
+          continue;
+        }
         if (const auto* c = std::get_if<Compute>(&op.body)) {
           args["kind"] = compute_kind_name(c->kind);
           args["gflop"] = c->flops() / 1e9;

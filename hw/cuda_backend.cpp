@@ -202,7 +202,7 @@ class CudaBackend final : public Backend {
       MOESIM_CHECK(cudaEventRecord(r.t0, r.stream[0]));
       for (int s = 1; s < kNumStreams; ++s) MOESIM_CHECK(cudaStreamWaitEvent(r.stream[s], r.t0, 0));
     }
-    for (const Op& op : graph.ops()) enqueue(op, who, steps[op.id]);
+    for (const Op& op : graph.ops()) enqueue(graph, op, who, steps[op.id]);
     wait_all(graph, who);
     return collect(graph, who);
   }
@@ -229,7 +229,7 @@ class CudaBackend final : public Backend {
       std::size_t need[kBuffers] = {};
       for (const Op& op : graph.ops()) {
         if (std::find(who[op.id].begin(), who[op.id].end(), r.rank) == who[op.id].end()) continue;
-        if (const auto* c = std::get_if<Compute>(&op.body)) {
+        if (const Compute* c = rank_compute(op, r.rank)) {
           for (const Gemm& g : c->gemms) {
             const std::size_t b = std::max<std::uint64_t>(1, g.batch);
             need[kA] = std::max(need[kA], b * g.m * g.k * es);
@@ -279,28 +279,28 @@ class CudaBackend final : public Backend {
   /// (docs/hardware.md). A training step in steady state has paid that long before, so each new shape
   /// and each memory kernel runs once here, untimed, before the graph's clock starts.
   void warm_new_shapes(const TaskGraph& graph) {
-    for (const Op& op : graph.ops()) {
-      const auto* c = std::get_if<Compute>(&op.body);
-      Rank* r = c ? local(op.rank) : nullptr;
-      if (!r) continue;
-      Compute once = *c;
-      once.gemms.clear();
-      for (Gemm g : c->gemms) {
-        g.repeat = 1;
-        if (warm_gemms_.insert({r->rank, g.m, g.n, g.k, std::max<std::uint64_t>(1, g.batch), g.ta, g.tb}).second)
-          once.gemms.push_back(g);
-      }
-      const MemoryKernel k = memory_kernel(c->kind, c->memory_bytes, model_);
-      if (k.rows == 0 || !warm_kernels_.insert({r->rank, int(k.kind)}).second) once.memory_bytes = 0;
-      if (!once.gemms.empty() || once.memory_bytes > 0) compute(*r, once, r->stream[int(Stream::compute)]);
+    for (const Op& op : graph.ops())
+      for (Rank& r : ranks_)
+        if (const Compute* c = rank_compute(op, r.rank)) warm(r, *c);
+  }
+  void warm(Rank& r, const Compute& c) {
+    Compute once = c;
+    once.gemms.clear();
+    for (Gemm g : c.gemms) {
+      g.repeat = 1;
+      if (warm_gemms_.insert({r.rank, g.m, g.n, g.k, std::max<std::uint64_t>(1, g.batch), g.ta, g.tb}).second)
+        once.gemms.push_back(g);
     }
+    const MemoryKernel k = memory_kernel(c.kind, c.memory_bytes, model_);
+    if (k.rows == 0 || !warm_kernels_.insert({r.rank, int(k.kind)}).second) once.memory_bytes = 0;
+    if (!once.gemms.empty() || once.memory_bytes > 0) compute(r, once, r.stream[int(Stream::compute)]);
   }
 
   cudaStream_t stream_of(Rank& r, const Op& op) { return r.stream[int(op.stream)]; }
   ncclComm_t comm_of(Rank& r, const Op& op) { return r.comm[op.stream == Stream::comm2 ? 1 : 0]; }
 
   /// `all`: every op's participants (execute() computed them once).
-  void enqueue(const Op& op, const std::vector<std::vector<int>>& all, const Lowering& steps) {
+  void enqueue(const TaskGraph& graph, const Op& op, const std::vector<std::vector<int>>& all, const Lowering& steps) {
     const std::vector<int>& who = all[op.id];
     // Dependencies and the start event on every local participant.
     for (int q : who) {
@@ -309,6 +309,11 @@ class CudaBackend final : public Backend {
       MOESIM_CHECK(cudaSetDevice(r->device));
       cudaStream_t s = stream_of(*r, op);
       for (OpId d : op.deps) {
+        if (std::holds_alternative<Computes>(graph.op(d).body)) {  // every part (one process: each GPU's event)
+          for (int p : all[d])
+            if (Rank* o = local(p); o && o->end[d] && (o == r || !mpi_)) MOESIM_CHECK(cudaStreamWaitEvent(s, o->end[d], 0));
+          continue;
+        }
         cudaEvent_t e = r->end[d];
         if (!e && !mpi_)  // another GPU's op: wait on its first participant's event (one process)
           for (int p : all[d])
@@ -322,8 +327,9 @@ class CudaBackend final : public Backend {
       MOESIM_CHECK(cudaEventCreate(&r->end[op.id]));
       MOESIM_CHECK(cudaEventRecord(r->start[op.id], s));
     }
-    if (const auto* c = std::get_if<Compute>(&op.body)) {
-      if (Rank* r = local(op.rank)) compute(*r, *c, stream_of(*r, op));
+    if (std::holds_alternative<Compute>(op.body) || std::holds_alternative<Computes>(op.body)) {
+      for (int q : who)
+        if (Rank* r = local(q)) compute(*r, *rank_compute(op, q), stream_of(*r, op));
     } else {
       for (const Lane& lane : steps)
         for (const Step& step : lane) {
@@ -460,6 +466,8 @@ class CudaBackend final : public Backend {
     Timing t;
     t.start.assign(n, std::numeric_limits<double>::infinity());
     t.end.assign(n, -std::numeric_limits<double>::infinity());
+    t.part_start.assign(graph.num_parts(), -std::numeric_limits<double>::infinity());
+    t.part_end.assign(graph.num_parts(), -std::numeric_limits<double>::infinity());
     for (std::size_t id = 0; id < n; ++id)
       for (int q : who[id])
         if (Rank* r = local(q)) {
@@ -469,6 +477,8 @@ class CudaBackend final : public Backend {
           MOESIM_CHECK(cudaEventElapsedTime(&b, r->t0, r->end[id]));
           t.start[id] = std::min(t.start[id], a * 1e-3);
           t.end[id] = std::max(t.end[id], b * 1e-3);
+          if (std::size_t part = 0; std::holds_alternative<Computes>(graph.op(OpId(id)).body) && rank_compute(graph.op(OpId(id)), q, &part))
+            t.part_start[part] = a * 1e-3, t.part_end[part] = b * 1e-3;
         }
     t.memory_peak.assign(std::size_t(G_), 0.0);
     for (const auto& [rank, bytes] : peak_) t.memory_peak[std::size_t(rank)] = bytes;
@@ -476,6 +486,8 @@ class CudaBackend final : public Backend {
     if (mpi_) {  // every rank timed its own part: the op's span over all of them
       MPI_Allreduce(MPI_IN_PLACE, t.start.data(), int(n), MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
       MPI_Allreduce(MPI_IN_PLACE, t.end.data(), int(n), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, t.part_start.data(), int(t.part_start.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, t.part_end.data(), int(t.part_end.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       MPI_Allreduce(MPI_IN_PLACE, t.memory_peak.data(), G_, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     }
 #endif

@@ -138,11 +138,16 @@ Timing HostBackend::execute(const TaskGraph& graph) {
     who[op.id] = participants(op);
     for (int r : who[op.id]) mine[std::size_t(r)].push_back(op.id);
     steps[op.id] = communication_steps(op, cluster_);
-    if (who[op.id].size() > 1) meet[op.id] = std::make_unique<Rendezvous>(int(who[op.id].size()));
+    if (who[op.id].size() > 1 && !std::holds_alternative<Computes>(op.body))
+      meet[op.id] = std::make_unique<Rendezvous>(int(who[op.id].size()));
   }
   Timing timing;
   timing.start.assign(n, 0.0);
   timing.end.assign(n, 0.0);
+  timing.part_start.assign(graph.num_parts(), 0.0);
+  timing.part_end.assign(graph.num_parts(), 0.0);
+  std::unique_ptr<std::atomic<int>[]> parts_left(new std::atomic<int>[n]);  // a Computes op's parts not done
+  for (const Op& op : graph.ops()) parts_left[op.id] = int(who[op.id].size());
   timing.memory_peak.assign(std::size_t(G), 0.0);
   std::vector<Scratch> scratch(static_cast<std::size_t>(G));
   std::unique_ptr<std::atomic<bool>[]> done(new std::atomic<bool>[n]);
@@ -171,6 +176,15 @@ Timing HostBackend::execute(const TaskGraph& graph) {
         run_compute(*c, model_, s);
         timing.end[id] = seconds();
         done[id].store(true, std::memory_order_release);
+        continue;
+      }
+      if (std::holds_alternative<Computes>(op.body)) {  // this rank's part; the op is done with its last
+        std::size_t part = 0;
+        const Compute* c = rank_compute(op, rank, &part);
+        timing.part_start[part] = seconds();
+        run_compute(*c, model_, s);
+        timing.part_end[part] = seconds();
+        if (parts_left[id].fetch_sub(1, std::memory_order_acq_rel) == 1) done[id].store(true, std::memory_order_release);
         continue;
       }
       Rendezvous* rv = meet[id].get();
@@ -223,6 +237,12 @@ Timing HostBackend::execute(const TaskGraph& graph) {
       });
   }
   if (error) std::rethrow_exception(error);
+  for (const Op& op : graph.ops())
+    if (const auto* parts = std::get_if<Computes>(&op.body)) {  // from its first part's start to its last part's end
+      const auto first = std::ptrdiff_t(parts->first_part), last = first + std::ptrdiff_t(parts->parts());
+      timing.start[op.id] = *std::min_element(timing.part_start.begin() + first, timing.part_start.begin() + last);
+      timing.end[op.id] = *std::max_element(timing.part_end.begin() + first, timing.part_end.begin() + last);
+    }
   for (int r = 0; r < G; ++r) timing.memory_peak[std::size_t(r)] = scratch[std::size_t(r)].peak();
   clock_ += timing.makespan();
   return timing;

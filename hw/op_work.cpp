@@ -15,6 +15,17 @@ std::vector<int> participants(const Op& op) {
   return ranks;
 }
 
+const Compute* rank_compute(const Op& op, int rank, std::size_t* part) {
+  if (const auto* c = std::get_if<Compute>(&op.body)) return op.rank == rank ? c : nullptr;
+  const auto* parts = std::get_if<Computes>(&op.body);
+  if (!parts) return nullptr;
+  const auto at = std::find(parts->ranks.begin(), parts->ranks.end(), rank);
+  if (at == parts->ranks.end()) return nullptr;
+  const auto i = std::size_t(at - parts->ranks.begin());
+  if (part) *part = parts->first_part + i;
+  return &parts->work(i);
+}
+
 Lowering communication_steps(const Op& op, const Cluster& cluster) {
   if (const auto* t = std::get_if<Transfer>(&op.body)) return {Lane{Step{{*t}, {}, 1, 1}}};
   if (const auto* c = std::get_if<Collective>(&op.body)) return lower(*c, cluster);

@@ -14,9 +14,14 @@
 
 namespace moesim::hw {
 
-/// Ranks that execute the op: a compute op's rank, a transfer's source and destination, a
-/// collective's group. Every participant runs the op at its place in id order.
+/// Ranks that execute the op: a compute op's rank (a Computes op's: each part's), a transfer's
+/// source and destination, a collective's group. Every participant runs the op at its place in id
+/// order.
 std::vector<int> participants(const Op& op);
+
+/// What `rank` computes for the op: a Compute op's work on its rank, a Computes op's part on
+/// `rank` (with its index among the graph's parts in `part`); null for anything else.
+const Compute* rank_compute(const Op& op, int rank, std::size_t* part = nullptr);
 
 /// The steps of a transfer or collective (empty for compute). Lanes run one after another on the
 /// host device and on one stream each on GPUs.

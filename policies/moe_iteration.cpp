@@ -373,8 +373,8 @@ void LayerOps::exchange_counts(int l) {
 
 // An empty all-to-all over every rank.
 OpId LayerOps::join(std::string label, std::vector<OpId> deps) {
-  return graph_.add_collective(Stream::comm, std::move(label),
-                               {CollectiveType::all_to_all, everyone_, std::vector<double>(std::size_t(gpus_) * gpus_, 0.0), a2a_},
+  if (!nothing_) nothing_ = std::make_shared<const std::vector<std::int32_t>>(std::size_t(gpus_) * gpus_, 0);
+  return graph_.add_collective(Stream::comm, std::move(label), {CollectiveType::all_to_all, everyone_, CollectiveBytes(nothing_, 1.0), a2a_},
                                std::move(deps));
 }
 
@@ -482,6 +482,49 @@ OpId LayerOps::expert_op(int l, int rank, const std::string& label, int from, in
   if (pass == Pass::backward)
     for (int e : copies) users_[{l, e}].push_back(id);
   return id;
+}
+
+// One op of a part per GPU, parts of equal work sharing it: the key of a GPU's work is its experts'
+// token counts in order (the expert GEMMs expert_work() builds from them, its only input outside
+// the per-source, ZeRO and copy cases, which take an op per GPU).
+std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const std::vector<std::pair<int, int>>& sources,
+                                       Pass pass, const std::vector<OpId>& deps) {
+  const int G = gpus_;
+  const auto& R = routing(l);
+  auto per_gpu = [&] {
+    std::vector<OpId> ids;
+    for (int r = 0; r < G; ++r) ids.push_back(expert_op(l, r, label, sources[std::size_t(r)].first, sources[std::size_t(r)].second, pass, deps));
+    return ids;
+  };
+  if (plan_.kernels.per_source_gemms || placement_.kind == ExpertPlacement::data_parallel) return per_gpu();
+  Computes c;
+  c.ranks = everyone_;
+  c.work_of.reserve(std::size_t(G));
+  std::map<std::vector<long>, std::uint32_t> work_of_tokens;
+  std::vector<long> tokens;
+  for (int r = 0; r < G; ++r) {
+    const auto [from, to] = sources[std::size_t(r)];
+    tokens.clear();
+    for (const auto& [e, total] : computes_[std::size_t(l)][std::size_t(r)]) {
+      long t = 0;
+      if (from == 0 && to == G)
+        t = long(total);
+      else
+        for (int s = from; s < to; ++s)
+          if (target(l, s, e) == r) t += long(R.at(s, e));
+      if (t == 0) continue;
+      if (r != owner(l, e)) return per_gpu();  // a copy's
+      tokens.push_back(t);
+    }
+    const auto [it, fresh] = work_of_tokens.try_emplace(tokens, std::uint32_t(c.works.size()));
+    if (fresh) {
+      std::vector<OpId> none;
+      std::vector<int> copies;
+      c.works.push_back(expert_work(l, r, from, to, pass, none, copies, 0, 1));
+    }
+    c.work_of.push_back(it->second);
+  }
+  return {graph_.add_computes(label, std::move(c), deps)};
 }
 
 // Built once per layer, from one pass over its routing, and shared by every step and by its

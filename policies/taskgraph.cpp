@@ -120,8 +120,9 @@ const OpName* find_op_name(std::string_view label) {
 
 // An op's phase: from its name, or from its body where the name is not moesim's. A compression op
 // is one by its kind (ScheMoE's C1/C2 share the letter with FasterMoE's expert steps C<j>).
-Phase phase_of(const std::string& label, const std::variant<Compute, Transfer, Collective>& body) {
-  const auto* c = std::get_if<Compute>(&body);
+Phase phase_of(const std::string& label, const std::variant<Compute, Transfer, Collective, Computes>& body) {
+  const auto* parts = std::get_if<Computes>(&body);
+  const auto* c = parts && !parts->works.empty() ? &parts->works.front() : std::get_if<Compute>(&body);
   if (c && c->kind == ComputeKind::compress) return Phase::compression;
   if (const auto* n = find_op_name(label)) return n->phase;
   if (c) switch (c->kind) {
@@ -227,16 +228,28 @@ void TaskGraph::drop_collective_matrices() {
 
 std::vector<int> Op::ranks() const {
   if (const auto* c = std::get_if<Collective>(&body)) return c->group;
+  if (const auto* c = std::get_if<Computes>(&body)) return c->ranks;
   return {rank};
 }
 
 OpId TaskGraph::add(Op op) {
   op.id = OpId(ops_.size());
   op.phase = phase_of(op.label, op.body);
+  auto bad = [&](const char* what) { return std::logic_error("TaskGraph: op '" + op.label + "' " + what); };
   for (OpId d : op.deps)
-    if (d >= op.id) throw std::logic_error("TaskGraph: op '" + op.label + "' depends on a later op");
+    if (d >= op.id) throw bad("depends on a later op");
   for (int r : op.ranks())
-    if (r < 0 || r >= num_ranks_) throw std::logic_error("TaskGraph: op '" + op.label + "' on a rank out of range");
+    if (r < 0 || r >= num_ranks_) throw bad("on a rank out of range");
+  if (auto* c = std::get_if<Computes>(&op.body)) {
+    std::vector<char> seen(std::size_t(num_ranks_), 0);
+    for (int r : c->ranks)
+      if (seen[std::size_t(r)]++) throw bad("has two parts on one rank");
+    if (c->work_of.size() != c->parts()) throw bad("has a work for each part but not as many parts");
+    for (auto w : c->work_of)
+      if (w >= c->works.size()) throw bad("names a work it does not have");
+    c->first_part = parts_;
+    parts_ += c->parts();
+  }
   ops_.push_back(std::move(op));
   return ops_.back().id;
 }
@@ -257,16 +270,55 @@ OpId TaskGraph::add_collective(Stream stream, std::string label, Collective c, s
   return add(Op{0, first, stream, std::move(label), std::move(deps), std::move(c)});
 }
 
+OpId TaskGraph::add_computes(std::string label, Computes c, std::vector<OpId> deps) {
+  if (c.ranks.empty()) throw std::logic_error("TaskGraph: Computes op '" + label + "' has no parts");
+  const int first = c.ranks.front();
+  return add(Op{0, first, Stream::compute, std::move(label), std::move(deps), std::move(c)});
+}
+
+TaskGraph::Waits TaskGraph::waits() const {
+  Waits w;
+  w.of_op.resize(ops_.size());
+  w.stream_pred.assign(parts_, kNoNode);
+  w.op_of.resize(parts_);
+  const auto first_part_node = Node(ops_.size());
+  std::vector<Node> last(std::size_t(num_ranks_) * kNumStreams, kNoNode);
+  auto op_of = [&](Node n) { return n < first_part_node ? n : w.op_of[n - first_part_node]; };
+  for (const auto& op : ops_) {
+    auto& p = w.of_op[op.id];
+    p.assign(op.deps.begin(), op.deps.end());
+    if (const auto* c = std::get_if<Computes>(&op.body)) {
+      for (std::size_t i = 0; i < c->parts(); ++i) {
+        const std::size_t part = c->first_part + i;
+        w.op_of[part] = op.id;
+        Node& slot = last[std::size_t(c->ranks[i]) * kNumStreams + int(op.stream)];
+        w.stream_pred[part] = slot;
+        slot = first_part_node + Node(part);
+      }
+    } else {
+      for (int r : op.ranks()) {
+        Node& slot = last[std::size_t(r) * kNumStreams + int(op.stream)];
+        if (slot != kNoNode) p.push_back(slot);
+        slot = op.id;
+      }
+    }
+    // In op order, the parts of one op in rank order: the order the ops of one part each had.
+    std::sort(p.begin(), p.end(), [&](Node a, Node b) { return std::pair(op_of(a), a) < std::pair(op_of(b), b); });
+    p.erase(std::unique(p.begin(), p.end()), p.end());
+  }
+  return w;
+}
+
 std::vector<std::vector<OpId>> TaskGraph::predecessors() const {
+  const Waits w = waits();
+  auto op_of = [&](Node n) { return n < ops_.size() ? OpId(n) : w.op_of[n - ops_.size()]; };
   std::vector<std::vector<OpId>> preds(ops_.size());
-  std::vector<long> last(std::size_t(num_ranks_) * kNumStreams, -1);
   for (const auto& op : ops_) {
     auto& p = preds[op.id];
-    p = op.deps;
-    for (int r : op.ranks()) {
-      long& slot = last[std::size_t(r) * kNumStreams + int(op.stream)];
-      if (slot >= 0) p.push_back(OpId(slot));
-      slot = op.id;
+    for (Node n : w.of_op[op.id]) p.push_back(op_of(n));
+    if (const auto* c = std::get_if<Computes>(&op.body)) {
+      for (std::size_t i = 0; i < c->parts(); ++i)
+        if (const Node n = w.stream_pred[c->first_part + i]; n != kNoNode) p.push_back(op_of(n));
     }
     std::sort(p.begin(), p.end());
     p.erase(std::unique(p.begin(), p.end()), p.end());
@@ -337,28 +389,57 @@ Attribution attribute(const TaskGraph& graph, const Timing& timing) {
     if (layer[id] >= 0) per_layer[std::size_t(layer[id])].seconds[int(p)] += seconds;
   };
 
-  // Busy: each op's time on each GPU it occupies (a collective: every GPU of its group).
+  // Busy: each op's time on each GPU it occupies (a collective: every GPU of its group; a Computes
+  // op: each part's on its own).
   const double per_gpu = 1.0 / graph.num_ranks();
   for (const auto& op : graph.ops()) {
+    if (const auto* parts = std::get_if<Computes>(&op.body)) {
+      for (std::size_t i = parts->first_part; i < parts->first_part + parts->parts(); ++i)
+        add(a.busy, a.layer_busy, op.id, op.phase, (timing.part_end[i] - timing.part_start[i]) * per_gpu);
+      continue;
+    }
     const auto* c = std::get_if<Collective>(&op.body);
     const double gpus = c ? double(c->group.size()) : 1.0;
     add(a.busy, a.layer_busy, op.id, op.phase, (timing.end[op.id] - timing.start[op.id]) * gpus * per_gpu);
   }
 
-  // The critical path, from the op that ends last back to the first.
-  const auto preds = graph.predecessors();
-  OpId cur = OpId(std::max_element(timing.end.begin(), timing.end.end()) - timing.end.begin());
+  // The critical path, from the op that ends last back to the first, node by node: through a
+  // Computes op, the part that ends last (the first of them), which waits for the op's deps and
+  // the node before it on its stream.
+  const auto w = graph.waits();
+  const auto parts_from = Node(graph.size());
+  auto op_of = [&](Node n) { return n < parts_from ? OpId(n) : w.op_of[n - parts_from]; };
+  auto start_of = [&](Node n) { return n < parts_from ? timing.start[n] : timing.part_start[n - parts_from]; };
+  auto end_of = [&](Node n) { return n < parts_from ? timing.end[n] : timing.part_end[n - parts_from]; };
+  auto last_part = [&](Node n) {  // a Computes op: its part that ends last
+    const auto* parts = n < parts_from ? std::get_if<Computes>(&graph.op(n).body) : nullptr;
+    if (!parts) return n;
+    std::size_t best = parts->first_part;
+    for (std::size_t i = best; i < parts->first_part + parts->parts(); ++i)
+      if (timing.part_end[i] > timing.part_end[best]) best = i;
+    return parts_from + Node(best);
+  };
+  std::vector<Node> preds;
+  Node cur = last_part(Node(std::max_element(timing.end.begin(), timing.end.end()) - timing.end.begin()));
   while (true) {
-    add(a.critical, a.layer_critical, cur, graph.op(cur).phase, timing.end[cur] - timing.start[cur]);
-    if (preds[cur].empty()) {
-      add(a.critical, a.layer_critical, cur, Phase::idle, timing.start[cur]);
+    const OpId id = op_of(cur);
+    add(a.critical, a.layer_critical, id, graph.op(id).phase, end_of(cur) - start_of(cur));
+    if (cur < parts_from) {
+      preds = w.of_op[cur];
+    } else {
+      preds.assign(graph.op(id).deps.begin(), graph.op(id).deps.end());
+      if (const Node s = w.stream_pred[cur - parts_from]; s != kNoNode) preds.push_back(s);
+      std::sort(preds.begin(), preds.end(), [&](Node x, Node y) { return std::pair(op_of(x), x) < std::pair(op_of(y), y); });
+    }
+    if (preds.empty()) {
+      add(a.critical, a.layer_critical, id, Phase::idle, start_of(cur));
       break;
     }
-    OpId best = preds[cur].front();
-    for (OpId p : preds[cur])
-      if (timing.end[p] > timing.end[best]) best = p;
-    add(a.critical, a.layer_critical, cur, Phase::idle, timing.start[cur] - timing.end[best]);
-    cur = best;
+    Node best = preds.front();
+    for (Node p : preds)
+      if (end_of(p) > end_of(best)) best = p;
+    add(a.critical, a.layer_critical, id, Phase::idle, start_of(cur) - end_of(best));
+    cur = last_part(best);
   }
   return a;
 }

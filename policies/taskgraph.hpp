@@ -39,6 +39,22 @@ struct Compute {
   double seconds(const GpuModel& gpu) const;
 };
 
+/// One step's work on several GPUs, each its own: FasterMoE's smart schedule's C_j, every GPU's
+/// experts on the tokens of one group of workers. One op of G parts where G ops of one part each
+/// would cost an op per GPU per step (6.3 million an iteration at 1,024 GPUs). Each part runs on
+/// its rank's compute stream exactly as a Compute op of its own would there: after the op's deps
+/// and what precedes it on that stream (a Computes op there: that op's part on this rank); what
+/// follows it on that stream waits for this part only. The op ends when its last part ends; an op
+/// that depends on it waits for every part.
+struct Computes {
+  std::vector<int> ranks;                 // part i runs on ranks[i], one part per rank
+  std::vector<Compute> works;             // the distinct works: parts with equal work share one
+  std::vector<std::uint32_t> work_of;     // by part: its index in `works`
+  std::size_t first_part = 0;             // its first part's index among the graph's parts (TaskGraph::add sets it)
+  std::size_t parts() const { return ranks.size(); }
+  const Compute& work(std::size_t part) const { return works[work_of[part]]; }
+};
+
 /// One point-to-point message from the op's rank (`src`) to `dst`.
 struct Transfer {
   int src = 0, dst = 0;
@@ -85,6 +101,7 @@ class CollectiveBytes {
   /// entries from group a to group (a − step) mod m; the others read as 0 and for_each() skips
   /// them, so that a step costs n · group entries, not n².
   CollectiveBytes group_step(std::size_t group, std::size_t step) const;
+  bool is_group_step() const { return group_ != 0; }
   /// f(i, j, bytes) for each entry of the n × n matrix, in the order the values are stored (the
   /// fast way through a big matrix), until f returns false.
   template <class F>
@@ -204,12 +221,17 @@ struct Op {
   Stream stream = Stream::compute;
   std::string label;  // "L3.fwd.a2a_dispatch"
   std::vector<OpId> deps;
-  std::variant<Compute, Transfer, Collective> body;
+  std::variant<Compute, Transfer, Collective, Computes> body;
   Phase phase = Phase::dense_compute;  // set by TaskGraph::add from the label and the body
 
   /// Ranks whose `stream` this op occupies.
   std::vector<int> ranks() const;
 };
+
+/// A node of a graph's schedule: an op (its id) or a part of a Computes op (the graph's size() plus
+/// the part's index among the graph's parts, Computes::first_part + i).
+using Node = std::uint32_t;
+inline constexpr Node kNoNode = ~Node(0);
 
 class TaskGraph {
  public:
@@ -227,20 +249,36 @@ class TaskGraph {
   OpId add_compute(int rank, std::string label, Compute c, std::vector<OpId> deps = {});
   OpId add_transfer(Stream stream, std::string label, Transfer t, std::vector<OpId> deps = {});
   OpId add_collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps = {});
+  /// A Computes op, on the compute stream of each of its ranks.
+  OpId add_computes(std::string label, Computes c, std::vector<OpId> deps = {});
+  /// Parts of the graph's Computes ops, all together.
+  std::size_t num_parts() const { return parts_; }
 
-  /// For each op, the op before it on each (rank, stream) it occupies: with `deps`, everything it
-  /// waits for. Computed on demand; backends and the critical-path walk use it.
+  /// What each node waits for. `of_op`: per op, its deps and, but for a Computes op, the node before
+  /// it on each (rank, stream) it occupies, sorted and unique. `stream_pred`: per part, the node
+  /// before it on its rank's compute stream (kNoNode: none); a part also waits for its op's deps.
+  /// `op_of`: per part, its op.
+  struct Waits {
+    std::vector<std::vector<Node>> of_op;
+    std::vector<Node> stream_pred;
+    std::vector<OpId> op_of;
+  };
+  Waits waits() const;
+  /// For each op, every op it waits for (a part's wait counts as its op's): its deps and the op
+  /// before it on each (rank, stream) it occupies. Computed on demand.
   std::vector<std::vector<OpId>> predecessors() const;
 
  private:
   OpId add(Op op);
   int num_ranks_;
   std::vector<Op> ops_;
+  std::size_t parts_ = 0;
 };
 
 /// Start and end (seconds from the iteration's start) of every op of a graph.
 struct Timing {
-  std::vector<double> start, end;
+  std::vector<double> start, end;  // by op (a Computes op: its first part's start, its last part's end)
+  std::vector<double> part_start, part_end;  // by part of the graph's Computes ops
   /// Per rank, the device memory the backend allocated at most (bytes); empty where not measured
   /// (the simulator's figure is the memory model's, PolicyReport::memory).
   std::vector<double> memory_peak;

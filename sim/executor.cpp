@@ -1,6 +1,9 @@
 // SimBackend, the executor: a TaskGraph run. Ops are issued as their predecessors end; a compute
-// alone on its GPU is a SimGrid timer until an exec joins it; an op's end is its exit activity's.
+// alone on its GPU is a SimGrid timer until an exec joins it; the parts of a Computes op alone on
+// their GPUs are chained, with no event each (sim_impl.hpp); an op's end is its exit activity's.
 #include "sim_impl.hpp"
+
+#include <limits>
 
 namespace moesim {
 
@@ -8,6 +11,11 @@ void SimBackend::Impl::issue_op(OpId id) {
   const double now = sg4::Engine::get_clock();
   run->timing.start[id] = now;  // its entry starts as it is issued
   const Op& op = run->graph->op(id);
+  if (const auto* parts = std::get_if<Computes>(&op.body)) {  // its deps are done: each part's gate opens
+    for (std::size_t i = parts->first_part; i < parts->first_part + parts->parts(); ++i)
+      if (--run->part_waiting[i] == 0) schedule_part(i);
+    return;
+  }
   if (const auto* c = std::get_if<Compute>(&op.body); c && loading[std::size_t(op.rank)] == 0 && !alone[std::size_t(op.rank)].timer) {
     const double end = now + c->seconds(gpu);
     alone[std::size_t(op.rank)] = {simgrid::kernel::timer::Timer::set(end, [this, rank = op.rank] { alone_done(rank); }), id, end};
@@ -23,12 +31,124 @@ void SimBackend::Impl::alone_done(int rank) {
   op_done(id);
 }
 
+// An exec of `seconds` at its GPU's peak on `rank`, loading the GPU unless it computes nothing.
+sg4::ExecPtr SimBackend::Impl::compute_exec(int rank, double seconds) {
+  auto exec = sg4::Exec::init();
+  exec->set_flops_amount(seconds * gpu.peak_flops())->set_host(hosts[std::size_t(rank)]);
+  if (seconds > 0) loads[exec.get()] = rank;
+  return exec;
+}
+
+// A part whose predecessors are all resolved: chained if nothing else computes on its GPU, an exec
+// otherwise.
+void SimBackend::Impl::schedule_part(std::size_t i) {
+  Run& R = *run;
+  const double now = sg4::Engine::get_clock();
+  const int rank = R.rank_of[i];
+  const auto& parts = std::get<Computes>(R.graph->op(R.op_of[i]).body);
+  const double seconds = parts.work(i - parts.first_part).seconds(gpu);
+  if (loading[std::size_t(rank)] > 0 || alone[std::size_t(rank)].timer) {
+    R.timing.part_start[i] = now;
+    R.part_state[i] = Run::Part::exec;
+    auto exec = compute_exec(rank, seconds);
+    R.activities[R.op_of[i]].push_back(exec);
+    R.exit_of[exec.get()] = R.parts_from + Node(i);
+    exec->vetoable_start();
+    return;
+  }
+  double start = now;  // or, after a chained part, at its end
+  if (const Node before = R.part_pred[i]; before != kNoNode && before >= R.parts_from &&
+                                          R.part_state[before - R.parts_from] == Run::Part::chained)
+    start = std::max(now, R.timing.part_end[before - R.parts_from]);
+  const double end = start + seconds;
+  R.timing.part_start[i] = start;
+  R.timing.part_end[i] = end;
+  R.part_state[i] = Run::Part::chained;
+  auto& c = chain[std::size_t(rank)];
+  while (!c.empty() && R.timing.part_end[c.front() - R.parts_from] <= now) c.pop_front();
+  c.push_back(R.parts_from + Node(i));
+  if (const Node next = R.part_next[i]; next != kNoNode) {
+    if (next >= R.parts_from)
+      release(next);  // a part: chained after this one when its other predecessors are done
+    else
+      R.boundary[R.parts_from + Node(i)] = simgrid::kernel::timer::Timer::set(end, [this, i] {
+        run->boundary.erase(run->parts_from + Node(i));
+        release(run->part_next[i]);
+      });
+  }
+  part_resolved(R.op_of[i]);
+}
+
+// A part of `op` is chained or done; when all are, the op ends at the last one's end.
+void SimBackend::Impl::part_resolved(OpId op) {
+  Run& R = *run;
+  if (--R.open[op] > 0) return;
+  const auto& parts = std::get<Computes>(R.graph->op(op).body);
+  double end = sg4::Engine::get_clock();
+  for (std::size_t i = parts.first_part; i < parts.first_part + parts.parts(); ++i) end = std::max(end, R.timing.part_end[i]);
+  R.op_timer[op] = simgrid::kernel::timer::Timer::set(end, [this, op] {
+    run->op_timer[op] = nullptr;
+    op_done(op);
+  });
+}
+
+// A part that ran as an exec ends.
+void SimBackend::Impl::part_done(std::size_t i) {
+  Run& R = *run;
+  R.timing.part_end[i] = sg4::Engine::get_clock();
+  R.part_state[i] = Run::Part::done;
+  if (const Node next = R.part_next[i]; next != kNoNode) release(next);
+  part_resolved(R.op_of[i]);
+}
+
+// An exec that computes starts on `rank`: its chained parts not over stop being chained. The one
+// running becomes an exec of its remaining flops (as an Alone op does); the ones after it wait
+// again for the part before them, and the ops they resolved are open again.
+void SimBackend::Impl::unchain(int rank) {
+  auto& c = chain[std::size_t(rank)];
+  if (c.empty()) return;
+  Run& R = *run;
+  const double now = sg4::Engine::get_clock();
+  const std::vector<Node> pending(c.begin(), c.end());
+  c.clear();
+  sg4::ExecPtr running;
+  for (const Node n : pending) {
+    const std::size_t i = n - R.parts_from;
+    if (R.timing.part_end[i] <= now) continue;  // over
+    const OpId op = R.op_of[i];
+    if (auto*& t = R.op_timer[op]) {
+      t->remove();
+      t = nullptr;
+    }
+    ++R.open[op];
+    if (const auto b = R.boundary.find(n); b != R.boundary.end()) {
+      b->second->remove();
+      R.boundary.erase(b);
+    } else if (const Node next = R.part_next[i]; next != kNoNode && next >= R.parts_from) {
+      ++R.part_waiting[next - R.parts_from];
+    }
+    if (!running) {
+      running = sg4::Exec::init();
+      running->set_flops_amount((R.timing.part_end[i] - now) * gpu.peak_flops())->set_host(hosts[std::size_t(rank)]);
+      loads[running.get()] = rank;
+      R.part_state[i] = Run::Part::exec;
+      R.activities[op].push_back(running);
+      R.exit_of[running.get()] = n;
+    } else {
+      R.part_state[i] = Run::Part::waiting;
+      R.part_waiting[i] = 1;  // the part before it on the stream
+    }
+  }
+  if (running) running->vetoable_start();
+}
+
 // An exec that computes starts on a GPU: one running alone there becomes an exec that shares it.
 void SimBackend::Impl::started(const sg4::Exec& e) {
   const auto it = loads.find(&e);
   if (it == loads.end()) return;
   const auto rank = std::size_t(it->second);
   ++loading[rank];
+  if (run) unchain(int(rank));
   Alone& a = alone[rank];
   if (!a.timer) return;
   a.timer->remove();
@@ -54,14 +174,27 @@ void SimBackend::Impl::completed(const sg4::Activity& a) {
   if (!run) return;
   const auto it = run->exit_of.find(&a);
   if (it == run->exit_of.end()) return;
-  const OpId done = it->second;
+  const Node done = it->second;
   run->exit_of.erase(it);
+  const OpId op = done < run->parts_from ? OpId(done) : run->op_of[done - run->parts_from];
   // Release the op's activities, all done; `a` itself only at the next completion, since
   // SimGrid is still inside a->complete() and goes on to release its dependencies.
   run->deferred.clear();
-  for (auto& x : run->activities[done])
+  for (auto& x : run->activities[op])
     if (x.get() == &a) run->deferred.push_back(std::move(x));
-  op_done(done);
+  if (done < run->parts_from)
+    op_done(op);
+  else
+    part_done(done - run->parts_from);
+}
+
+// One of node n's predecessors is resolved.
+void SimBackend::Impl::release(Node n) {
+  if (n < run->parts_from) {
+    if (--run->waiting[n] == 0) issue_op(OpId(n));
+  } else if (--run->part_waiting[n - run->parts_from] == 0) {
+    schedule_part(n - run->parts_from);
+  }
 }
 
 // An op's end: recorded; its activities released; its successors counted down.
@@ -69,36 +202,75 @@ void SimBackend::Impl::op_done(OpId done) {
   run->timing.end[done] = sg4::Engine::get_clock();
   run->ended[done] = 1;
   run->activities[done].clear();
-  for (OpId s : run->successors[done])
-    if (--run->waiting[s] == 0) issue_op(s);
+  if (const auto* parts = std::get_if<Computes>(&run->graph->op(done).body)) {  // it started with its first part
+    double first = std::numeric_limits<double>::infinity();
+    for (std::size_t i = parts->first_part; i < parts->first_part + parts->parts(); ++i) first = std::min(first, run->timing.part_start[i]);
+    run->timing.start[done] = first;
+  }
+  for (Node s : run->successors[done]) release(s);
 }
 
 Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   const double t0 = sg4::Engine::get_clock();
+  const std::size_t n = graph.size(), parts = graph.num_parts();
+  auto w = graph.waits();
   Run r;
   r.graph = &graph;
-  r.successors.resize(graph.size());
-  r.waiting.assign(graph.size(), 0);
-  r.activities.resize(graph.size());
-  r.timing.start.assign(graph.size(), 0.0);
-  r.timing.end.assign(graph.size(), 0.0);
-  r.ended.assign(graph.size(), 0);
-  const auto preds = graph.predecessors();
+  r.parts_from = Node(n);
+  r.successors.resize(n);
+  r.waiting.assign(n, 0);
+  r.part_pred = std::move(w.stream_pred);
+  r.part_next.assign(parts, kNoNode);
+  r.part_waiting.assign(parts, 1);  // the op's deps, as one
+  r.op_of = std::move(w.op_of);
+  r.rank_of.assign(parts, 0);
+  r.part_state.assign(parts, Run::Part::waiting);
+  r.open.assign(n, 0);
+  r.op_timer.assign(n, nullptr);
+  r.activities.resize(n);
+  r.timing.start.assign(n, 0.0);
+  r.timing.end.assign(n, 0.0);
+  r.timing.part_start.assign(parts, 0.0);
+  r.timing.part_end.assign(parts, 0.0);
+  r.ended.assign(n, 0);
+  auto precedes = [&](Node from, Node to) {
+    if (from < n)
+      r.successors[from].push_back(to);
+    else
+      r.part_next[from - n] = to;
+  };
   for (const auto& op : graph.ops()) {
-    r.waiting[op.id] = int(preds[op.id].size());
-    for (OpId p : preds[op.id]) r.successors[p].push_back(op.id);
+    r.waiting[op.id] = int(w.of_op[op.id].size());
+    for (Node p : w.of_op[op.id]) precedes(p, op.id);
+    if (const auto* c = std::get_if<Computes>(&op.body)) {
+      r.open[op.id] = int(c->parts());
+      for (std::size_t i = 0; i < c->parts(); ++i) {
+        const std::size_t part = c->first_part + i;
+        r.rank_of[part] = c->ranks[i];
+        if (const Node before = r.part_pred[part]; before != kNoNode) {
+          ++r.part_waiting[part];
+          precedes(before, r.parts_from + Node(part));
+        }
+      }
+    }
   }
+  w = {};
   run = &r;
   for (const auto& op : graph.ops())
     if (r.waiting[op.id] == 0) issue_op(op.id);
   engine->run();
   run = nullptr;
   measured.clear();
+  for (auto& c : chain) c.clear();
   for (const auto& op : graph.ops()) {
     if (!r.ended[op.id])
       throw std::logic_error("SimBackend: op '" + op.label + "' never ran (a dependency cycle in the TaskGraph?)");
     r.timing.start[op.id] -= t0;
     r.timing.end[op.id] -= t0;
+  }
+  for (std::size_t i = 0; i < parts; ++i) {
+    r.timing.part_start[i] -= t0;
+    r.timing.part_end[i] -= t0;
   }
   return std::move(r.timing);
 }

@@ -306,7 +306,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
 
 const SimBackend::Impl::StepBytes& SimBackend::Impl::measure_once(const Step& step) {
   const Collective* c = step.all_pairs;
-  if (!c) return measure(step);
+  if (!c || c->bytes.is_group_step()) return measure(step);
   for (const auto& m : measured)
     if (m.bytes.same_view(c->bytes) && m.rounds == step.rounds && m.messages == step.messages && m.group == c->group)
       return m.s;

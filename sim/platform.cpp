@@ -38,6 +38,7 @@ SimBackend::Impl::Impl(const Cluster& c, const GpuModel& g, SimOptions o) : clus
   sg4::Activity::on_completion_cb([this](const sg4::Activity& a) { completed(a); });
   sg4::Exec::on_start_cb([this](const sg4::Exec& e) { started(e); });
   alone.resize(hosts.size());
+  chain.resize(hosts.size());
   loading.assign(hosts.size(), 0);
 }
 

@@ -173,11 +173,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
   };
   sg4::ExecPtr exit;
   if (const auto* c = std::get_if<Compute>(&op.body)) {
-    const double seconds = c->seconds(gpu);
-    auto exec = sg4::Exec::init();
-    exec->set_flops_amount(seconds * gpu.peak_flops())->set_host(hosts[op.rank]);
-    if (seconds > 0) loads[exec.get()] = op.rank;
-    entry = exit = keep(exec);
+    entry = exit = keep(compute_exec(op.rank, c->seconds(gpu)));
   } else if (const auto* t = std::get_if<Transfer>(&op.body)) {
     entry = exit = keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : transfer_task(*t, 1.0));
   } else {

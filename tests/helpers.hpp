@@ -5,6 +5,7 @@
 #include "cluster.hpp"
 #include "routing.hpp"
 #include "spec.hpp"
+#include "taskgraph.hpp"
 
 namespace moesim::test {
 
@@ -44,6 +45,14 @@ struct SmallSetup {
   MoeModel model;
   GpuModel gpu;
 };
+
+/// f(compute, rank) for what an op computes: a Compute op's work, each part of a Computes op.
+template <class F>
+void for_each_compute(const Op& op, const F& f) {
+  if (const auto* c = std::get_if<Compute>(&op.body)) f(*c, op.rank);
+  if (const auto* parts = std::get_if<Computes>(&op.body))
+    for (std::size_t i = 0; i < parts->parts(); ++i) f(parts->work(i), parts->ranks[i]);
+}
 
 /// True, with a warning that the test is skipped, where gnuplot is not installed.
 bool skip_without_gnuplot();

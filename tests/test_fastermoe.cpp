@@ -1,7 +1,9 @@
 // FasterMoE: the cost model on hand cases and against the SimGrid backend, dynamic shadowing on
 // constructed loads, the smart schedule against its bound, the topology-aware gate, and token
 // conservation under every policy.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <cmath>
 #include <fmt/format.h>
 #include <fstream>
@@ -55,11 +57,18 @@ double moe_part(const TaskGraph& g, const Timing& t) {
   return total;
 }
 
+// FasterMoE's smart-schedule expert steps: "L<l>.<pass>.C<j>".
+bool op_name_is_step(const std::string& label) {
+  const auto at = label.rfind(".C");
+  return at != std::string::npos && at + 2 < label.size() &&
+         std::all_of(label.begin() + std::ptrdiff_t(at) + 2, label.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; });
+}
+
 // Token-slots every expert op of the forward pass computes, summed.
 long forward_tokens(const TaskGraph& g) {
   long n = 0;
   for (const auto& op : g.ops())
-    if (const auto* c = std::get_if<Compute>(&op.body); c && op.label.find(".fwd.") != std::string::npos) n += c->tokens;
+    if (op.label.find(".fwd.") != std::string::npos) test::for_each_compute(op, [&](const Compute& c, int) { n += c.tokens; });
   return n;
 }
 
@@ -450,26 +459,26 @@ TEST_CASE("a backward pass's GEMMs read the forward's operands transposed, twice
     const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
     std::map<std::string, double> fwd_flops, bwd_flops;  // per "L0.experts GPU r"
     int backward_ops = 0;
-    for (const auto& op : g.ops()) {
-      const auto* c = std::get_if<Compute>(&op.body);
-      if (!c || c->gemms.empty()) continue;
-      const bool bwd = op.label.find(".bwd.") != std::string::npos;
-      for (std::size_t i = 0; i < c->gemms.size(); ++i) {
-        const Gemm& m = c->gemms[i];
-        if (bwd) {
-          CHECK(m.tb == (i % 2 == 0));  // dA first, then dB
-          CHECK(m.ta == (i % 2 == 1));
-        } else {
-          CHECK_FALSE((m.ta || m.tb));
+    for (const auto& op : g.ops())
+      test::for_each_compute(op, [&](const Compute& c, int rank) {
+        if (c.gemms.empty()) return;
+        const bool bwd = op.label.find(".bwd.") != std::string::npos;
+        for (std::size_t i = 0; i < c.gemms.size(); ++i) {
+          const Gemm& m = c.gemms[i];
+          if (bwd) {
+            CHECK(m.tb == (i % 2 == 0));  // dA first, then dB
+            CHECK(m.ta == (i % 2 == 1));
+          } else {
+            CHECK_FALSE((m.ta || m.tb));
+          }
         }
-      }
-      if (op.label.find("experts") != std::string::npos) {
-        std::string key = op.label;
-        key.replace(key.find(bwd ? ".bwd." : ".fwd."), 5, ".");
-        (bwd ? bwd_flops : fwd_flops)[key + " GPU " + std::to_string(op.rank)] += c->flops();
-      }
-      backward_ops += bwd;
-    }
+        if (op.label.find("experts") != std::string::npos || op_name_is_step(op.label)) {
+          std::string key = op.label;
+          key.replace(key.find(bwd ? ".bwd." : ".fwd."), 5, ".");
+          (bwd ? bwd_flops : fwd_flops)[key + " GPU " + std::to_string(rank)] += c.flops();
+        }
+        backward_ops += bwd;
+      });
     CHECK(backward_ops > 0);
     for (const auto& [key, f] : fwd_flops) CHECK(bwd_flops[key] == Approx(2 * f));
   }

@@ -19,9 +19,14 @@ std::string timeline_text(const RunResult& r) {
   for (int rank : {0, r.gpus - 1})
     for (const auto& op : g.ops()) {
       const auto ranks = op.ranks();
-      if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) continue;
-      out += fmt::format("gpu{:<3} {:<8} {:12.3f} {:12.3f}  {}\n", rank, stream_name(op.stream), t.start[op.id] * 1e6,
-                         t.end[op.id] * 1e6, op.label);
+      const auto at = std::find(ranks.begin(), ranks.end(), rank);
+      if (at == ranks.end()) continue;
+      double start = t.start[op.id], end = t.end[op.id];
+      if (const auto* parts = std::get_if<Computes>(&op.body)) {  // this rank's part
+        const auto part = parts->first_part + std::size_t(at - ranks.begin());
+        start = t.part_start[part], end = t.part_end[part];
+      }
+      out += fmt::format("gpu{:<3} {:<8} {:12.3f} {:12.3f}  {}\n", rank, stream_name(op.stream), start * 1e6, end * 1e6, op.label);
     }
   out += fmt::format("iteration {:.3f} us\n", r.iterations.at(std::size_t(r.first_graph)).time * 1e6);
   return out;

@@ -125,12 +125,25 @@ TEST_CASE("the host device executes a TaskGraph: transfers, lowered collectives 
   for (int r = 0; r < cluster.num_gpus(); ++r) everyone[std::size_t(r)] = r;
   const OpId ar = g.add_collective(Stream::comm, "allreduce", {CollectiveType::all_reduce, everyone, {1 << 20}, "ring"}, {t});
   const OpId b = g.add_compute(9, "gemm9", c, {ar});
+  // An op of parts (FasterMoE's steps): each rank runs its own part; what depends on the op waits
+  // for all of them.
+  const OpId parts = g.add_computes("L0.fwd.C0", {{3, 9, 12}, {c}, {0, 0, 0}}, {ar});
+  const OpId after = g.add_compute(0, "gemm0 again", c, {parts});
   hw::HostBackend backend(cluster, MoeModel(ex.spec.model()));
   const Timing timing = backend.execute(g);
   REQUIRE(timing.start.size() == g.size());
   CHECK(timing.end[a] <= timing.start[t]);
   CHECK(timing.end[t] <= timing.start[ar]);
   CHECK(timing.end[ar] <= timing.start[b]);
+  REQUIRE(timing.part_start.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(timing.part_start[i] >= timing.end[ar]);
+    CHECK(timing.part_end[i] >= timing.part_start[i]);
+    CHECK(timing.part_end[i] <= timing.start[after]);
+  }
+  CHECK(timing.start[parts] == *std::min_element(timing.part_start.begin(), timing.part_start.end()));
+  CHECK(timing.end[parts] == *std::max_element(timing.part_end.begin(), timing.part_end.end()));
+  CHECK(hw::participants(g.op(parts)) == std::vector<int>{3, 9, 12});
   for (OpId id = 0; id < g.size(); ++id) CHECK(timing.end[id] >= timing.start[id]);
   // Rank 9 received the 64 KiB message and a ring all-reduce's 2(n−1)/n · 1 MiB in steps.
   REQUIRE(timing.memory_peak.size() == std::size_t(cluster.num_gpus()));

@@ -260,3 +260,136 @@ TEST_CASE("a linear all-to-all whose pairs go as m messages pays the NIC's per-m
   CHECK(cost.collective_time(four) - cost.collective_time(one) == Approx(3e-6).epsilon(1e-3));
   CHECK(cost.collective_time(one) == Approx((B + 1e-6 * 25e9) / 25e9).epsilon(1e-6));
 }
+
+TEST_CASE("the parts of a Computes op chain on each GPU's stream, not step by step") {
+  // Two steps on two GPUs: GPU 0's parts take 3 and 1 ms, GPU 1's 1 and 3 ms. Each GPU runs its
+  // second part as soon as its first is done (at 3 and 1 ms), as two ops of one part each would; a
+  // step as a whole would hold GPU 1 until GPU 0's first part ended and end at 6 ms.
+  Bench b("dgx-a100", 1);
+  auto work = [](double ms, ComputeKind kind = ComputeKind::grouped_gemm) {
+    Compute c{kind, {}, 0};
+    c.fixed_seconds = ms * 1e-3;
+    return c;
+  };
+  auto step = [&](double ms0, double ms1) { return Computes{{0, 1}, {work(ms0), work(ms1)}, {0, 1}}; };
+  TaskGraph g(b.cluster.num_gpus());
+  const OpId c0 = g.add_computes("L0.fwd.C0", step(3, 1));
+  const OpId c1 = g.add_computes("L0.fwd.C1", step(1, 3));
+  const OpId after0 = g.add_compute(0, "after", work(1, ComputeKind::gemm));  // on GPU 0's stream after its part of C1
+  const OpId all = g.add_compute(1, "all", work(0, ComputeKind::gemm), {c1});  // waits for every part of C1
+  const Timing t = b.sim.execute(g);
+  REQUIRE(t.part_start.size() == 4);
+  const auto part = [&](OpId op, int i) {
+    const std::size_t k = std::get<Computes>(g.op(op).body).first_part + std::size_t(i);
+    return std::pair(t.part_start[k] * 1e3, t.part_end[k] * 1e3);
+  };
+  CHECK(part(c0, 0).second == Approx(3));
+  CHECK(part(c0, 1).second == Approx(1));
+  CHECK(part(c1, 0).first == Approx(3));
+  CHECK(part(c1, 0).second == Approx(4));
+  CHECK(part(c1, 1).first == Approx(1));  // GPU 1 did not wait for GPU 0's first part
+  CHECK(part(c1, 1).second == Approx(4));
+  CHECK(t.end[c0] * 1e3 == Approx(3));
+  CHECK(t.start[c1] * 1e3 == Approx(1));  // an op of parts: from its first part's start to its last one's end
+  CHECK(t.end[c1] * 1e3 == Approx(4));
+  CHECK(t.start[after0] * 1e3 == Approx(4));
+  CHECK(t.start[all] * 1e3 == Approx(4));
+  // The critical path: `after` back through GPU 0's parts, 3 + 1 ms of experts and 1 ms after them.
+  const Attribution a = attribute(g, t);
+  CHECK(a.critical.total() * 1e3 == Approx(5));
+  CHECK(a.critical[Phase::expert_compute] * 1e3 == Approx(4));
+  CHECK(a.busy[Phase::expert_compute] * 1e3 * b.cluster.num_gpus() == Approx(3 + 1 + 1 + 3));
+}
+
+namespace {
+
+// The graph with each Computes op replaced by a Compute op per part (what waited for the op waits
+// for all of them); `parts[k]` is part k's op there, `ops[id]` an op's own id there.
+struct Expanded {
+  TaskGraph graph;
+  std::vector<OpId> ops, parts;
+};
+Expanded expand(const TaskGraph& g) {
+  Expanded x{TaskGraph(g.num_ranks()), {}, std::vector<OpId>(g.num_parts())};
+  std::vector<std::vector<OpId>> as(g.size());  // an op's ids in the expanded graph
+  for (const auto& op : g.ops()) {
+    std::vector<OpId> deps;
+    for (OpId d : op.deps) deps.insert(deps.end(), as[d].begin(), as[d].end());
+    if (const auto* parts = std::get_if<Computes>(&op.body)) {
+      for (std::size_t i = 0; i < parts->parts(); ++i)
+        as[op.id].push_back(x.parts[parts->first_part + i] = x.graph.add_compute(parts->ranks[i], op.label, parts->work(i), deps));
+    } else if (const auto* c = std::get_if<Compute>(&op.body)) {
+      as[op.id] = {x.graph.add_compute(op.rank, op.label, *c, deps)};
+    } else if (const auto* k = std::get_if<Collective>(&op.body)) {
+      as[op.id] = {x.graph.add_collective(op.stream, op.label, *k, deps)};
+    } else {
+      as[op.id] = {x.graph.add_transfer(op.stream, op.label, std::get<Transfer>(op.body), deps)};
+    }
+    x.ops.push_back(as[op.id].back());
+  }
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("an op of parts times every part as an op of its own would, when copies share its GPUs") {
+  // Two steps of expert work on 16 GPUs, uneven from GPU to GPU, while a 2DH all-to-all's stride
+  // copies start on every GPU part-way through them: the parts running then become execs that share
+  // their GPU with the copies, the ones after them wait again. The same graph with an op per part
+  // must give every op and part the same start and end.
+  Bench b("dgx-a100", 2);
+  const int G = b.cluster.num_gpus();
+  auto step = [&](int salt) {
+    Computes c;
+    for (int r = 0; r < G; ++r) {
+      c.ranks.push_back(r);
+      c.works.push_back({ComputeKind::grouped_gemm, {{std::uint64_t(1024 + 512 * ((r * 7 + salt) % 5)), 4096, 4096, 1}}, 0});
+      c.work_of.push_back(std::uint32_t(r));
+    }
+    return c;
+  };
+  TaskGraph g(G);
+  const OpId c0 = g.add_computes("L0.fwd.C0", step(1));
+  const OpId c1 = g.add_computes("L0.fwd.C1", step(3));
+  const OpId late = g.add_transfer(Stream::comm, "before", {8, 9, 60e6});  // delays the all-to-all into the steps
+  Collective a2a = uniform_alltoall(G, 8e6);
+  a2a.algorithm = "2dh";
+  const OpId copies = g.add_collective(Stream::comm, "a2a", a2a, {late});
+  const OpId next = g.add_computes("L0.fwd.C2", step(4), {c0});
+  const OpId tail = g.add_compute(5, "after", {ComputeKind::gemm, {{2048, 2048, 2048, 1}}, 0}, {c1});
+  const Expanded x = expand(g);
+  const Timing t = b.sim.execute(g);
+  const Timing e = b.sim.execute(x.graph);
+  for (OpId id : {c0, c1, next})
+    for (std::size_t i = 0; i < std::size_t(G); ++i) {
+      const std::size_t k = std::get<Computes>(g.op(id).body).first_part + i;
+      INFO(g.op(id).label << " part " << i);
+      CHECK(t.part_start[k] == Approx(e.start[x.parts[k]]).epsilon(1e-12).margin(1e-15));
+      CHECK(t.part_end[k] == Approx(e.end[x.parts[k]]).epsilon(1e-12).margin(1e-15));
+    }
+  for (OpId id : {late, copies, tail}) {
+    CHECK(t.start[id] == Approx(e.start[x.ops[id]]).epsilon(1e-12));
+    CHECK(t.end[id] == Approx(e.end[x.ops[id]]).epsilon(1e-12));
+  }
+  // The copies did slow some part: a part lasted longer than its work alone.
+  int shared = 0;
+  for (OpId id : {c0, c1, next}) {
+    const auto& parts = std::get<Computes>(g.op(id).body);
+    for (std::size_t i = 0; i < parts.parts(); ++i)
+      shared += t.part_end[parts.first_part + i] - t.part_start[parts.first_part + i] > parts.work(i).seconds(b.gpu) * (1 + 1e-9);
+  }
+  CHECK(shared > 0);
+  CHECK(t.start[copies] > t.part_start[std::get<Computes>(g.op(c0).body).first_part]);
+  CHECK(t.start[copies] < t.end[c1]);
+}
+
+TEST_CASE("the critical path adds up to the iteration's time through the smart schedule's ops of parts") {
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=2", "policy.name=fastermoe-smart"});
+  const auto r = run_experiment(ex).runs.front();
+  const auto& g = r.graphs.at(0);
+  REQUIRE(g.num_parts() > 0);  // its steps' expert work is one op each
+  const auto& it = r.iterations.at(std::size_t(r.first_graph));
+  CHECK(it.attribution.critical.total() == Approx(it.time).epsilon(1e-12));
+  CHECK(it.attribution.critical[Phase::expert_compute] > 0);
+  CHECK(it.attribution.busy[Phase::expert_compute] > 0);
+}

@@ -24,6 +24,34 @@ TEST_CASE("stream order makes ops on one stream of one rank predecessors") {
   CHECK_THROWS(g.add_compute(2, "bad", {}));        // rank out of range
 }
 
+TEST_CASE("a Computes op's parts each follow what precedes them on their rank's stream") {
+  // Rank 0: a, then part 0 of P, then d; rank 1: part 1 of P, then Q's part. P's parts are the
+  // graph's parts 0 and 1, Q's part 2; nodes count the graph's ops first.
+  TaskGraph g(2);
+  const OpId a = g.add_compute(0, "a", {});
+  const OpId p = g.add_computes("L0.fwd.C0", {{0, 1}, {Compute{}}, {0, 0}});
+  const OpId q = g.add_computes("L0.fwd.C1", {{1}, {Compute{}}, {0}}, {a});
+  const OpId d = g.add_compute(0, "d", {});
+  CHECK(g.num_parts() == 3);
+  CHECK(std::get<Computes>(g.op(q).body).first_part == 2);
+  CHECK(g.op(p).ranks() == std::vector<int>{0, 1});
+  CHECK(g.op(p).phase == Phase::expert_compute);
+  const auto w = g.waits();
+  const auto node = [&](std::size_t part) { return Node(g.size() + part); };
+  CHECK(w.stream_pred == std::vector<Node>{a, kNoNode, node(1)});
+  CHECK(w.op_of == std::vector<OpId>{p, p, q});
+  CHECK(w.of_op[p].empty());                       // its parts wait for the rest
+  CHECK(w.of_op[q] == std::vector<Node>{a});        // its deps
+  CHECK(w.of_op[d] == std::vector<Node>{node(0)});  // rank 0's part of P, not all of P
+  const auto preds = g.predecessors();              // op by op: a part's wait is its op's
+  CHECK(preds[p] == std::vector<OpId>{a});
+  CHECK(preds[q] == std::vector<OpId>{a, p});
+  CHECK(preds[d] == std::vector<OpId>{p});
+  CHECK_THROWS(g.add_computes("two on one rank", {{0, 0}, {Compute{}}, {0, 0}}));
+  CHECK_THROWS(g.add_computes("no work", {{0}, {Compute{}}, {1}}));
+  CHECK_THROWS(g.add_computes("nothing", {}));
+}
+
 TEST_CASE("the critical path adds up to the makespan on a hand case, per phase and per layer") {
   // Two ranks. Layer 0: rank 0's attention 0-1, a dispatch 1-3 over both, a gap (rank 1's gate
   // ends at 3.5), rank 0's experts 3.5-4; outside the layers rank 1's optimizer 4-6, after both.
@@ -33,7 +61,7 @@ TEST_CASE("the critical path adds up to the makespan on a hand case, per phase a
   const OpId gate = g.add_compute(1, "L0.fwd.gate", {ComputeKind::gate, {}, 0});
   const OpId e = g.add_compute(0, "L0.fwd.experts", {ComputeKind::grouped_gemm, {}, 0}, {d, gate});
   const OpId o = g.add_compute(1, "optimizer", {ComputeKind::optimizer, {}, 0}, {e});
-  Timing t{{0, 1, 0, 3.5, 4}, {1, 3, 3.5, 4, 6}, {}};
+  Timing t{{0, 1, 0, 3.5, 4}, {1, 3, 3.5, 4, 6}, {}, {}, {}};
   const auto at = attribute(g, t);
   CHECK(g.op(a).phase == Phase::dense_compute);
   CHECK(g.op(o).phase == Phase::optimizer);
@@ -56,7 +84,7 @@ TEST_CASE("the critical path adds up to the makespan on a hand case, per phase a
   TaskGraph h(1);
   const OpId x = h.add_compute(0, "L1.bwd.attention", {});
   h.add_compute(0, "L0.bwd.experts", {ComputeKind::grouped_gemm, {}, 0}, {x});
-  const auto gap = attribute(h, Timing{{0, 3}, {1, 4}, {}});
+  const auto gap = attribute(h, Timing{{0, 3}, {1, 4}, {}, {}, {}});
   CHECK(gap.critical[Phase::idle] == Approx(2));
   CHECK(gap.layer_critical.at(0)[Phase::idle] == Approx(2));
   CHECK(gap.layer_critical.at(1)[Phase::idle] == 0);

@@ -54,6 +54,12 @@ class LayerOps {
   /// each count): one GEMM pair per expert, after the broadcasts of the replicas it computes with.
   OpId expert_op(int l, int rank, const std::string& label, int from, int to, Pass pass, std::vector<OpId> deps,
                  int part = 0, int parts = 1);
+  /// Every GPU's expert work on the tokens of its sources (GPU r: [sources[r].first, .second)), as
+  /// expert_op() for each: one Computes op, or an op per GPU where a GPU computes with an expert's
+  /// copy (its arrival and its gradient's reduce are the op's: per GPU) or per source chunk, or
+  /// ZeRO's.
+  std::vector<OpId> expert_ops(int l, const std::string& label, const std::vector<std::pair<int, int>>& sources, Pass pass,
+                               const std::vector<OpId>& deps);
   /// The replica transfers the plan's ReplicaSchedule puts under layer l's experts (block-wise:
   /// the next layer's SubTrans1, or the later layer's SubAgg2).
   void under_experts(int l, Pass pass);
@@ -89,6 +95,7 @@ class LayerOps {
   std::vector<int> everyone_;
   std::vector<OpId> ready_;
   std::shared_ptr<const std::vector<std::int32_t>> peers_;  // exchange_counts()' shared pair matrix
+  std::shared_ptr<const std::vector<std::int32_t>> nothing_;  // join()s' G × G zeros, shared by all
   std::vector<std::vector<int>> target_;  // per layer: [source · E + expert] -> GPU, or [expert] when
                                           // no replica makes it depend on the source (target())
   ExpertLoads computes_;                  // per layer, per GPU: the experts it computes, in order

@@ -23,12 +23,15 @@ class Smart final : public LayerSchedule {
     for (int j = 0; j < n; ++j)
       S[std::size_t(j)] = ops.collective(Stream::comm, step("S", j), ops.exchange(l, false, j, gs),
                                          j == 0 ? ops.ready() : std::vector<OpId>{});
-    std::vector<std::vector<OpId>> C(static_cast<std::size_t>(n), std::vector<OpId>(static_cast<std::size_t>(G)));
-    for (int j = 0; j < n; ++j)
+    std::vector<std::vector<OpId>> C(static_cast<std::size_t>(n));  // C_j: one op of a part per GPU
+    std::vector<std::pair<int, int>> sources(static_cast<std::size_t>(G));
+    for (int j = 0; j < n; ++j) {
       for (int r = 0; r < G; ++r) {
         const int f = (r / gs + j) % n;  // the group whose tokens C_j computes
-        C[std::size_t(j)][std::size_t(r)] = ops.expert_op(l, r, step("C", j), f * gs, f * gs + gs, pass, {S[std::size_t(j)]});
+        sources[std::size_t(r)] = {f * gs, f * gs + gs};
       }
+      C[std::size_t(j)] = ops.expert_ops(l, step("C", j), sources, pass, {S[std::size_t(j)]});
+    }
     for (int j = 0; j < n; ++j)
       R[std::size_t(j)] = ops.collective(Stream::comm, step("R", j), ops.exchange(l, true, j, gs), C[std::size_t(j)]);
     return ops.join(LayerOps::label(l, pass, "smart_done"), R);
