@@ -174,8 +174,8 @@ int draw_excluding(const std::vector<double>& popularity, const Allowed& allowed
 // the sum of its highest affinities on each; this is our reading of it for a gate modelled by
 // popularity alone (docs/model.md).
 template <class Row>
-void count_tokens(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
-                  const GroupLimit& limit, Rng& rng, Row& row) {
+void count_tokens_with(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
+                       const GroupLimit& limit, Rng& rng, Row& row) {
   std::vector<int> chosen(static_cast<std::size_t>(top_k)), groups;
   const int experts = int(popularity.size()), size = limit.on() ? experts / limit.groups : experts;
   for (int t = 0; t < tokens; ++t) {
@@ -195,6 +195,14 @@ void count_tokens(const AliasTable& table, const std::vector<double>& popularity
       ++row[std::size_t(e)];
     }
   }
+}
+
+template <class Row>
+void count_tokens(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
+                  const GroupLimit& limit, Rng& shared, Row& row) {
+  Rng rng = shared;  // a local copy the compiler can keep in registers, not one stored back at every draw
+  count_tokens_with(table, popularity, tokens, top_k, limit, rng, row);
+  shared = rng;
 }
 
 }  // namespace
