@@ -131,6 +131,7 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
 
 TaskGraph LayerOps::build() {
   const int L = in_.model.layers(), G = gpus_;
+  graph_.reserve(std::size_t(G) * std::size_t(12 * L + 8));  // EP's 11 ops per GPU per layer and a few more; others grow it
   const auto dense = in_.model.dense_forward_gemms();
   const double dense_bytes = in_.model.dense_forward_memory_bytes();  // softmax, dropout, norms
   const Gemm gate = in_.model.gate_gemm();

@@ -249,6 +249,9 @@ class TaskGraph {
   OpId add_compute(int rank, std::string label, Compute c, std::vector<OpId> deps = {});
   OpId add_transfer(Stream stream, std::string label, Transfer t, std::vector<OpId> deps = {});
   OpId add_collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps = {});
+  /// Room for n ops before the graph's storage moves (moving 545,000 ops and first touching their new
+  /// memory was a tenth of building the 4,096-GPU EP graph); room not used costs only address space.
+  void reserve(std::size_t n) { ops_.reserve(n); }
   /// A Computes op, on the compute stream of each of its ranks.
   OpId add_computes(std::string label, Computes c, std::vector<OpId> deps = {});
   /// Parts of the graph's Computes ops, all together.
