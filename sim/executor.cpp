@@ -47,7 +47,12 @@ void SimBackend::Impl::schedule_part(std::size_t i) {
   const int rank = R.rank_of[i];
   const auto& parts = std::get<Computes>(R.graph->op(R.op_of[i]).body);
   const double seconds = parts.work(i - parts.first_part).seconds(gpu);
+  const Node before = R.part_pred[i];
+  const bool after_chained = before != kNoNode && before >= R.parts_from && R.part_state[before - R.parts_from] == Run::Part::chained;
   if (loading[std::size_t(rank)] > 0 || alone[std::size_t(rank)].timer) {
+    // A GPU that computes something else has no chain left running (started() unchained it).
+    if (after_chained && R.timing.part_end[before - R.parts_from] > now)
+      throw std::logic_error("SimBackend: a part would start as an exec before the chained part ahead of it ends");
     R.timing.part_start[i] = now;
     R.part_state[i] = Run::Part::exec;
     auto exec = compute_exec(rank, seconds);
@@ -57,9 +62,7 @@ void SimBackend::Impl::schedule_part(std::size_t i) {
     return;
   }
   double start = now;  // or, after a chained part, at its end
-  if (const Node before = R.part_pred[i]; before != kNoNode && before >= R.parts_from &&
-                                          R.part_state[before - R.parts_from] == Run::Part::chained)
-    start = std::max(now, R.timing.part_end[before - R.parts_from]);
+  if (after_chained) start = std::max(now, R.timing.part_end[before - R.parts_from]);
   const double end = start + seconds;
   R.timing.part_start[i] = start;
   R.timing.part_end[i] = end;
