@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -68,7 +69,7 @@ std::string LayerOps::label(int l, Pass pass, const std::string& what) { return 
 LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
     : in_(in), plan_(plan), schedule_(plan.layer_schedule()), placement_(schedule_.placement()), replicas_(plan.replicas),
       cost_(in.cluster, in.gpu), gpus_(in.cluster.num_gpus()), experts_(in.model.experts()), graph_(gpus_), everyone_(gpus_),
-      ready_(gpus_), target_(plan.layers.size()), bcast_(plan.layers.size()) {
+      target_(plan.layers.size()), bcast_(plan.layers.size()) {
   const auto& plans = plan.layers;
   const int G = gpus_, E = experts_;
   for (int r = 0; r < G; ++r) everyone_[r] = r;
@@ -156,16 +157,15 @@ TaskGraph LayerOps::build() {
     return gemms;
   };
   if (!dense_blocks.empty())
-    for (int r = 0; r < G; ++r) graph_.add_compute(r, "fwd.dense_blocks", {ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}, start);
+    every_gpu("fwd.dense_blocks", [&](int) { return Compute{ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}; }, start);
   if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
   for (int l = 0; l < L; ++l) {
     if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
     if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm, l == 0 ? start : std::vector<OpId>{});  // spAG under attention_l
-    for (int r = 0; r < G; ++r) {
-      graph_.add_compute(r, fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, l == 0 ? start : std::vector<OpId>{});
-      graph_.add_compute(r, fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
-      ready_[r] = graph_.add_compute(r, fmt::format("L{}.fwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_});
-    }
+    every_gpu(fmt::format("L{}.fwd.attention", l), [&](int) { return Compute{ComputeKind::gemm, dense, dense_bytes}; },
+              l == 0 ? start : std::vector<OpId>{});
+    every_gpu(fmt::format("L{}.fwd.gate", l), [&](int) { return Compute{ComputeKind::gate, {gate}, scores_bytes_}; });
+    ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; })};
     if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
     if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
@@ -173,8 +173,7 @@ TaskGraph LayerOps::build() {
     shared_experts(l, Pass::forward);
     const OpId done = schedule_.emit(*this, l, Pass::forward);
     if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
-    for (int r = 0; r < G; ++r)
-      graph_.add_compute(r, fmt::format("L{}.fwd.decode", l), {ComputeKind::decode, codec_gemms(l, r), permute_bytes_}, {done});
+    every_gpu(fmt::format("L{}.fwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; }, {done});
   }
   // The output projection and its loss, forward then backward, between the blocks' two passes
   // (the embedding lookup and its gradient are counted in its bytes).
@@ -182,11 +181,10 @@ TaskGraph LayerOps::build() {
   if (!output.empty()) {
     auto both = output;
     for (const auto& g : backward_gemms(output)) both.push_back(g);
-    for (int r = 0; r < G; ++r) graph_.add_compute(r, "output", {ComputeKind::gemm, both, in_.model.output_memory_bytes()});
+    every_gpu("output", [&](int) { return Compute{ComputeKind::gemm, both, in_.model.output_memory_bytes()}; });
   }
   for (int l = L - 1; l >= 0; --l) {
-    for (int r = 0; r < G; ++r)
-      ready_[r] = graph_.add_compute(r, fmt::format("L{}.bwd.decode", l), {ComputeKind::decode, codec_gemms(l, r), permute_bytes_});
+    ready_ = {every_gpu(fmt::format("L{}.bwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; })};
     shared_experts(l, Pass::backward);
     const OpId done = schedule_.emit(*this, l, Pass::backward);
     // Replicas' gradients go back to their owners (a reduce each): on the second stream, under
@@ -203,15 +201,12 @@ TaskGraph LayerOps::build() {
         after.insert(after.end(), reduces_.end() - std::ptrdiff_t(plan_.layers[std::size_t(l)].replicas.size()), reduces_.end());
     }
     if (replicas_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
-    for (int r = 0; r < G; ++r) {
-      graph_.add_compute(r, fmt::format("L{}.bwd.encode", l), {ComputeKind::encode, codec_gemms(l, r), permute_bytes_}, after);
-      graph_.add_compute(r, fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
-      ready_[r] = graph_.add_compute(r, fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward_gemms(dense), 2 * dense_bytes});
-    }
+    every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; }, after);
+    every_gpu(fmt::format("L{}.bwd.gate", l), [&](int) { return Compute{ComputeKind::gate, backward_gemms({gate}), scores_bytes_}; });
+    ready_ = {every_gpu(fmt::format("L{}.bwd.attention", l), [&](int) { return Compute{ComputeKind::gemm, backward_gemms(dense), 2 * dense_bytes}; })};
   }
   if (!dense_blocks.empty())
-    for (int r = 0; r < G; ++r)
-      ready_[r] = graph_.add_compute(r, "bwd.dense_blocks", {ComputeKind::gemm, repeated(backward_gemms(dense_blocks)), 2 * dense_block_bytes});
+    ready_ = {every_gpu("bwd.dense_blocks", [&](int) { return Compute{ComputeKind::gemm, repeated(backward_gemms(dense_blocks)), 2 * dense_block_bytes}; })};
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
   const double dense_params = in_.model.dense_params_per_layer() * L + in_.model.embedding_params() + in_.model.dense_block_params();
   std::vector<OpId> before_ar(ready_);
@@ -225,8 +220,7 @@ TaskGraph LayerOps::build() {
   // low-precision copy.
   const double params = dense_params + double(experts_) / G * L * in_.model.expert_params();  // E/G experts, or 1/s of one
   const double adam_bytes = params * (6 * 4 + 2 * in_.model.dtype_bytes());
-  std::vector<OpId> steps(G);
-  for (int r = 0; r < G; ++r) steps[r] = graph_.add_compute(r, "optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce});
+  const std::vector<OpId> steps{every_gpu("optimizer", [&](int) { return Compute{ComputeKind::optimizer, {}, adam_bytes}; }, {allreduce})};
   schedule_.after_optimizer(*this, steps);
   return std::move(graph_);
 }
@@ -239,16 +233,33 @@ OpId LayerOps::compute(int rank, std::string label, Compute c, std::vector<OpId>
   return graph_.add_compute(rank, std::move(label), std::move(c), std::move(deps));
 }
 
+OpId LayerOps::every_gpu(std::string label, const std::function<Compute(int)>& work, std::vector<OpId> deps) {
+  Computes c;
+  c.ranks = everyone_;
+  c.work_of.reserve(std::size_t(gpus_));
+  std::map<std::vector<std::uint64_t>, std::uint32_t> index;  // a work's fields -> its place in c.works
+  std::vector<std::uint64_t> key;
+  auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
+  for (int r = 0; r < gpus_; ++r) {
+    Compute w = work(r);
+    key = {std::uint64_t(w.kind), bits(w.memory_bytes), std::uint64_t(w.tokens), bits(w.fixed_seconds)};
+    for (const Gemm& g : w.gemms) key.insert(key.end(), {g.m, g.n, g.k, g.batch, g.repeat, std::uint64_t(g.ta), std::uint64_t(g.tb)});
+    const auto [it, fresh] = index.try_emplace(key, std::uint32_t(c.works.size()));
+    if (fresh) c.works.push_back(std::move(w));
+    c.work_of.push_back(it->second);
+  }
+  return graph_.add_computes(std::move(label), std::move(c), std::move(deps));
+}
+
 // Shared experts (DeepSeek-V3's): every GPU runs them on all its tokens, on the compute stream after
 // the encode, so that they overlap the dispatch as DeepSeek-V3 overlaps them; the layer's routed
 // experts follow them on the stream.
 void LayerOps::shared_experts(int l, Pass pass) {
   const auto gemms = in_.model.shared_expert_gemms();
   if (gemms.empty()) return;
-  for (int r = 0; r < gpus_; ++r) {
-    Compute c{ComputeKind::grouped_gemm, pass == Pass::backward ? backward_gemms(gemms) : gemms, 0};
-    graph_.add_compute(r, label(l, pass, "shared_experts"), std::move(c), {ready_[std::size_t(r)]});
-  }
+  // After each GPU's encode (or its host sync, or its backward decode) by its stream's order.
+  const Compute c{ComputeKind::grouped_gemm, pass == Pass::backward ? backward_gemms(gemms) : gemms, 0};
+  every_gpu(label(l, pass, "shared_experts"), [&](int) { return c; });
 }
 
 // The spec's all-reduce algorithm; "nccl" (the default): the one NCCL's tuner would pick for these
@@ -365,11 +376,9 @@ void LayerOps::exchange_counts(int l) {
   const OpId exchanged = graph_.add_collective(Stream::comm, fmt::format("L{}.fwd.count_exchange", l),
                                                {CollectiveType::all_to_all, everyone_, CollectiveBytes(peers_, counts_per_peer), "linear"},
                                                ready_);
-  for (int r = 0; r < G; ++r) {
-    Compute sync{ComputeKind::elementwise, {}, 0};
-    sync.fixed_seconds = in_.gpu.host_sync_seconds();
-    ready_[r] = graph_.add_compute(r, fmt::format("L{}.fwd.host_sync", l), std::move(sync), {exchanged});
-  }
+  Compute sync{ComputeKind::elementwise, {}, 0};
+  sync.fixed_seconds = in_.gpu.host_sync_seconds();
+  ready_ = {every_gpu(fmt::format("L{}.fwd.host_sync", l), [&](int) { return sync; }, {exchanged})};
 }
 
 // An empty all-to-all over every rank.

@@ -22,10 +22,15 @@ MoeModel catalog_model(const std::string& name) {
   return MoeModel(ex.spec.model());
 }
 
+// The FLOPs of GPU `rank`'s op of that label (its part of an op of every GPU's), or -1.
 double flops_of(const TaskGraph& g, const std::string& label, int rank) {
+  double flops = -1;
   for (const auto& op : g.ops())
-    if (op.label == label && op.rank == rank) return std::get<Compute>(op.body).flops();
-  return -1;
+    if (op.label == label)
+      test::for_each_compute(op, [&](const Compute& c, int r) {
+        if (r == rank) flops = c.flops();
+      });
+  return flops;
 }
 
 }  // namespace
@@ -101,10 +106,13 @@ TEST_CASE("shared experts run on every GPU's tokens beside the routed ones, over
   for (const auto& op : g.ops()) {
     CHECK(known_op_name(op.label));
     if (op.label != "L0.fwd.shared_experts") continue;
-    ++shared;
-    // On the same GPU, the layer's dispatch runs while the shared experts compute.
-    for (const auto& d : g.ops())
-      if (d.label == "L0.fwd.a2a_dispatch") CHECK((t.start[d.id] < t.end[op.id] && t.start[op.id] < t.end[d.id]));
+    // On every GPU, the layer's dispatch runs while the shared experts compute.
+    const auto& parts = std::get<Computes>(op.body);
+    for (std::size_t i = 0; i < parts.parts(); ++i, ++shared) {
+      const std::size_t k = parts.first_part + i;
+      for (const auto& d : g.ops())
+        if (d.label == "L0.fwd.a2a_dispatch") CHECK((t.start[d.id] < t.part_end[k] && t.part_start[k] < t.end[d.id]));
+    }
   }
   CHECK(shared == 16);
 }

@@ -4,6 +4,7 @@
 // layer's experts. A schedule sees one MoE layer at a time, after ready() on every rank.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,7 +32,10 @@ class LayerOps {
   int experts() const { return experts_; }
   const MoeModel& model() const { return in_.model; }
   const RoutingMatrix& routing(int l) const { return plan_.layers[std::size_t(l)].routing; }
-  const std::vector<OpId>& ready() const { return ready_; }  // each rank's last op before the layer
+  /// What the layer's communication waits for: the op of every GPU's last compute before the layer
+  /// (its encode, or its host sync after the count exchange; in the backward its decode). A GPU's
+  /// own compute after it follows it by the stream's order.
+  const std::vector<OpId>& ready() const { return ready_; }
   const std::vector<int>& everyone() const { return everyone_; }
   double token_bytes() const { return token_bytes_; }
   double expert_bytes() const { return expert_bytes_; }  // one expert's parameters
@@ -41,6 +45,8 @@ class LayerOps {
   // --- what a schedule adds
   OpId collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps = {});
   OpId compute(int rank, std::string label, Compute c, std::vector<OpId> deps = {});
+  /// Every GPU's compute of one step, work(r) on GPU r, as one op of parts (equal works shared).
+  OpId every_gpu(std::string label, const std::function<Compute(int)>& work, std::vector<OpId> deps = {});
   /// One marker op where ops meet, so that the next ops' dependencies stay short.
   OpId join(std::string label, std::vector<OpId> deps);
   /// Layer l's all-to-all: each source's token-slots to the GPU computing them or, transposed,

@@ -71,10 +71,11 @@ class Pipelined final : public LayerSchedule {
     };
     const auto parts = static_cast<std::size_t>(r);
     std::vector<std::vector<OpId>> ready(parts, ops.ready());  // what each part's dispatch waits for
-    if (compress)
-      for (int p = 0; p < r; ++p)
-        for (int k = 0; k < G; ++k)
-          ready[std::size_t(p)][std::size_t(k)] = codec(k, "C1", p, sent[std::size_t(k)], {ops.ready()[std::size_t(k)]});
+    if (compress)  // each GPU's compression after its encode, by its stream's order
+      for (int p = 0; p < r; ++p) {
+        ready[std::size_t(p)].assign(std::size_t(G), 0);
+        for (int k = 0; k < G; ++k) ready[std::size_t(p)][std::size_t(k)] = codec(k, "C1", p, sent[std::size_t(k)], {});
+      }
     std::vector<std::vector<OpId>> A1(parts), A2(parts);
     for (int p = 0; p < r; ++p) A1[std::size_t(p)] = send("a2a_dispatch", false, p, ready[std::size_t(p)]);
     std::vector<std::vector<OpId>> done(parts, std::vector<OpId>(std::size_t(G)));

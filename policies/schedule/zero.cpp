@@ -22,11 +22,8 @@ class Zero final : public LayerSchedule {
     if (stage_ == 3)
       deps.push_back(gather_or_scatter(ops, CollectiveType::all_gather, LayerOps::label(l, pass, "experts_allgather"), {}));
     std::vector<OpId> experts(std::size_t(ops.gpus()));
-    for (int r = 0; r < ops.gpus(); ++r) {
-      std::vector<OpId> d(deps);
-      d.push_back(ops.ready()[std::size_t(r)]);
-      experts[std::size_t(r)] = ops.expert_op(l, r, LayerOps::label(l, pass, "experts"), r, r + 1, pass, d);
-    }
+    for (int r = 0; r < ops.gpus(); ++r)  // after the GPU's encode by its stream's order
+      experts[std::size_t(r)] = ops.expert_op(l, r, LayerOps::label(l, pass, "experts"), r, r + 1, pass, deps);
     if (pass == Pass::forward) return ops.join(LayerOps::label(l, pass, "experts_done"), experts);
     return gather_or_scatter(ops, CollectiveType::reduce_scatter, LayerOps::label(l, pass, "grads_reduce_scatter"), experts);
   }
