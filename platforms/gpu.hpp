@@ -1,6 +1,7 @@
 // The GPU compute model: how long a GEMM or a memory-bound kernel takes on one GPU.
 // One place for it: the SimGrid backend, the cost model and the reports all call these.
 #pragma once
+#include <compare>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct Gemm {
   std::uint64_t repeat = 1;  // the same GEMM run this many times, one after another (each timed alone)
   bool ta = false, tb = false;
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch ? batch : 1) * double(repeat ? repeat : 1); }
+  friend auto operator<=>(const Gemm&, const Gemm&) = default;
 };
 
 class GpuModel {

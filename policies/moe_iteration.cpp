@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -132,7 +131,8 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
 
 TaskGraph LayerOps::build() {
   const int L = in_.model.layers(), G = gpus_;
-  graph_.reserve(std::size_t(G) * std::size_t(12 * L + 8));  // EP's 11 ops per GPU per layer and a few more; others grow it
+  // EP: an expert op per GPU in each layer's forward and backward, and a few dozen ops a layer; others grow it.
+  graph_.reserve(std::size_t(G) * std::size_t(2 * L + 1) + 64 * std::size_t(L));
   const auto dense = in_.model.dense_forward_gemms();
   const double dense_bytes = in_.model.dense_forward_memory_bytes();  // softmax, dropout, norms
   const Gemm gate = in_.model.gate_gemm();
@@ -157,14 +157,13 @@ TaskGraph LayerOps::build() {
     return gemms;
   };
   if (!dense_blocks.empty())
-    every_gpu("fwd.dense_blocks", [&](int) { return Compute{ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}; }, start);
+    every_gpu("fwd.dense_blocks", {ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}, start);
   if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
   for (int l = 0; l < L; ++l) {
     if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
     if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm, l == 0 ? start : std::vector<OpId>{});  // spAG under attention_l
-    every_gpu(fmt::format("L{}.fwd.attention", l), [&](int) { return Compute{ComputeKind::gemm, dense, dense_bytes}; },
-              l == 0 ? start : std::vector<OpId>{});
-    every_gpu(fmt::format("L{}.fwd.gate", l), [&](int) { return Compute{ComputeKind::gate, {gate}, scores_bytes_}; });
+    every_gpu(fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, l == 0 ? start : std::vector<OpId>{});
+    every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; })};
     if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
@@ -181,7 +180,7 @@ TaskGraph LayerOps::build() {
   if (!output.empty()) {
     auto both = output;
     for (const auto& g : backward_gemms(output)) both.push_back(g);
-    every_gpu("output", [&](int) { return Compute{ComputeKind::gemm, both, in_.model.output_memory_bytes()}; });
+    every_gpu("output", {ComputeKind::gemm, both, in_.model.output_memory_bytes()});
   }
   for (int l = L - 1; l >= 0; --l) {
     ready_ = {every_gpu(fmt::format("L{}.bwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; })};
@@ -202,11 +201,11 @@ TaskGraph LayerOps::build() {
     }
     if (replicas_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
     every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; }, after);
-    every_gpu(fmt::format("L{}.bwd.gate", l), [&](int) { return Compute{ComputeKind::gate, backward_gemms({gate}), scores_bytes_}; });
-    ready_ = {every_gpu(fmt::format("L{}.bwd.attention", l), [&](int) { return Compute{ComputeKind::gemm, backward_gemms(dense), 2 * dense_bytes}; })};
+    every_gpu(fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
+    ready_ = {every_gpu(fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward_gemms(dense), 2 * dense_bytes})};
   }
   if (!dense_blocks.empty())
-    ready_ = {every_gpu("bwd.dense_blocks", [&](int) { return Compute{ComputeKind::gemm, repeated(backward_gemms(dense_blocks)), 2 * dense_block_bytes}; })};
+    ready_ = {every_gpu("bwd.dense_blocks", {ComputeKind::gemm, repeated(backward_gemms(dense_blocks)), 2 * dense_block_bytes})};
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
   const double dense_params = in_.model.dense_params_per_layer() * L + in_.model.embedding_params() + in_.model.dense_block_params();
   std::vector<OpId> before_ar(ready_);
@@ -220,7 +219,7 @@ TaskGraph LayerOps::build() {
   // low-precision copy.
   const double params = dense_params + double(experts_) / G * L * in_.model.expert_params();  // E/G experts, or 1/s of one
   const double adam_bytes = params * (6 * 4 + 2 * in_.model.dtype_bytes());
-  const std::vector<OpId> steps{every_gpu("optimizer", [&](int) { return Compute{ComputeKind::optimizer, {}, adam_bytes}; }, {allreduce})};
+  const std::vector<OpId> steps{every_gpu("optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce})};
   schedule_.after_optimizer(*this, steps);
   return std::move(graph_);
 }
@@ -237,18 +236,19 @@ OpId LayerOps::every_gpu(std::string label, const std::function<Compute(int)>& w
   Computes c;
   c.ranks = everyone_;
   c.work_of.reserve(std::size_t(gpus_));
-  std::map<std::vector<std::uint64_t>, std::uint32_t> index;  // a work's fields -> its place in c.works
-  std::vector<std::uint64_t> key;
-  auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
+  std::map<Compute, std::uint32_t> index;  // a work -> its place in c.works
   for (int r = 0; r < gpus_; ++r) {
     Compute w = work(r);
-    key = {std::uint64_t(w.kind), bits(w.memory_bytes), std::uint64_t(w.tokens), bits(w.fixed_seconds)};
-    for (const Gemm& g : w.gemms) key.insert(key.end(), {g.m, g.n, g.k, g.batch, g.repeat, std::uint64_t(g.ta), std::uint64_t(g.tb)});
-    const auto [it, fresh] = index.try_emplace(key, std::uint32_t(c.works.size()));
+    const auto [it, fresh] = index.try_emplace(w, std::uint32_t(c.works.size()));
     if (fresh) c.works.push_back(std::move(w));
     c.work_of.push_back(it->second);
   }
   return graph_.add_computes(std::move(label), std::move(c), std::move(deps));
+}
+
+OpId LayerOps::every_gpu(std::string label, Compute work, std::vector<OpId> deps) {
+  return graph_.add_computes(std::move(label), {everyone_, {std::move(work)}, std::vector<std::uint32_t>(std::size_t(gpus_), 0)},
+                             std::move(deps));
 }
 
 // Shared experts (DeepSeek-V3's): every GPU runs them on all its tokens, on the compute stream after
@@ -258,8 +258,7 @@ void LayerOps::shared_experts(int l, Pass pass) {
   const auto gemms = in_.model.shared_expert_gemms();
   if (gemms.empty()) return;
   // After each GPU's encode (or its host sync, or its backward decode) by its stream's order.
-  const Compute c{ComputeKind::grouped_gemm, pass == Pass::backward ? backward_gemms(gemms) : gemms, 0};
-  every_gpu(label(l, pass, "shared_experts"), [&](int) { return c; });
+  every_gpu(label(l, pass, "shared_experts"), {ComputeKind::grouped_gemm, pass == Pass::backward ? backward_gemms(gemms) : gemms, 0});
 }
 
 // The spec's all-reduce algorithm; "nccl" (the default): the one NCCL's tuner would pick for these
@@ -378,7 +377,7 @@ void LayerOps::exchange_counts(int l) {
                                                ready_);
   Compute sync{ComputeKind::elementwise, {}, 0};
   sync.fixed_seconds = in_.gpu.host_sync_seconds();
-  ready_ = {every_gpu(fmt::format("L{}.fwd.host_sync", l), [&](int) { return sync; }, {exchanged})};
+  ready_ = {every_gpu(fmt::format("L{}.fwd.host_sync", l), std::move(sync), {exchanged})};
 }
 
 // An empty all-to-all over every rank.

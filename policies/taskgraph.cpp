@@ -281,9 +281,8 @@ TaskGraph::Waits TaskGraph::waits() const {
   w.of_op.resize(ops_.size());
   w.stream_pred.assign(parts_, kNoNode);
   w.op_of.resize(parts_);
-  const auto first_part_node = Node(ops_.size());
+  w.parts_from = Node(ops_.size());
   std::vector<Node> last(std::size_t(num_ranks_) * kNumStreams, kNoNode);
-  auto op_of = [&](Node n) { return n < first_part_node ? n : w.op_of[n - first_part_node]; };
   for (const auto& op : ops_) {
     auto& p = w.of_op[op.id];
     p.assign(op.deps.begin(), op.deps.end());
@@ -293,7 +292,7 @@ TaskGraph::Waits TaskGraph::waits() const {
         w.op_of[part] = op.id;
         Node& slot = last[std::size_t(c->ranks[i]) * kNumStreams + int(op.stream)];
         w.stream_pred[part] = slot;
-        slot = first_part_node + Node(part);
+        slot = w.parts_from + Node(part);
       }
     } else {
       for (int r : op.ranks()) {
@@ -302,8 +301,7 @@ TaskGraph::Waits TaskGraph::waits() const {
         slot = op.id;
       }
     }
-    // In op order, the parts of one op in rank order: the order the ops of one part each had.
-    std::sort(p.begin(), p.end(), [&](Node a, Node b) { return std::pair(op_of(a), a) < std::pair(op_of(b), b); });
+    w.order(p);
     p.erase(std::unique(p.begin(), p.end()), p.end());
   }
   return w;
@@ -311,14 +309,13 @@ TaskGraph::Waits TaskGraph::waits() const {
 
 std::vector<std::vector<OpId>> TaskGraph::predecessors() const {
   const Waits w = waits();
-  auto op_of = [&](Node n) { return n < ops_.size() ? OpId(n) : w.op_of[n - ops_.size()]; };
   std::vector<std::vector<OpId>> preds(ops_.size());
   for (const auto& op : ops_) {
     auto& p = preds[op.id];
-    for (Node n : w.of_op[op.id]) p.push_back(op_of(n));
+    for (Node n : w.of_op[op.id]) p.push_back(w.op(n));
     if (const auto* c = std::get_if<Computes>(&op.body)) {
       for (std::size_t i = 0; i < c->parts(); ++i)
-        if (const Node n = w.stream_pred[c->first_part + i]; n != kNoNode) p.push_back(op_of(n));
+        if (const Node n = w.stream_pred[c->first_part + i]; n != kNoNode) p.push_back(w.op(n));
     }
     std::sort(p.begin(), p.end());
     p.erase(std::unique(p.begin(), p.end()), p.end());
@@ -407,8 +404,7 @@ Attribution attribute(const TaskGraph& graph, const Timing& timing) {
   // Computes op, the part that ends last (the first of them), which waits for the op's deps and
   // the node before it on its stream.
   const auto w = graph.waits();
-  const auto parts_from = Node(graph.size());
-  auto op_of = [&](Node n) { return n < parts_from ? OpId(n) : w.op_of[n - parts_from]; };
+  const Node parts_from = w.parts_from;
   auto start_of = [&](Node n) { return n < parts_from ? timing.start[n] : timing.part_start[n - parts_from]; };
   auto end_of = [&](Node n) { return n < parts_from ? timing.end[n] : timing.part_end[n - parts_from]; };
   auto last_part = [&](Node n) {  // a Computes op: its part that ends last
@@ -422,14 +418,14 @@ Attribution attribute(const TaskGraph& graph, const Timing& timing) {
   std::vector<Node> preds;
   Node cur = last_part(Node(std::max_element(timing.end.begin(), timing.end.end()) - timing.end.begin()));
   while (true) {
-    const OpId id = op_of(cur);
+    const OpId id = w.op(cur);
     add(a.critical, a.layer_critical, id, graph.op(id).phase, end_of(cur) - start_of(cur));
     if (cur < parts_from) {
       preds = w.of_op[cur];
     } else {
       preds.assign(graph.op(id).deps.begin(), graph.op(id).deps.end());
       if (const Node s = w.stream_pred[cur - parts_from]; s != kNoNode) preds.push_back(s);
-      std::sort(preds.begin(), preds.end(), [&](Node x, Node y) { return std::pair(op_of(x), x) < std::pair(op_of(y), y); });
+      w.order(preds);
     }
     if (preds.empty()) {
       add(a.critical, a.layer_critical, id, Phase::idle, start_of(cur));

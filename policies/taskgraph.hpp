@@ -3,6 +3,8 @@
 // order they were added (as on a CUDA stream), ops on different streams may overlap. A backend
 // executes the graph and returns a Timing: start and end of every op.
 #pragma once
+#include <algorithm>
+#include <compare>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -37,11 +39,14 @@ struct Compute {
   double flops() const;
   /// Seconds on one GPU: its GEMMs through the GEMM-efficiency curve plus its memory traffic.
   double seconds(const GpuModel& gpu) const;
+  /// Field by field (equal works are one work of an op of parts).
+  friend auto operator<=>(const Compute&, const Compute&) = default;
 };
 
-/// One step's work on several GPUs, each its own: FasterMoE's smart schedule's C_j, every GPU's
-/// experts on the tokens of one group of workers. One op of G parts where G ops of one part each
-/// would cost an op per GPU per step (6.3 million an iteration at 1,024 GPUs). Each part runs on
+/// One step's work on several GPUs, each its own: every GPU's attention, gate, encode or optimizer
+/// step, or FasterMoE's smart schedule's C_j (every GPU's experts on the tokens of one group of
+/// workers). One op of G parts where G ops of one part each would cost an op per GPU per step (6.3
+/// million an iteration at 1,024 GPUs in the smart schedule). Each part runs on
 /// its rank's compute stream exactly as a Compute op of its own would there: after the op's deps
 /// and what precedes it on that stream (a Computes op there: that op's part on this rank); what
 /// follows it on that stream waits for this part only. The op ends when its last part ends; an op
@@ -265,6 +270,13 @@ class TaskGraph {
     std::vector<std::vector<Node>> of_op;
     std::vector<Node> stream_pred;
     std::vector<OpId> op_of;
+    Node parts_from = 0;  // the graph's size(): the first part's node
+    /// The op a node is or is part of.
+    OpId op(Node n) const { return n < parts_from ? OpId(n) : op_of[n - parts_from]; }
+    /// Nodes in op order, the parts of one op in rank order: the order an op per part had.
+    void order(std::vector<Node>& nodes) const {
+      std::sort(nodes.begin(), nodes.end(), [&](Node a, Node b) { return std::pair(op(a), a) < std::pair(op(b), b); });
+    }
   };
   Waits waits() const;
   /// For each op, every op it waits for (a part's wait counts as its op's): its deps and the op

@@ -31,6 +31,18 @@ void SimBackend::Impl::alone_done(int rank) {
   op_done(id);
 }
 
+// What is left at this instant of work that ran alone on `rank` until `end` (an Alone op, a chained
+// part): an exec of its remaining flops, loading the GPU, ending `node` (op `op`'s or a part's).
+// Not started: the caller starts it.
+sg4::ExecPtr SimBackend::Impl::rest_as_exec(int rank, double end, OpId op, Node node) {
+  auto exec = sg4::Exec::init();
+  exec->set_flops_amount((end - sg4::Engine::get_clock()) * gpu.peak_flops())->set_host(hosts[std::size_t(rank)]);
+  loads[exec.get()] = rank;
+  run->activities[op].push_back(exec);
+  run->exit_of[exec.get()] = node;
+  return exec;
+}
+
 // An exec of `seconds` at its GPU's peak on `rank`, loading the GPU unless it computes nothing.
 sg4::ExecPtr SimBackend::Impl::compute_exec(int rank, double seconds) {
   auto exec = sg4::Exec::init();
@@ -131,12 +143,8 @@ void SimBackend::Impl::unchain(int rank) {
       ++R.part_waiting[next - R.parts_from];
     }
     if (!running) {
-      running = sg4::Exec::init();
-      running->set_flops_amount((R.timing.part_end[i] - now) * gpu.peak_flops())->set_host(hosts[std::size_t(rank)]);
-      loads[running.get()] = rank;
+      running = rest_as_exec(rank, R.timing.part_end[i], op, n);
       R.part_state[i] = Run::Part::exec;
-      R.activities[op].push_back(running);
-      R.exit_of[running.get()] = n;
     } else {
       R.part_state[i] = Run::Part::waiting;
       R.part_waiting[i] = 1;  // the part before it on the stream
@@ -156,12 +164,7 @@ void SimBackend::Impl::started(const sg4::Exec& e) {
   if (!a.timer) return;
   a.timer->remove();
   a.timer = nullptr;
-  auto exec = sg4::Exec::init();
-  exec->set_flops_amount((a.end - sg4::Engine::get_clock()) * gpu.peak_flops())->set_host(hosts[rank]);
-  loads[exec.get()] = int(rank);
-  run->activities[a.op].push_back(exec);
-  run->exit_of[exec.get()] = a.op;
-  exec->vetoable_start();
+  rest_as_exec(int(rank), a.end, a.op, a.op)->vetoable_start();
 }
 
 void SimBackend::Impl::completed(const sg4::Activity& a) {

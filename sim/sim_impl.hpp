@@ -191,6 +191,7 @@ struct SimBackend::Impl {
   void part_resolved(OpId op);
   void unchain(int rank);
   sg4::ExecPtr compute_exec(int rank, double seconds);
+  sg4::ExecPtr rest_as_exec(int rank, double end, OpId op, Node node);
   Timing execute(const TaskGraph& graph);
 };
 

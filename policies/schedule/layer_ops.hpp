@@ -45,8 +45,10 @@ class LayerOps {
   // --- what a schedule adds
   OpId collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps = {});
   OpId compute(int rank, std::string label, Compute c, std::vector<OpId> deps = {});
-  /// Every GPU's compute of one step, work(r) on GPU r, as one op of parts (equal works shared).
+  /// Every GPU's compute of one step, work(r) on GPU r, as one op of parts (equal works shared);
+  /// with one Compute, the same work on every GPU.
   OpId every_gpu(std::string label, const std::function<Compute(int)>& work, std::vector<OpId> deps = {});
+  OpId every_gpu(std::string label, Compute work, std::vector<OpId> deps = {});
   /// One marker op where ops meet, so that the next ops' dependencies stay short.
   OpId join(std::string label, std::vector<OpId> deps);
   /// Layer l's all-to-all: each source's token-slots to the GPU computing them or, transposed,
