@@ -26,16 +26,25 @@ int time_collectives(const CollectiveSweep& sweep, const std::string& out, bool 
   const auto points = run_collective_sweep(sweep, [&](int done, int total) { progress(done, total); });
   for (std::size_t i = 0; i < points.size();) {
     const CollectiveType type = points[i].collective;
-    fmt::print("{}{} on {}: simulated time; algbw = S/t, busbw = algbw x {} (nccl-tests), GB/s of 1e9 B\n\n",
-               i ? "\n" : "", collective_type_name(type), sweep.platform, bus_bandwidth_formula(type));
+    if (sweep.routed)
+      fmt::print("{} on {}, routed ({} tokens per GPU, top-{} of {} experts, hidden {}): simulated time; S = what DeepEP's "
+                 "benchmark counts for rank 0 (tokens once per node sent, or inside a node received), algbw = S/t (its "
+                 "bottleneck bandwidth), GB/s of 1e9 B\n\n",
+                 collective_type_name(type), sweep.platform, sweep.routed->tokens, sweep.routed->top_k, sweep.routed->experts,
+                 sweep.routed->hidden);
+    else
+      fmt::print("{}{} on {}: simulated time; algbw = S/t, busbw = algbw x {} (nccl-tests), GB/s of 1e9 B\n\n",
+                 i ? "\n" : "", collective_type_name(type), sweep.platform, bus_bandwidth_formula(type));
     const bool picks = type == CollectiveType::all_reduce;
-    fmt::print("{:>6} {:>10}  {:<10} {:>12} {:>11} {:>11} {:>9}{}\n", "GPUs", "S", "algorithm", "time us", "algbw", "busbw",
+    const int w = sweep.routed ? 16 : 10;  // "dispatch 123 MB"
+    fmt::print("{:>6} {:>{}}  {:<10} {:>12} {:>11} {:>11} {:>9}{}\n", "GPUs", "S", w, "algorithm", "time us", "algbw", "busbw",
                "speedup", picks ? "  NCCL would run" : "");
     std::map<std::pair<int, double>, double> first;  // (GPUs, S) -> the first algorithm's time
     for (; i < points.size() && points[i].collective == type; ++i) {
       const auto& p = points[i];
       const double base = first.emplace(std::make_pair(p.gpus, p.bytes), p.seconds).first->second;
-      fmt::print("{:>6} {:>10}  {:<10} {:>12.1f} {:>11.2f} {:>11.2f} {:>8.2f}x{}\n", p.gpus, format_size(p.bytes), p.algorithm,
+      fmt::print("{:>6} {:>{}}  {:<10} {:>12.1f} {:>11.2f} {:>11.2f} {:>8.2f}x{}\n", p.gpus,
+                 p.exchange.empty() ? format_size(p.bytes) : fmt::format("{} {:.0f} MB", p.exchange, p.bytes / 1e6), w, p.algorithm,
                  p.seconds * 1e6, p.algbw() / 1e9, p.busbw() / 1e9, base / p.seconds, picks ? "  " + p.nccl_pick : "");
     }
   }
@@ -77,7 +86,8 @@ void add_collective(CLI::App& app, Commands& commands) {
   moesim collective --platform p4d-a100 --gpus 16 --sizes 256M              every collective, every algorithm
   moesim collective --collectives all_reduce --gpus 8,16,64 --sizes 1G     one collective
   moesim collective --gpus 16,64,256,1024 --sizes 1M,32M,256M --algorithms linear,2dh     Tutel §3.4
-  moesim collective experiments/schemoe/fig9-alltoall.textproto             a sweep spec with a paper's claims)");
+  moesim collective experiments/schemoe/fig9-alltoall.textproto             a sweep spec with a paper's claims
+  moesim collective experiments/deepep/normal-kernels.textproto             DeepEP's dispatch and combine, routed tokens)");
   auto o = std::make_shared<Options>();
   cmd->add_option("spec", o->spec, "A sweep spec (CollectiveSweepSpec, e.g. experiments/tutel/alltoall-crossover.textproto); "
                                    "options given on the command line override it");

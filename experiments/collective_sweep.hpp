@@ -6,7 +6,9 @@
 // 2DH against GPU count) and ScheMoE Fig. 9 (four all-to-all algorithms against message size) are
 // such sweeps.
 #pragma once
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +23,17 @@ namespace moesim {
 inline constexpr int kMaxCollectiveGpus = 8192;
 inline constexpr double kMaxCollectiveBytes = 1024.0 * 1024 * 1024 * 1024;
 
+/// An all-to-all's bytes from a sampled top-k routing (CollectiveSweepSpec.Routed): DeepEP's
+/// benchmark. A token's experts are drawn uniformly without replacement, within at most
+/// `node_limit` nodes (its scores i.i.d., as the benchmark's are: the draw order is the score
+/// order, so the first nodes drawn are the nodes of the highest scores); each GPU holds
+/// experts / n consecutive experts.
+struct RoutedExchange {
+  int tokens = 4096, hidden = 7168, experts = 256, top_k = 8, node_limit = 4;
+  double dispatch_bytes_per_element = 1 + 4.0 / 128, combine_bytes_per_element = 2;
+  std::uint64_t seed = 1;
+};
+
 struct CollectiveSweep {
   std::string platform = "dgx-a100";
   std::vector<int> gpus = {16, 64, 256};      // multiples of the platform's GPUs per node
@@ -29,6 +42,9 @@ struct CollectiveSweep {
   std::vector<CollectiveType> collectives;
   /// Empty: every algorithm of each collective.
   std::vector<std::string> algorithms;
+  /// Set: every all-to-all's bytes come from this routing, a dispatch and a combine per GPU count
+  /// (`sizes` unused).
+  std::optional<RoutedExchange> routed;
 };
 
 struct CollectivePoint {
@@ -40,6 +56,10 @@ struct CollectivePoint {
   /// An all-reduce's: what NCCL's tuner would run for this size and group ("tree/LL128"; CostModel::
   /// nccl_tuner_input()); empty for the other collectives.
   std::string nccl_pick;
+  /// A routed sweep's "dispatch" or "combine"; `bytes` is then what DeepEP's benchmark counts for
+  /// rank 0: between nodes the tokens it sends once per node (its own node too), inside one node
+  /// the tokens it receives (from itself too). So algbw() is DeepEP's "bottleneck bandwidth".
+  std::string exchange = {};
   double algbw() const { return bytes / seconds; }  // nccl-tests: S / t, bytes/s
   double busbw() const;                              // algbw × bus_bandwidth_factor(collective, gpus)
 };
@@ -64,6 +84,7 @@ struct CollectiveClaim {
   int gpus = 0;
   double bytes = 0;
   std::string algorithm, baseline;  // all-to-all algorithms
+  std::string exchange;             // routed: "dispatch" or "combine", the paper's value in GB/s
   spec::PaperValue paper;
 };
 

@@ -471,7 +471,8 @@ Figure scaling_figure(const Inputs& in, const PlotOptions& o) {
       for (auto& p : collective_points(c)) points.push_back(std::move(p));
     const bool one = std::all_of(points.begin(), points.end(), [&](const auto& p) { return p.collective == points.front().collective; });
     for (const auto& p : points)
-      add(fmt::format("{}{} {}", one ? "" : std::string(collective_type_name(p.collective)) + " ", p.algorithm, format_size(p.bytes)),
+      add(fmt::format("{}{} {}", one ? "" : std::string(collective_type_name(p.collective)) + " ", p.algorithm,
+                      p.exchange.empty() ? format_size(p.bytes) : p.exchange),  // a routed point's bytes vary with the GPUs
           p.gpus, p.seconds * 1e3);
     const std::string what = one && !points.empty() && points.front().collective == CollectiveType::all_to_all ? "All-to-all"
                              : one && !points.empty() ? collective_type_name(points.front().collective)

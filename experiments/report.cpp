@@ -131,8 +131,10 @@ OrderScore ordering_score(const std::vector<PaperComparison>& claims) {
     if ((paper > 0) == (simulated > 0)) ++o.match;
   };
   std::vector<const PaperComparison*> ran;
+  // A bandwidth (a routed collective's, in GB/s) states no order of two systems: left out.
   for (const auto& c : claims)
-    if (std::isfinite(c.simulated) && c.simulated > 0 && c.paper.value() > 0) ran.push_back(&c);
+    if (std::isfinite(c.simulated) && c.simulated > 0 && c.paper.value() > 0 && c.paper.quantity() != spec::PaperValue::BANDWIDTH)
+      ran.push_back(&c);
   for (const auto* c : ran) count(std::log(c->paper.value()), std::log(c->simulated));
   for (std::size_t i = 0; i < ran.size(); ++i)
     for (std::size_t j = i + 1; j < ran.size(); ++j) {

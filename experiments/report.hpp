@@ -35,7 +35,7 @@ ReportCounts count_claims(const std::vector<PaperComparison>& claims);
 /// claims (those simulated): each claim's variant against its baseline (faster or slower: value
 /// above or below 1), and two claims of one quantity, baseline set, groups and aggregate but
 /// different variants against each other (which of the two gains more). A pair the paper puts
-/// within 2% of each other states no order and is left out.
+/// within 2% of each other states no order and is left out, as is a bandwidth claim (GB/s).
 struct OrderScore {
   int match = 0, pairs = 0;
 };

@@ -281,12 +281,14 @@ std::string paper_table(const std::vector<PaperComparison>& rows) {
   // With several seeds the simulated value is their mean ± its 95% confidence half-width, and the
   // verdict is on that interval (PaperComparison::verdict).
   std::string out = "| claim | paper | simulated | ratio | verdict | source |\n|---|---:|---:|---:|---|---|\n";
-  for (const auto& c : rows)
+  for (const auto& c : rows) {
+    const char* unit = c.paper.quantity() == spec::PaperValue::BANDWIDTH ? " GB/s" : "×";
     out += !std::isfinite(c.simulated)
-               ? fmt::format("| {} | {:.2f}× | not run | | | {} |\n", c.paper.claim(), c.paper.value(), c.paper.source())
-               : fmt::format("| {} | {:.2f}× | {:.3f}×{} | {:.3f} | {} | {} |\n", c.paper.claim(), c.paper.value(),
-                             c.simulated, c.per_seed.size() > 1 ? fmt::format(" ± {:.3f}", c.ci95) : "", c.ratio(),
+               ? fmt::format("| {} | {:.2f}{} | not run | | | {} |\n", c.paper.claim(), c.paper.value(), unit, c.paper.source())
+               : fmt::format("| {} | {:.2f}{} | {:.3f}{}{} | {:.3f} | {} | {} |\n", c.paper.claim(), c.paper.value(), unit,
+                             c.simulated, unit, c.per_seed.size() > 1 ? fmt::format(" ± {:.3f}", c.ci95) : "", c.ratio(),
                              c.verdict(), c.paper.source());
+  }
   return out;
 }
 

@@ -223,6 +223,7 @@ void TaskGraph::drop_collective_matrices() {
       }
       const double total = c->total_bytes();
       c->bytes = {total};
+      c->network_bytes = {};
     }
 }
 

@@ -180,6 +180,13 @@ struct Collective {
   /// Pipe-A2A run as two ops, one per lane (ScheMoE's pipelined layer): 0 sends only the pairs inside
   /// a node, 1 only those between nodes; −1 (default) both, side by side.
   int lane = -1;
+  /// DeepEP's hierarchical exchange (collectives/deepep_alltoall.cpp): `network_bytes`, an n × n
+  /// matrix, holds what crosses the network between two ranks of the same local index, a token once
+  /// per node (empty: every byte of `bytes` between nodes crosses it on its own); `combine`: the way
+  /// back, forwarded inside the sender's node first and then over the network (a dispatch goes over
+  /// the network first).
+  CollectiveBytes network_bytes = {};
+  bool combine = false;
   double total_bytes() const;
 };
 

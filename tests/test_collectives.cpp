@@ -12,6 +12,7 @@
 #include "collectives/collectives.hpp"
 #include "collective_sweep.hpp"
 #include "helpers.hpp"
+#include "routing.hpp"
 
 using namespace moesim;
 
@@ -301,4 +302,136 @@ TEST_CASE("a non-blocking fat-tree: 4 nodes' all-to-all is bound by the node upl
 }
 TEST_CASE("a 2-to-1 oversubscribed fat-tree: 4 nodes' all-to-all is bound by the leaf's spine link") {
   CHECK(four_over_two_nodes(1) == Approx(2.0).epsilon(0.05));
+}
+
+namespace {
+
+// Bytes per (sender, receiver) over a lowering's transfers.
+std::map<std::pair<int, int>, double> link_bytes(const Lowering& lowering) {
+  std::map<std::pair<int, int>, double> out;
+  for (const auto& lane : lowering)
+    for (const auto& step : lane)
+      for (const auto& t : step.transfers) out[{t.src, t.dst}] += t.bytes;
+  return out;
+}
+
+// 2 nodes of 2 GPUs: ranks 0, 1 on node 0 and 2, 3 on node 1. Tokens once per GPU: B(p, q) =
+// 10p + q + 1; once per node over the network, between same-index GPUs: 0→2 5, 1→3 7, 2→0 11, 3→1 13.
+Collective deepep_hand_case(bool counted_per_node) {
+  std::vector<double> bytes(16, 0.0), network(16, 0.0);
+  for (int p = 0; p < 4; ++p)
+    for (int q = 0; q < 4; ++q)
+      if (p != q) bytes[std::size_t(p * 4 + q)] = 10 * p + q + 1;
+  network[0 * 4 + 2] = 5, network[1 * 4 + 3] = 7, network[2 * 4 + 0] = 11, network[3 * 4 + 1] = 13;
+  Collective c{CollectiveType::all_to_all, {0, 1, 2, 3}, std::move(bytes), "deepep"};
+  if (counted_per_node) c.network_bytes = std::move(network);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("DeepEP's dispatch: over the network once per node to the same-index GPU, then NVLink inside it") {
+  const Cluster cluster = small_cluster(2, 2);
+  const auto lowering = lower(deepep_hand_case(true), cluster);
+  REQUIRE(lowering.size() == 1);
+  REQUIRE(lowering[0].size() == 1);  // both hops in one step: the kernel pipelines them
+  CHECK(lowering[0][0].serial_rounds == 1);
+  // Worked out by hand: a token from p = (a, i) to q = (b, j) on another node is forwarded by (b, i),
+  // so 2 → 3 carries B(2, 3) = 24 and 0's tokens for 3, B(0, 3) = 4; the relay is q itself when
+  // j = i (0 → 2: nothing on NVLink).
+  const std::map<std::pair<int, int>, double> want = {
+      {{0, 1}, 2 + 22}, {{1, 0}, 11 + 31}, {{2, 3}, 24 + 4}, {{3, 2}, 33 + 13},  // NVLink: own + forwarded
+      {{0, 2}, 5},      {{1, 3}, 7},       {{2, 0}, 11},     {{3, 1}, 13}};      // the network, once per node
+  CHECK(link_bytes(lowering) == want);
+  // Without counts per node every token-slot crosses the network on its own: 0 → 2 carries
+  // B(0, 2) + B(0, 3) = 3 + 4.
+  const auto slots = link_bytes(lower(deepep_hand_case(false), cluster));
+  CHECK(slots.at({0, 2}) == 7);
+  CHECK(slots.at({3, 1}) == 31 + 32);
+  CHECK(slots.at({2, 3}) == 28);
+}
+
+TEST_CASE("DeepEP's combine is its dispatch run backwards: NVLink to the owner's same-index GPU, then the network") {
+  const Cluster cluster = small_cluster(2, 2);
+  const Collective dispatch = deepep_hand_case(true);
+  Collective combine = dispatch;
+  combine.bytes = dispatch.bytes.transposed();
+  combine.network_bytes = dispatch.network_bytes.transposed();
+  combine.combine = true;
+  const auto there = link_bytes(lower(dispatch, cluster)), back = link_bytes(lower(combine, cluster));
+  REQUIRE(back.size() == there.size());
+  for (const auto& [link, bytes] : there) CHECK(back.at({link.second, link.first}) == bytes);
+  // Network bytes between GPUs of different local indices are refused.
+  Collective bad = deepep_hand_case(true);
+  std::vector<double> network(16, 0.0);
+  network[0 * 4 + 3] = 1;
+  bad.network_bytes = std::move(network);
+  CHECK_THROWS_AS(lower(bad, cluster), std::logic_error);
+  // A group that is not whole nodes goes as linear.
+  Collective part{CollectiveType::all_to_all, {0, 1, 2}, std::vector<double>(9, 1.0), "deepep"};
+  CHECK(link_bytes(lower(part, cluster)).size() == 6);
+}
+
+TEST_CASE("a routed sweep: DeepEP's intranode dispatch lasts its busiest NVLink port's bytes over its rate") {
+  // Inside one H800 node the dispatch sends each token once to each GPU that holds one of its
+  // experts: the time is the most any GPU receives from the others over 160 GB/s (the platform's
+  // port; its latency is below 0.1%). The routing is the sweep's own: uniform top-8 of 256 experts,
+  // seed derive_seed(seed, GPUs).
+  CollectiveSweep sweep;
+  sweep.platform = "hgx-h800";
+  sweep.gpus = {8};
+  sweep.algorithms = {"deepep"};
+  sweep.routed = RoutedExchange{};
+  sweep.routed->tokens = 1024;
+  const auto points = run_collective_sweep(sweep);
+  REQUIRE(points.size() == 2);
+  CHECK(points[0].exchange == "dispatch");
+  CHECK(points[1].exchange == "combine");
+  const RoutedExchange& r = *sweep.routed;
+  std::vector<TokenSpread> spreads = {{r.experts / 8, 0, {}}};
+  Rng rng(derive_seed(r.seed, 8));
+  sample_routing(std::vector<double>(std::size_t(r.experts), 1.0 / r.experts), 8, r.tokens, r.top_k, rng, {}, &spreads);
+  const double token = r.hidden * r.dispatch_bytes_per_element;
+  double busiest = 0, to_rank0 = 0;
+  for (int q = 0; q < 8; ++q) {
+    double in = 0;
+    for (int p = 0; p < 8; ++p) in += p == q ? 0 : double(spreads[0].at(p, q)) * token;
+    busiest = std::max(busiest, in);
+  }
+  for (int p = 0; p < 8; ++p) to_rank0 += double(spreads[0].at(p, 0)) * token;
+  CHECK(points[0].seconds == Approx(busiest / 160e9).epsilon(0.005));
+  CHECK(points[0].bytes == Approx(to_rank0));  // DeepEP's count: what rank 0 receives, from itself too
+  // The combine moves the same tokens back in BF16: 2 / 1.03125 times the bytes and the time.
+  CHECK(points[1].seconds / points[0].seconds == Approx(2 / 1.03125).epsilon(0.005));
+}
+
+TEST_CASE("a routed sweep spec: claims in GB/s of the dispatch or the combine, and what it refuses") {
+  const auto dir = test::temp_dir("routed");
+  const std::string head = "name: \"r\"\nplatform: \"hgx-h800\"\ngpus: [8, 16]\nalgorithms: [\"deepep\", \"linear\"]\n"
+                           "routed { tokens: 64 hidden: 128 experts: 32 top_k: 4 node_limit: 1 dispatch_bytes_per_element: 1 "
+                           "combine_bytes_per_element: 2 }\n";
+  const std::string good = dir + "/good.textproto";
+  test::write_file(good, head + "paper { claim: \"c\" gpus: 16 algorithm: \"deepep\" exchange: \"combine\" value: 40 }\n");
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " collective " + good + " -q --out " + dir + "/out", out) == 0);
+  INFO(out);
+  CHECK_THAT(out, Catch::Matchers::Contains("| c | 40.00 GB/s |"));
+  const auto points = collective_points(nlohmann::json::parse(test::read_file(dir + "/out/collective.json")));
+  REQUIRE(points.size() == 8);  // 2 algorithms × 2 GPU counts × dispatch and combine
+  for (const auto& p : points) {
+    CHECK((p.exchange == "dispatch" || p.exchange == "combine"));
+    // node_limit 1: each token's experts on one node, so rank 0 sends each token over once
+    // (64 tokens × 128 B; the combine's BF16 twice that) at 16 GPUs.
+    if (p.gpus == 16) CHECK(p.bytes == (p.exchange == "dispatch" ? 64 * 128 : 2 * 64 * 128));
+  }
+  for (const auto& [claim, field] : std::vector<std::pair<std::string, std::string>>{
+           {"paper { claim: \"c\" gpus: 16 algorithm: \"deepep\" exchange: \"combine\" baseline: \"linear\" value: 1 }", "paper[0]'"},
+           {"paper { claim: \"c\" gpus: 16 algorithm: \"deepep\" value: 1 }", "paper[0].exchange'"},
+           {"sizes: [\"1M\"]", "field 'sizes'"}}) {
+    const std::string bad = dir + "/bad.textproto";
+    test::write_file(bad, head + claim + "\n");
+    INFO(claim);
+    CHECK(test::run_command(std::string(MOESIM_BIN) + " collective " + bad + " -q", out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains(field));
+  }
 }

@@ -160,6 +160,33 @@ TEST_CASE("top-8 of 256 experts: the generator's rows sum to each source's token
     }
 }
 
+TEST_CASE("token spreads: a token counts once in each block of experts it reaches, from the same draws") {
+  // One token per source: each row is one token's experts, so a block's count is 1 where the row
+  // has any of the block's experts and 0 elsewhere. Blocks of 8 (a GPU's experts) and 32 (a node's).
+  std::vector<double> popularity(64);
+  for (int e = 0; e < 64; ++e) popularity[std::size_t(e)] = 1.0 / (1 + e % 5);
+  for (const GroupLimit limit : {GroupLimit{}, GroupLimit{2, 1}}) {
+    std::vector<TokenSpread> spreads = {{8, 0, {}}, {32, 0, {}}};
+    Rng a(11), b(11);
+    const RoutingMatrix R = sample_routing(popularity, 300, 1, 8, a, limit, &spreads);
+    CHECK(R.counts() == sample_routing(popularity, 300, 1, 8, b, limit).counts());  // the same draws
+    for (const auto& t : spreads) {
+      REQUIRE(t.blocks == 64 / t.block);
+      for (int s = 0; s < 300; ++s)
+        for (int blk = 0; blk < t.blocks; ++blk) {
+          std::int64_t slots = 0;
+          for (int e = blk * t.block; e < (blk + 1) * t.block; ++e) slots += R.at(s, e);
+          CHECK(t.at(s, blk) == (slots > 0 ? 1 : 0));
+        }
+    }
+    if (limit.on())  // node-limited to one node: every token reaches exactly one 32-expert block
+      for (int s = 0; s < 300; ++s) CHECK(spreads[1].at(s, 0) + spreads[1].at(s, 1) == 1);
+  }
+  std::vector<TokenSpread> bad = {{7, 0, {}}};
+  Rng c(1);
+  CHECK_THROWS_AS(sample_routing(popularity, 2, 1, 8, c, {}, &bad), std::invalid_argument);
+}
+
 TEST_CASE("group-limited routing: each token's top-k within at most group_limit groups of experts") {
   // One token per source, so that each row is one token's experts: 64 experts in 8 groups of 8,
   // top-8 within at most 2 groups. Without the limit the same draws spread over more groups.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 
 namespace moesim {
 namespace {
@@ -173,9 +174,11 @@ int draw_excluding(const std::vector<double>& popularity, const Allowed& allowed
 // them, after which only experts of those groups are drawn. DeepSeek-V3 chooses a token's nodes by
 // the sum of its highest affinities on each; this is our reading of it for a gate modelled by
 // popularity alone (docs/model.md).
-template <class Row>
+// `on_token(chosen)`, after each token, is given its experts (TokenSpread's counting; a no-op
+// otherwise, inlined away).
+template <class Row, class OnToken>
 void count_tokens_with(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
-                       const GroupLimit& limit, Rng& rng, Row& row) {
+                       const GroupLimit& limit, Rng& rng, Row& row, const OnToken& on_token) {
   std::vector<int> chosen(static_cast<std::size_t>(top_k)), groups;
   const int experts = int(popularity.size()), size = limit.on() ? experts / limit.groups : experts;
   for (int t = 0; t < tokens; ++t) {
@@ -194,22 +197,35 @@ void count_tokens_with(const AliasTable& table, const std::vector<double>& popul
       if (limit.on() && std::find(groups.begin(), groups.end(), e / size) == groups.end()) groups.push_back(e / size);
       ++row[std::size_t(e)];
     }
+    on_token(chosen);
   }
 }
 
-template <class Row>
+struct NoTokenHook {
+  void operator()(const std::vector<int>&) const {}
+};
+
+template <class Row, class OnToken = NoTokenHook>
 void count_tokens(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
-                  const GroupLimit& limit, Rng& shared, Row& row) {
+                  const GroupLimit& limit, Rng& shared, Row& row, const OnToken& on_token = {}) {
   Rng rng = shared;  // a local copy the compiler can keep in registers, not one stored back at every draw
-  count_tokens_with(table, popularity, tokens, top_k, limit, rng, row);
+  count_tokens_with(table, popularity, tokens, top_k, limit, rng, row, on_token);
   shared = rng;
 }
 
 }  // namespace
 
 RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng,
-                             const GroupLimit& limit) {
+                             const GroupLimit& limit, std::vector<TokenSpread>* spreads) {
   const int experts = int(popularity.size());
+  if (spreads)
+    for (auto& t : *spreads) {
+      if (t.block < 1 || experts % t.block != 0)
+        throw std::invalid_argument("TokenSpread: a block of " + std::to_string(t.block) + " does not divide " +
+                                    std::to_string(experts) + " experts");
+      t.blocks = experts / t.block;
+      t.counts.assign(std::size_t(sources) * std::size_t(t.blocks), 0);
+    }
   std::vector<std::int32_t> counts;
   counts.reserve(std::size_t(sources) * std::size_t(experts));
   const AliasTable table(popularity);
@@ -218,7 +234,19 @@ RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources,
   std::vector<std::int32_t> row(static_cast<std::size_t>(experts));
   for (int s = 0; s < sources; ++s) {
     std::fill(row.begin(), row.end(), 0);
-    count_tokens(table, popularity, tokens, top_k, limit, rng, row);
+    if (!spreads || spreads->empty()) {
+      count_tokens(table, popularity, tokens, top_k, limit, rng, row);
+    } else {
+      // Each token once per block it reaches: a block counts the token at its first expert there.
+      count_tokens(table, popularity, tokens, top_k, limit, rng, row, [&](const std::vector<int>& chosen) {
+        for (auto& t : *spreads)
+          for (std::size_t j = 0; j < chosen.size(); ++j) {
+            const int b = chosen[j] / t.block;
+            if (std::none_of(chosen.begin(), chosen.begin() + std::ptrdiff_t(j), [&](int x) { return x / t.block == b; }))
+              ++t.counts[std::size_t(s) * std::size_t(t.blocks) + std::size_t(b)];
+          }
+      });
+    }
     counts.insert(counts.end(), row.begin(), row.end());
   }
   return RoutingMatrix(sources, experts, std::move(counts));

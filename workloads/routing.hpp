@@ -70,10 +70,23 @@ struct GroupLimit {
   bool on() const { return groups > 0 && per_token > 0 && per_token < groups; }
 };
 
+/// Distinct tokens per source and block of `block` consecutive experts: a token that chose several
+/// experts of one block counts once there. With a GPU's experts as the block these are DeepEP's
+/// num_tokens_per_rank, with a node's its num_tokens_per_rdma_rank (deepseek-ai/DeepEP
+/// get_dispatch_layout): what a dispatcher that sends a token once per GPU, or once per node, sends.
+struct TokenSpread {
+  int block = 1;                      // experts per block; it must divide the experts
+  int blocks = 0;                     // experts / block (set by the sampler)
+  std::vector<std::int32_t> counts;   // [source · blocks + b]
+  std::int64_t at(int source, int b) const { return counts[std::size_t(source) * std::size_t(blocks) + std::size_t(b)]; }
+};
+
 /// Each of `tokens` tokens on each source picks `top_k` distinct experts with probability ∝
 /// `popularity` (sampling without replacement, as a top-k gate does), within its groups' limit.
+/// `spreads`: also counted, each for its block (std::invalid_argument for a block that does not
+/// divide the experts); the same draws, so the same matrix, as without.
 RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng,
-                             const GroupLimit& limit = {});
+                             const GroupLimit& limit = {}, std::vector<TokenSpread>* spreads = nullptr);
 /// One source's row of sample_routing(): `tokens` tokens' top-k added to row[expert].
 void sample_tokens_into(const std::vector<double>& popularity, int tokens, int top_k, const GroupLimit& limit, Rng& rng,
                         std::vector<std::int64_t>& row);
