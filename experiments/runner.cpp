@@ -127,7 +127,9 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
   const int iterations = int(s.iterations());
   const int keep = std::min(iterations, int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1));
   result.first_graph = std::clamp(result.warmup, 0, iterations - keep);
-  auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed());
+  auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed(),
+                                   spread_blocks(collective_algorithm(s.policy(), CollectiveType::all_to_all), model.experts(),
+                                                 cluster.num_gpus(), cluster.gpus_per_node()));
   for (int it = 0; it < iterations; ++it) {
     IterationRecord rec;
     rec.iteration = it;

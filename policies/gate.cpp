@@ -20,10 +20,11 @@ GateOutcome apply_gate(const spec::GateSpec& gate, const RoutingMatrix& R, int t
   // A dynamic factor (f <= 0) is chosen so its capacity is exactly the need (or the cap's).
   out.capacity = f == 0 || (f < 0 && f_need <= -f) ? need : std::int64_t(std::ceil(out.factor * kT_over_E - 1e-9));
   out.kept = R;
-  for (auto& c : out.kept.mutable_counts()) {
-    out.dropped += std::max<std::int64_t>(0, c - out.capacity);
-    c = std::int32_t(std::min<std::int64_t>(c, out.capacity));
-  }
+  if (need > out.capacity)  // only then do counts change (a change would drop the routing's token spreads)
+    for (auto& c : out.kept.mutable_counts()) {
+      out.dropped += std::max<std::int64_t>(0, c - out.capacity);
+      c = std::int32_t(std::min<std::int64_t>(c, out.capacity));
+    }
   out.routed = out.kept;
   if (gate.pad_to_capacity()) {  // a cell holds up to 2^31 - 1 token-slots (RoutingMatrix)
     auto& padded = out.routed.mutable_counts();

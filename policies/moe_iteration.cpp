@@ -546,8 +546,27 @@ Collective LayerOps::exchange(int l, bool transpose, int step, int group_size) {
     const auto& t = target_[std::size_t(l)];
     bool expert_e_on_gpu_e = placement_.kind == ExpertPlacement::owner && E == G && t.size() == std::size_t(E);
     for (int e = 0; e < E && expert_e_on_gpu_e; ++e) expert_e_on_gpu_e = t[std::size_t(e)] == e;
+    // DeepEP's dispatch sends a token once per GPU and once per node over the network, as the
+    // routing's token spreads count it, where the experts sit on their GPUs in order and the
+    // counts are the sampler's (a policy's change to them drops the spreads): else token-slots.
+    const auto blocks = spread_blocks(a2a_, E, G, in_.cluster.gpus_per_node());
+    const TokenSpread* per_gpu = blocks.empty() ? nullptr : R.spread(blocks[0]);
+    const TokenSpread* per_node = blocks.empty() ? nullptr : R.spread(blocks[1]);
+    bool in_order = per_gpu && per_node && placement_.kind == ExpertPlacement::owner && t.size() == std::size_t(E);
+    for (int e = 0; e < E && in_order; ++e) in_order = t[std::size_t(e)] == e / blocks[0];
     CollectiveBytes there;
-    if (expert_e_on_gpu_e) {  // the routing's own counts (shared, not copied) × bytes per token
+    if (in_order) {
+      const int m = in_.cluster.gpus_per_node();
+      std::vector<std::int32_t> tokens(std::size_t(G) * G, 0), network(std::size_t(G) * G, 0);
+      for (int s = 0; s < G; ++s) {
+        for (int q = 0; q < G; ++q) tokens[std::size_t(s) * G + q] = std::int32_t(per_gpu->at(s, q));
+        for (int node = 0; node < G / m; ++node)  // to the GPU of each other node with s's local index
+          if (node != s / m) network[std::size_t(s) * G + std::size_t(node * m + s % m)] = std::int32_t(per_node->at(s, node));
+      }
+      there = CollectiveBytes(std::move(tokens), token_bytes_);
+      network_[{l, false}] = CollectiveBytes(std::move(network), token_bytes_);
+      network_[{l, true}] = network_[{l, false}].transposed();
+    } else if (expert_e_on_gpu_e) {  // the routing's own counts (shared, not copied) × bytes per token
       there = CollectiveBytes(R.shared_counts(), token_bytes_);
     } else if (!sharded) {  // whole token-slots, counted by target GPU
       std::vector<std::int32_t> counts(std::size_t(G) * G, 0);  // each at most a GPU's tokens × k
@@ -571,7 +590,10 @@ Collective LayerOps::exchange(int l, bool transpose, int step, int group_size) {
       exchanges_[{l, true, j}] = there.transposed();
     }
   }
-  return {CollectiveType::all_to_all, everyone_, exchanges_.at(key), a2a_};
+  Collective c{CollectiveType::all_to_all, everyone_, exchanges_.at(key), a2a_};
+  c.combine = transpose;  // the way back (DeepEP forwards inside the sender's node first)
+  if (const auto it = network_.find({l, transpose}); it != network_.end() && step < 0) c.network_bytes = it->second;
+  return c;
 }
 
 TaskGraph build_moe_iteration(const IterationInput& in, const IterationPlan& plan) { return LayerOps(in, plan).build(); }

@@ -69,4 +69,9 @@ std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType ty
   return name;
 }
 
+std::vector<int> spread_blocks(const std::string& algorithm, int experts, int gpus, int gpus_per_node) {
+  if (algorithm != "deepep" || gpus < 1 || experts < gpus || experts % gpus != 0) return {};
+  return {experts / gpus, experts / gpus * gpus_per_node};
+}
+
 }  // namespace moesim

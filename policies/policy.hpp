@@ -85,6 +85,11 @@ std::string policy_summary(const std::string& name);
 /// Checks what every E/G-per-GPU placement needs: E a multiple of G, known collective algorithms.
 void validate_expert_placement(const Cluster& cluster, const MoeModel& model, const spec::PolicySpec& spec);
 
+/// The token spreads (RoutingMatrix::spread()) a dispatch by `algorithm` sends by: DeepEP's
+/// (collectives/deepep_alltoall.cpp) a GPU's experts and a node's, where the experts spread evenly
+/// over the GPUs; none for another algorithm, or fewer experts than GPUs.
+std::vector<int> spread_blocks(const std::string& algorithm, int experts, int gpus, int gpus_per_node);
+
 /// The collective algorithm the spec selects for a type ("linear" / "nccl" when unset; "nccl", for an
 /// all-reduce, is resolved per call by CostModel::nccl_all_reduce()); FieldError "policy.all_to_all" /
 /// "policy.all_reduce" for an unknown one.

@@ -188,6 +188,11 @@ struct Collective {
   CollectiveBytes network_bytes = {};
   bool combine = false;
   double total_bytes() const;
+  /// Every byte count × factor (a pipeline's part, a compressed payload): `bytes` and `network_bytes`.
+  void scale_bytes(double factor) {
+    bytes = bytes.scaled(factor);
+    if (!network_bytes.empty()) network_bytes = network_bytes.scaled(factor);
+  }
 };
 
 /// What an op's time is accounted to: the phases of an iteration. An op's phase follows from its

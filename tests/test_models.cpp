@@ -4,8 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
+#include "collectives/collectives.hpp"
 #include "gating.hpp"
 #include "helpers.hpp"
 #include "moe_iteration.hpp"
@@ -185,6 +187,59 @@ TEST_CASE("token spreads: a token counts once in each block of experts it reache
   std::vector<TokenSpread> bad = {{7, 0, {}}};
   Rng c(1);
   CHECK_THROWS_AS(sample_routing(popularity, 2, 1, 8, c, {}, &bad), std::invalid_argument);
+}
+
+TEST_CASE("DeepEP in an iteration: each token once per GPU, and over the network once per node") {
+  // 2 DGX-A100 nodes (16 GPUs, 2 experts each), top-8 within 1 of 2 groups (a group: a node's 16
+  // experts): a token crosses the network at most once, so GPU s sends over it exactly its tokens
+  // of the other node, and to each GPU each token once however many of its experts are there.
+  const test::SmallSetup t({"model.top_k=8", "model.expert_groups=2", "model.group_limit=1", "policy.all_to_all=deepep"});
+  const int G = 16, E = 32;
+  const auto blocks = spread_blocks("deepep", E, G, t.cluster.gpus_per_node());
+  REQUIRE(blocks == std::vector<int>{2, 16});
+  std::vector<RoutingMatrix> routing;
+  for (int l = 0; l < t.model.layers(); ++l)
+    routing.push_back(generate_routing(t.ex.spec.gating(), G, E, t.model.tokens_per_gpu(), t.model.top_k(), 5, 0, l,
+                                       t.model.group_limit(), blocks));
+  auto dispatch_of = [&](const std::string& algorithm) {
+    spec::PolicySpec ps = t.ex.spec.policy();
+    ps.set_all_to_all(algorithm);
+    PolicyReport report;
+    const TaskGraph g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    for (const auto& op : g.ops())
+      if (op.label == "L0.fwd.a2a_dispatch") return std::get<Collective>(op.body);
+    FAIL("no dispatch");
+    return Collective{};
+  };
+  const Collective deepep = dispatch_of("deepep"), linear = dispatch_of("linear");
+  const double slots = double(G) * t.model.tokens_per_gpu() * t.model.top_k();
+  double between = 0;
+  for (int s = 0; s < G; ++s)
+    for (int q = 0; q < G; ++q) between += t.cluster.node_of(s) != t.cluster.node_of(q) ? linear.bytes.at(std::size_t(s), std::size_t(q), G) : 0;
+  const double token = linear.total_bytes() / slots;  // bytes per token-slot, as linear sends them
+  const TokenSpread& per_gpu = *routing[0].spread(2);
+  const TokenSpread& per_node = *routing[0].spread(16);
+  double tokens = 0;
+  for (int s = 0; s < G; ++s)
+    for (int q = 0; q < G; ++q) tokens += double(per_gpu.at(s, q));
+  CHECK(deepep.total_bytes() == Approx(tokens * token));
+  CHECK(deepep.total_bytes() < linear.total_bytes());  // 8 experts on 2 per GPU: tokens meet on GPUs
+  std::map<int, double> network;  // by sender
+  for (const auto& lane : lower(deepep, t.cluster))
+    for (const auto& step : lane)
+      for (const auto& tr : step.transfers)
+        if (t.cluster.node_of(tr.src) != t.cluster.node_of(tr.dst)) {
+          CHECK(t.cluster.local_of(tr.src) == t.cluster.local_of(tr.dst));  // one rail
+          network[tr.src] += tr.bytes;
+        }
+  for (int s = 0; s < G; ++s) CHECK(network[s] == Approx(double(per_node.at(s, 1 - s / 8)) * token));
+  double network_total = 0;
+  for (const auto& [s, b] : network) network_total += b;
+  CHECK(network_total < between);  // a token once per node, not once per expert
+  // A policy that changes the counts (a capacity that drops) loses the spreads: token-slots again.
+  RoutingMatrix changed = routing[0];
+  changed.mutable_at(0, 0) += 0;
+  CHECK(changed.spread(2) == nullptr);
 }
 
 TEST_CASE("group-limited routing: each token's top-k within at most group_limit groups of experts") {

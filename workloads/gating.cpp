@@ -148,13 +148,13 @@ namespace {
 // Uniform and Zipf: per-token top-k sampling from a fixed popularity (routing.hpp).
 class DistributionSource final : public GatingSource {
  public:
-  DistributionSource(const spec::GatingSpec& g, const MoeModel& m, int gpus, std::uint64_t seed)
-      : gating_(g), model_(m), gpus_(gpus), seed_(seed) {}
+  DistributionSource(const spec::GatingSpec& g, const MoeModel& m, int gpus, std::uint64_t seed, std::vector<int> spread_blocks)
+      : gating_(g), model_(m), gpus_(gpus), seed_(seed), spread_blocks_(std::move(spread_blocks)) {}
   std::vector<RoutingMatrix> next() override {
     std::vector<RoutingMatrix> out;
     for (int l = 0; l < model_.layers(); ++l)
       out.push_back(generate_routing(gating_, gpus_, model_.experts(), model_.tokens_per_gpu(), model_.top_k(), seed_,
-                                     int(iteration_), l, model_.group_limit()));
+                                     int(iteration_), l, model_.group_limit(), spread_blocks_));
     ++iteration_;
     return out;
   }
@@ -165,6 +165,7 @@ class DistributionSource final : public GatingSource {
   const MoeModel& model_;
   int gpus_;
   std::uint64_t seed_, iteration_ = 0;
+  std::vector<int> spread_blocks_;
 };
 
 class GeneratorSource final : public GatingSource {
@@ -325,10 +326,10 @@ GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, in
 }
 
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& g, const MoeModel& model, int gpus,
-                                                 std::uint64_t seed) {
+                                                 std::uint64_t seed, const std::vector<int>& spread_blocks) {
   if (g.has_trace()) return std::make_unique<TraceSource>(g.trace(), model, gpus);
   if (g.has_generator()) return std::make_unique<GeneratorSource>(g.generator(), model, gpus, seed);
-  return std::make_unique<DistributionSource>(g, model, gpus, seed);
+  return std::make_unique<DistributionSource>(g, model, gpus, seed, spread_blocks);
 }
 
 }  // namespace moesim

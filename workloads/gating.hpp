@@ -36,8 +36,10 @@ struct GatingCheck {
 };
 GatingCheck validate_gating(const spec::GatingSpec& gating, const MoeModel& model, int iterations, std::uint64_t seed);
 
+/// `spread_blocks`: token spreads the uniform and Zipf sources count with each layer's routing
+/// (RoutingMatrix::spread(); the generator and a trace know only counts).
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& gating, const MoeModel& model, int gpus,
-                                                 std::uint64_t seed);
+                                                 std::uint64_t seed, const std::vector<int>& spread_blocks = {});
 
 /// Scales a row of counts to sum to `total` (largest remainder; deterministic), then enforces
 /// `cap` per cell by moving the excess onto the cells below the cap in proportion to their counts.

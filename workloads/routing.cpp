@@ -66,7 +66,22 @@ RoutingMatrix::RoutingMatrix(int s, int e, std::vector<std::int32_t> counts)
 
 std::vector<std::int32_t>& RoutingMatrix::mutable_counts() {
   if (counts_.use_count() > 1) counts_ = std::make_shared<std::vector<std::int32_t>>(*counts_);
+  spreads_.reset();
   return *counts_;
+}
+
+const TokenSpread* RoutingMatrix::spread(int block) const {
+  if (spreads_)
+    for (const auto& t : *spreads_)
+      if (t.block == block) return &t;
+  return nullptr;
+}
+
+void RoutingMatrix::set_spreads(std::vector<TokenSpread> spreads) {
+  for (const auto& t : spreads)
+    if (t.counts.size() != std::size_t(sources) * std::size_t(t.blocks) || t.blocks * t.block != experts)
+      throw std::logic_error("RoutingMatrix: a token spread of another shape");
+  spreads_ = std::make_shared<const std::vector<TokenSpread>>(std::move(spreads));
 }
 
 std::int64_t RoutingMatrix::largest_count() const {
@@ -259,12 +274,18 @@ void sample_tokens_into(const std::vector<double>& popularity, int tokens, int t
 }
 
 RoutingMatrix generate_routing(const spec::GatingSpec& gating, int sources, int experts, int tokens, int top_k,
-                               std::uint64_t seed, int iteration, int layer, const GroupLimit& limit) {
+                               std::uint64_t seed, int iteration, int layer, const GroupLimit& limit,
+                               const std::vector<int>& spread_blocks) {
   // Popularity is a property of the layer (fixed across iterations); sampling noise is per iteration.
   Rng layer_rng(derive_seed(seed, 0x6c61796572ull, std::uint64_t(layer)));
   const auto popularity = expert_popularity(gating, experts, layer_rng);
   Rng rng(derive_seed(seed, std::uint64_t(iteration) + 1, std::uint64_t(layer)));
-  return sample_routing(popularity, sources, tokens, top_k, rng, limit);
+  if (spread_blocks.empty()) return sample_routing(popularity, sources, tokens, top_k, rng, limit);
+  std::vector<TokenSpread> spreads;
+  for (int b : spread_blocks) spreads.push_back({b, 0, {}});
+  RoutingMatrix R = sample_routing(popularity, sources, tokens, top_k, rng, limit, &spreads);
+  R.set_spreads(std::move(spreads));
+  return R;
 }
 
 }  // namespace moesim

@@ -10,6 +10,17 @@
 
 namespace moesim {
 
+/// Distinct tokens per source and block of `block` consecutive experts: a token that chose several
+/// experts of one block counts once there. With a GPU's experts as the block these are DeepEP's
+/// num_tokens_per_rank, with a node's its num_tokens_per_rdma_rank (deepseek-ai/DeepEP
+/// get_dispatch_layout): what a dispatcher that sends a token once per GPU, or once per node, sends.
+struct TokenSpread {
+  int block = 1;                      // experts per block; it must divide the experts
+  int blocks = 0;                     // experts / block (set by the sampler)
+  std::vector<std::int32_t> counts;   // [source · blocks + b]
+  std::int64_t at(int source, int b) const { return counts[std::size_t(source) * std::size_t(blocks) + std::size_t(b)]; }
+};
+
 /// counts()[src · experts + e] = tokens that GPU `src` routes to expert `e` (one token-slot per
 /// token and chosen expert, so a row sums to tokens × k).
 ///
@@ -36,6 +47,11 @@ class RoutingMatrix {
   /// this matrix copies them first.
   std::shared_ptr<const std::vector<std::int32_t>> shared_counts() const { return counts_; }
 
+  /// Token spreads the sampler counted with these counts (shared between copies), or nullptr for
+  /// a block it did not count; a change to the counts drops them all, as they would no longer hold.
+  const TokenSpread* spread(int block) const;
+  void set_spreads(std::vector<TokenSpread> spreads);
+
   std::int64_t expert_load(int e) const;
   std::int64_t row_sum(int src) const;
   /// The largest (source, expert) count: the capacity that drops nothing.
@@ -43,6 +59,7 @@ class RoutingMatrix {
 
  private:
   std::shared_ptr<std::vector<std::int32_t>> counts_;
+  std::shared_ptr<const std::vector<TokenSpread>> spreads_;
 };
 
 /// xoshiro256** seeded by splitmix64: small, fast, identical everywhere.
@@ -70,16 +87,6 @@ struct GroupLimit {
   bool on() const { return groups > 0 && per_token > 0 && per_token < groups; }
 };
 
-/// Distinct tokens per source and block of `block` consecutive experts: a token that chose several
-/// experts of one block counts once there. With a GPU's experts as the block these are DeepEP's
-/// num_tokens_per_rank, with a node's its num_tokens_per_rdma_rank (deepseek-ai/DeepEP
-/// get_dispatch_layout): what a dispatcher that sends a token once per GPU, or once per node, sends.
-struct TokenSpread {
-  int block = 1;                      // experts per block; it must divide the experts
-  int blocks = 0;                     // experts / block (set by the sampler)
-  std::vector<std::int32_t> counts;   // [source · blocks + b]
-  std::int64_t at(int source, int b) const { return counts[std::size_t(source) * std::size_t(blocks) + std::size_t(b)]; }
-};
 
 /// Each of `tokens` tokens on each source picks `top_k` distinct experts with probability ∝
 /// `popularity` (sampling without replacement, as a top-k gate does), within its groups' limit.
@@ -92,7 +99,10 @@ void sample_tokens_into(const std::vector<double>& popularity, int tokens, int t
                         std::vector<std::int64_t>& row);
 
 /// The routing of one layer in one iteration, reproducible from (seed, iteration, layer).
+/// `spread_blocks`: the token spreads to count with it (RoutingMatrix::spread()), e.g. a GPU's and
+/// a node's experts for DeepEP's dispatch.
 RoutingMatrix generate_routing(const spec::GatingSpec& gating, int sources, int experts, int tokens, int top_k,
-                               std::uint64_t seed, int iteration, int layer, const GroupLimit& limit = {});
+                               std::uint64_t seed, int iteration, int layer, const GroupLimit& limit = {},
+                               const std::vector<int>& spread_blocks = {});
 
 }  // namespace moesim

@@ -115,6 +115,7 @@ class LayerOps {
   std::vector<OpId> reduces_;
   std::vector<std::uint64_t> experts_of_size_;  // expert_work()'s count of a GPU's experts by token count, all 0 between calls
   std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, step) -> bytes
+  std::map<std::pair<int, bool>, CollectiveBytes> network_;          // (layer, transposed) -> DeepEP's bytes once per node
   std::string a2a_, ar_;
   double token_bytes_ = 0, scores_bytes_ = 0, permute_bytes_ = 0, expert_bytes_ = 0;
 };

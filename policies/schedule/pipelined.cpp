@@ -53,7 +53,7 @@ class Pipelined final : public LayerSchedule {
       std::vector<OpId> lanes;
       for (int side = 0; side <= codec_cost.side_all_to_alls; ++side) {
         Collective c = ops.exchange(l, transpose);
-        c.bytes = side == 0 ? c.bytes.scaled(p_.wire_ratio / r) : c.bytes.scaled(ops.model().dtype_bytes() / ops.token_bytes() / r);
+        c.scale_bytes(side == 0 ? p_.wire_ratio / r : ops.model().dtype_bytes() / ops.token_bytes() / r);
         c.messages = p_.messages_per_peer;
         const std::string base = name(what, part) + (side == 0 ? "" : side == 1 ? ".bias" : ".scale");
         const bool pipe = c.algorithm == "pipe";

@@ -34,7 +34,7 @@ class Sharded final : public LayerSchedule {
     };
     auto part_bytes = [&](bool transpose) {
       Collective c = ops.exchange(l, transpose);
-      if (parts > 1) c.bytes = c.bytes.scaled(1.0 / parts);
+      if (parts > 1) c.scale_bytes(1.0 / parts);
       return c;
     };
     auto subgroup = [&](int first) {
