@@ -6,9 +6,11 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "gate.hpp"
+#include "ep_groups.hpp"
 #include "gating.hpp"
 #include "routing.hpp"
 #include "hw_info.hpp"
@@ -127,9 +129,14 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
   const int iterations = int(s.iterations());
   const int keep = std::min(iterations, int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1));
   result.first_graph = std::clamp(result.warmup, 0, iterations - keep);
+  // EP groups inside data parallelism (parallel.ep): a policy per group, their iterations merged.
+  const auto groups = ep_groups(s.parallel(), cluster);
+  std::optional<EpGroups> layout;
+  if (groups.size() > 1) layout.emplace(cluster.spec(), groups, s.policy());
+  const int ep = int(groups.front().size());
   auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed(),
                                    spread_blocks(collective_algorithm(s.policy(), CollectiveType::all_to_all), model.experts(),
-                                                 cluster.num_gpus(), cluster.gpus_per_node()));
+                                                 ep, cluster.gpus_per_node()));
   for (int it = 0; it < iterations; ++it) {
     IterationRecord rec;
     rec.iteration = it;
@@ -149,11 +156,14 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     }
     PolicyReport report;
     const IterationInput input{cluster, model, gpu, s.policy(), routed, report, !s.gate().pad_to_capacity()};
-    TaskGraph graph = policy->build_iteration(input);
+    TaskGraph graph = layout ? layout->build_iteration(input) : policy->build_iteration(input);
     backend.check_memory(report.memory.total());
     rec.start = backend.now();
     Timing timing = backend.execute(graph);
-    policy->observe(graph, timing);
+    if (layout)
+      layout->observe(graph, timing);
+    else
+      policy->observe(graph, timing);
     rec.time = timing.makespan();
     rec.attribution = attribute(graph, timing);
     rec.max_mean_load = max_mean_gpu_load(demand, cluster.num_gpus());  // before the gate drops

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "catalog.hpp"
+#include "ep_groups.hpp"
 #include "gating.hpp"
 #include "gpu.hpp"
 
@@ -217,7 +218,11 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       throw error("model." + e.field(), e.message());
     }
     try {
-      make_policy(run.policy())->validate(*cluster, *model, run.policy());
+      // Inside EP groups (parallel.ep) the policy runs on a group's GPUs as if they were the cluster.
+      if (const auto groups = ep_groups(run.parallel(), *cluster); groups.size() > 1)
+        make_policy(run.policy())->validate(Cluster(ep_group_cluster(ex.cluster_spec, int(groups.front().size()))), *model, run.policy());
+      else
+        make_policy(run.policy())->validate(*cluster, *model, run.policy());
       const auto gating = validate_gating(run.gating(), *model, int(run.iterations()), run.seed());
       if (&run == &s) {
         ex.gating_source = gating.source;

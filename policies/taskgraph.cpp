@@ -88,6 +88,7 @@ constexpr OpName kOpNames[] = {
     {"replica_calibrate", Phase::replica_broadcast}, {"replica_regather", Phase::replica_broadcast},
     {"replica_reduce", Phase::replica_reduce},    {"replica_allreduce", Phase::replica_reduce},
     {"grads_reduce_scatter", Phase::replica_reduce}, {"expert_reduce_scatter", Phase::replica_reduce},
+    {"expert_allreduce", Phase::replica_reduce},
     {"experts_allgather", Phase::parameter_gather}, {"experts_allgather_updated", Phase::parameter_gather},
     {"expert_allgather", Phase::parameter_gather}, {"migrate", Phase::expert_moves},
     {"migrations_done", Phase::expert_moves},     {"allreduce", Phase::dense_allreduce},
@@ -225,6 +226,23 @@ void TaskGraph::drop_collective_matrices() {
       c->bytes = {total};
       c->network_bytes = {};
     }
+}
+
+OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps) {
+  Op copy;
+  copy.rank = op.rank + rank_offset;
+  copy.stream = op.stream;
+  copy.label = op.label;
+  copy.deps = std::move(deps);
+  copy.body = op.body;
+  if (auto* t = std::get_if<Transfer>(&copy.body)) t->src += rank_offset, t->dst += rank_offset;
+  if (auto* c = std::get_if<Collective>(&copy.body))
+    for (int& r : c->group) r += rank_offset;
+  if (auto* c = std::get_if<Computes>(&copy.body)) {
+    for (int& r : c->ranks) r += rank_offset;
+    return add_computes(std::move(copy.label), std::move(*c), std::move(copy.deps));  // its parts numbered anew
+  }
+  return add(std::move(copy));
 }
 
 std::vector<int> Op::ranks() const {

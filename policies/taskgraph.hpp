@@ -271,6 +271,9 @@ class TaskGraph {
   void reserve(std::size_t n) { ops_.reserve(n); }
   /// A Computes op, on the compute stream of each of its ranks.
   OpId add_computes(std::string label, Computes c, std::vector<OpId> deps = {});
+  /// A copy of another graph's op with every rank it names shifted by `rank_offset` and these deps
+  /// (ids in this graph): an EP group's iteration placed on its GPUs (ep_groups.cpp).
+  OpId add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps);
   /// Parts of the graph's Computes ops, all together.
   std::size_t num_parts() const { return parts_; }
 

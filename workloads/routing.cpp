@@ -77,6 +77,25 @@ const TokenSpread* RoutingMatrix::spread(int block) const {
   return nullptr;
 }
 
+RoutingMatrix RoutingMatrix::rows(int from, int to) const {
+  if (from < 0 || to > sources || from > to) throw std::logic_error("RoutingMatrix::rows: out of range");
+  const auto E = std::size_t(experts);
+  RoutingMatrix out(to - from, experts,
+                    std::vector<std::int32_t>(counts().begin() + std::ptrdiff_t(std::size_t(from) * E),
+                                              counts().begin() + std::ptrdiff_t(std::size_t(to) * E)));
+  if (spreads_) {
+    std::vector<TokenSpread> mine;
+    for (const auto& t : *spreads_) {
+      const auto B = std::size_t(t.blocks);
+      mine.push_back({t.block, t.blocks,
+                      std::vector<std::int32_t>(t.counts.begin() + std::ptrdiff_t(std::size_t(from) * B),
+                                                t.counts.begin() + std::ptrdiff_t(std::size_t(to) * B))});
+    }
+    out.set_spreads(std::move(mine));
+  }
+  return out;
+}
+
 void RoutingMatrix::set_spreads(std::vector<TokenSpread> spreads) {
   for (const auto& t : spreads)
     if (t.counts.size() != std::size_t(sources) * std::size_t(t.blocks) || t.blocks * t.block != experts)

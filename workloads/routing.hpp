@@ -52,6 +52,9 @@ class RoutingMatrix {
   const TokenSpread* spread(int block) const;
   void set_spreads(std::vector<TokenSpread> spreads);
 
+  /// Sources [from, to), with their token spreads (an EP group's GPUs).
+  RoutingMatrix rows(int from, int to) const;
+
   std::int64_t expert_load(int e) const;
   std::int64_t row_sum(int src) const;
   /// The largest (source, expert) count: the capacity that drops nothing.
