@@ -7,6 +7,7 @@
 //   moesim-bench --gpus 64,256 --flows per-flow collectives (sim.aggregate=false) for comparison
 //   moesim-bench --gpus 1024 --policy pro-prophet --iterations 2   a policy's decision time
 //   moesim-bench --gpus 1024 --all-policies    every policy at one size, a row each (2 iterations)
+//   moesim-bench --gpus 1024,4096,16384 --ep 64   EP groups of 64 GPUs (64 experts), data parallelism over them
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "ep_groups.hpp"
 #include "policy.hpp"
 #include "routing.hpp"
 #include "runner.hpp"
@@ -42,15 +44,20 @@ double growth_exponent(const std::vector<double>& x, const std::vector<double>& 
 
 // One size, in this process: prints one result line (the last iteration's figures; a policy that
 // learns from timings, like Pro-Prophet's planner, decides from the second iteration on).
-int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iterations) {
+int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iterations, int ep) {
   const int nodes = gpus / 8;
+  if (ep == 0) ep = gpus;
   auto ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/gpt-moe-s.textproto",
-                            {fmt::format("cluster.nodes={}", nodes), fmt::format("model.experts={}", gpus), "model.layers=12",
-                             "model.top_k=2", "gating.zipf.exponent=1.0", "policy.name=" + policy_name});
+                            {fmt::format("cluster.nodes={}", nodes), fmt::format("model.experts={}", ep), "model.layers=12",
+                             "model.top_k=2", "gating.zipf.exponent=1.0", "policy.name=" + policy_name,
+                             fmt::format("parallel.ep={}", ep)});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
   auto policy = make_policy(ex.spec.policy());
+  const auto groups = ep_groups(ex.spec.parallel(), cluster);
+  std::optional<EpGroups> layout;
+  if (groups.size() > 1) layout.emplace(cluster.spec(), groups, ex.spec.policy());
   auto t = Clock::now();
   SimBackend sim(cluster, gpu, SimOptions{aggregate});
   const double t_platform = since(t);
@@ -65,13 +72,17 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
     t_routing = since(t);
     t = Clock::now();
     PolicyReport report;
-    const TaskGraph graph = policy->build_iteration({cluster, model, gpu, ex.spec.policy(), routing, report, !ex.spec.gate().pad_to_capacity()});
+    const IterationInput input{cluster, model, gpu, ex.spec.policy(), routing, report, !ex.spec.gate().pad_to_capacity()};
+    const TaskGraph graph = layout ? layout->build_iteration(input) : policy->build_iteration(input);
     t_graph = since(t);
     decide = report.decision_seconds;
     t = Clock::now();
     const Timing timing = sim.execute(graph);
     t_sim = since(t);
-    policy->observe(graph, timing);
+    if (layout)
+      layout->observe(graph, timing);
+    else
+      policy->observe(graph, timing);
     ops = graph.size();
     makespan = timing.makespan();
   }
@@ -89,9 +100,9 @@ struct Row {
 
 // One size and policy in a fresh process (this program with --one). The policy name is checked
 // against the registry before it reaches the shell.
-std::optional<Row> run_child(const char* self, int gpus, const std::string& policy, int iterations, bool flows) {
-  const std::string cmd =
-      fmt::format("'{}' --one {} --policy {} --iterations {}{}", self, gpus, policy, iterations, flows ? " --flows" : "");
+std::optional<Row> run_child(const char* self, int gpus, const std::string& policy, int iterations, bool flows, int ep) {
+  const std::string cmd = fmt::format("'{}' --one {} --policy {} --iterations {} --ep {}{}", self, gpus, policy, iterations, ep,
+                                      flows ? " --flows" : "");
   FILE* p = popen(cmd.c_str(), "r");
   Row r;
   const int n = p ? fscanf(p, "%lf %lf %lf %lf %lf %lf %lf %lf %lf", &r.gpus, &r.ops, &r.routing, &r.graph, &r.platform,
@@ -117,6 +128,9 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", iterations, "Iterations simulated; the last one is reported (2 for policies that "
                                              "learn from the previous iteration's timings)")
       ->capture_default_str();
+  int ep = 0;
+  app.add_option("--ep", ep, "EP groups of this many GPUs (whole nodes), one expert per GPU of a group, data parallelism "
+                             "over the groups (default: one group of all the GPUs, an expert per GPU)");
   app.add_option("--one", one, "Internal: run one size in this process")->group("");
   CLI11_PARSE(app, argc, argv);
   const auto known = policy_names();
@@ -129,7 +143,12 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "moesim-bench: --gpus {}: a multiple of 8 (whole DGX-A100 nodes)\n", g);
       return 2;
     }
-  if (one > 0) return bench_one(one, !flows, policy, iterations);
+  for (int g : sizes)
+    if (ep < 0 || ep % 8 != 0 || (ep > 0 && g % ep != 0)) {
+      fmt::print(stderr, "moesim-bench: --ep {}: whole nodes (a multiple of 8) that divide every --gpus\n", ep);
+      return 2;
+    }
+  if (one > 0) return bench_one(one, !flows, policy, iterations, ep);
 
   if (all) {
     iterations = std::max(iterations, 2);
@@ -141,7 +160,7 @@ int main(int argc, char** argv) {
       fmt::print("{:>6} {:<20} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>13}\n", "GPUs", "policy", "ops", "total s",
                  "routing", "graph", "decide s", "simulate", "peak MB", "simulated ms");
       for (const auto& name : known) {
-        const auto r = run_child(argv[0], g, name, iterations, flows);
+        const auto r = run_child(argv[0], g, name, iterations, flows, ep);
         if (!r) {
           fmt::print("{:>6} {:<20} (failed)\n", g, name);
           continue;
@@ -155,14 +174,15 @@ int main(int argc, char** argv) {
   }
 
   fmt::print("One fwd+bwd iteration (policy {}), GPT-MoE 12 MoE layers (d_model 1024, d_ffn 4096, 4096 tokens/GPU),\n"
-             "top-2, one expert per GPU, Zipf(1.0) routing, DGX-A100 nodes, collectives {}.\n"
+             "top-2, one expert per GPU{}, Zipf(1.0) routing, DGX-A100 nodes, collectives {}.\n"
              "Per iteration: routing, graph (of which decide: the policy's decisions), simulate.\n\n",
-             policy, flows ? "one flow per transfer" : "as parallel tasks per block of links (default)");
+             policy, ep ? fmt::format(" of EP groups of {} GPUs (data parallelism over the groups)", ep) : "",
+             flows ? "one flow per transfer" : "as parallel tasks per block of links (default)");
   fmt::print("{:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>13} {:>13}\n", "GPUs", "ops", "routing s",
              "graph s", "decide s", "platform s", "simulate s", "total s", "peak MB", "decide/sim", "simulated ms");
   std::vector<double> gpus, wall, memory, op_counts;
   for (int g : sizes) {
-    const auto r = run_child(argv[0], g, policy, iterations, flows);
+    const auto r = run_child(argv[0], g, policy, iterations, flows, ep);
     if (!r) {
       fmt::print(stderr, "moesim-bench: the run at {} GPUs failed\n", g);
       return 1;
