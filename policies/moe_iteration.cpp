@@ -593,6 +593,7 @@ Collective LayerOps::exchange(int l, bool transpose, int step, int group_size) {
   Collective c{CollectiveType::all_to_all, everyone_, exchanges_.at(key), a2a_};
   c.combine = transpose;  // the way back (DeepEP forwards inside the sender's node first)
   if (const auto it = network_.find({l, transpose}); it != network_.end() && step < 0) c.network_bytes = it->second;
+  if (step < 0) c.gathered = in_.model.tokens_per_gpu() * token_bytes_;  // every token, for the all-gather dispatcher
   return c;
 }
 

@@ -187,11 +187,16 @@ struct Collective {
   /// the network first).
   CollectiveBytes network_bytes = {};
   bool combine = false;
+  /// Megatron's all-gather dispatcher (collectives/allgather_alltoall.cpp): the bytes of each
+  /// rank's tokens, which every other rank gathers whatever the routing (0: not known).
+  double gathered = 0;
   double total_bytes() const;
-  /// Every byte count × factor (a pipeline's part, a compressed payload): `bytes` and `network_bytes`.
+  /// Every byte count × factor (a pipeline's part, a compressed payload): `bytes`, `network_bytes`
+  /// and `gathered`.
   void scale_bytes(double factor) {
     bytes = bytes.scaled(factor);
     if (!network_bytes.empty()) network_bytes = network_bytes.scaled(factor);
+    gathered *= factor;
   }
 };
 

@@ -306,12 +306,12 @@ TEST_CASE("a 2-to-1 oversubscribed fat-tree: 4 nodes' all-to-all is bound by the
 
 namespace {
 
-// Bytes per (sender, receiver) over a lowering's transfers.
+// Bytes per (sender, receiver) over a lowering's transfers (a pipelined step's rounds each).
 std::map<std::pair<int, int>, double> link_bytes(const Lowering& lowering) {
   std::map<std::pair<int, int>, double> out;
   for (const auto& lane : lowering)
     for (const auto& step : lane)
-      for (const auto& t : step.transfers) out[{t.src, t.dst}] += t.bytes;
+      for (const auto& t : step.transfers) out[{t.src, t.dst}] += t.bytes * step.rounds;
   return out;
 }
 
@@ -434,4 +434,32 @@ TEST_CASE("a routed sweep spec: claims in GB/s of the dispatch or the combine, a
     CHECK(test::run_command(std::string(MOESIM_BIN) + " collective " + bad + " -q", out) == 2);
     CHECK_THAT(out, Catch::Matchers::Contains(field));
   }
+}
+
+TEST_CASE("Megatron's all-gather dispatcher: a ring all-gather of every rank's tokens, whatever the routing") {
+  const Cluster cluster = small_cluster(2, 2);
+  // Two routings, one skewed onto rank 3: the same exchange, as every token goes to every rank.
+  Collective skewed{CollectiveType::all_to_all, {0, 1, 2, 3}, std::vector<double>(16, 0.0), "allgather"};
+  Collective even{CollectiveType::all_to_all, {0, 1, 2, 3}, std::vector<double>(16, 25.0), "allgather"};
+  std::vector<double> onto3(16, 0.0);
+  for (int p = 0; p < 3; ++p) onto3[std::size_t(p * 4 + 3)] = 100;
+  skewed.bytes = std::move(onto3);
+  skewed.gathered = even.gathered = 100;  // each rank's tokens
+  const auto a = link_bytes(lower(skewed, cluster)), b = link_bytes(lower(even, cluster));
+  CHECK(a == b);
+  const Collective gather{CollectiveType::all_gather, {0, 1, 2, 3}, {400}, "ring"};
+  CHECK(a == link_bytes(lower(gather, cluster)));  // S = 4 × 100: each rank sends 3/4 of it
+  double sent = 0;
+  for (const auto& [link, bytes] : a) sent += link.first == 0 ? bytes : 0;
+  CHECK(sent == Approx(300));
+  // The combine reduce-scatters the same S; without token sizes the pairs go as linear.
+  Collective back = even;
+  back.combine = true;
+  CHECK(link_bytes(lower(back, cluster)) == link_bytes(lower(Collective{CollectiveType::reduce_scatter, {0, 1, 2, 3}, {400}, "ring"}, cluster)));
+  Collective unknown = even;
+  unknown.gathered = 0;
+  unknown.algorithm = "linear";
+  const auto as_linear = link_bytes(lower(unknown, cluster));
+  unknown.algorithm = "allgather";
+  CHECK(link_bytes(lower(unknown, cluster)) == as_linear);
 }

@@ -189,7 +189,7 @@ TEST_CASE("token spreads: a token counts once in each block of experts it reache
   CHECK_THROWS_AS(sample_routing(popularity, 2, 1, 8, c, {}, &bad), std::invalid_argument);
 }
 
-TEST_CASE("DeepEP in an iteration: each token once per GPU, and over the network once per node") {
+TEST_CASE("DeepEP in an iteration: each token once per GPU, and over the network once per node; all-gather: every token") {
   // 2 DGX-A100 nodes (16 GPUs, 2 experts each), top-8 within 1 of 2 groups (a group: a node's 16
   // experts): a token crosses the network at most once, so GPU s sends over it exactly its tokens
   // of the other node, and to each GPU each token once however many of its experts are there.
@@ -236,6 +236,8 @@ TEST_CASE("DeepEP in an iteration: each token once per GPU, and over the network
   double network_total = 0;
   for (const auto& [s, b] : network) network_total += b;
   CHECK(network_total < between);  // a token once per node, not once per expert
+  // Megatron's all-gather dispatcher gathers every token of every GPU, whatever the routing.
+  CHECK(dispatch_of("allgather").gathered == Approx(t.model.tokens_per_gpu() * token));
   // A policy that changes the counts (a capacity that drops) loses the spreads: token-slots again.
   RoutingMatrix changed = routing[0];
   changed.mutable_at(0, 0) += 0;
