@@ -68,6 +68,8 @@ nlohmann::json run_json(const RunResult& r) {
   j["iterations"] = r.iterations.size();
   if (r.warmup > 0) j["warmup_iterations"] = r.warmup;  // left out of the means below
   j["iteration_time_s"] = r.mean_time();
+  j["mfu"] = r.mfu();  // the model's FLOPs per GPU over the time and the GPU's dense peak
+  j["model_flops_per_gpu"] = r.model_flops_per_gpu;
   if (!r.seed_times.empty())  // several seeds; everything else here is the first seed's
     j["iteration_time_over_seeds"] = {{"seeds", r.seed_times.size()}, {"mean_s", r.seeds_mean_time()},
                                       {"ci95_s", r.seeds_ci95()}, {"per_seed_s", r.seed_times}};
@@ -408,6 +410,9 @@ std::string run_block(const Experiment& ex, const RunResult& r) {
   for (const auto& it : r.iterations) dropped += it.dropped;
   out += fmt::format("  {:<18}{:>12}  max/mean token-slots computed per GPU: mean over layers (max)\n", "load spread",
                      spread_cell(r));
+  if (r.mfu() > 0)
+    out += fmt::format("  {:<18}{:>12}  the model's FLOPs per GPU ({:.3g}) over the time and the GPU's dense peak\n", "MFU",
+                       fmt::format("{:.1f}%", 100 * r.mfu()), r.model_flops_per_gpu);
   out += fmt::format("  {:<18}{:>12}  GiB on the GPU that needs the most, of {:.0f}{}\n", "peak memory", memory_cell(ex, r),
                      ex.cluster_spec.gpu().memory_gib(), fits(ex, r) ? "" : ": the configuration does not fit");
   if (ex.spec.gate().has_capacity_factor())

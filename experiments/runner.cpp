@@ -126,6 +126,8 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
   result.policy = policy->name();
   result.gpus = cluster.num_gpus();
   result.warmup = int(s.warmup_iterations());
+  result.model_flops_per_gpu = model.iteration_flops_per_gpu();
+  result.peak_flops = gpu.peak_flops();
   const int iterations = int(s.iterations());
   const int keep = std::min(iterations, int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1));
   result.first_graph = std::clamp(result.warmup, 0, iterations - keep);

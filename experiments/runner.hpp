@@ -59,6 +59,10 @@ struct RunResult {
   int first_graph = 0;
 
   int warmup = 0;  // leading iterations left out of the means (ExperimentSpec.warmup_iterations)
+  /// The model's FLOPs per GPU and iteration (MoeModel::iteration_flops_per_gpu()) and the GPU's
+  /// dense peak for the model's dtype: MFU = flops / (mean_time() × peak).
+  double model_flops_per_gpu = 0, peak_flops = 0;
+  double mfu() const { return mean_time() > 0 && peak_flops > 0 ? model_flops_per_gpu / (mean_time() * peak_flops) : 0; }
   /// With several seeds (ExperimentSpec.seeds), each seed's mean iteration time, the first seed's
   /// first; everything else in this run is the first seed's.
   std::vector<double> seed_times;

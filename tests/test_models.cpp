@@ -57,6 +57,23 @@ TEST_CASE("the catalog's models have their published parameter counts") {
   CHECK(ds.total_params() == Approx(671e9).epsilon(0.03));
 }
 
+TEST_CASE("model FLOPs: six per activated GEMM parameter and token, plus the attention's scores and context") {
+  // The textbook count (Megatron-LM's, Narayanan et al. 2021): each GEMM parameter a token passes
+  // costs 2 FLOPs forward and 4 backward; the input embedding is a lookup, not a GEMM; the scores
+  // and context add 4·s·h·dh per token and block forward. DeepSeek-V3's 61 blocks, 37B activated.
+  const MoeModel ds = catalog_model("deepseek-v3");
+  const double T = 4096, s = 4096, h = 128, dh = 128, v = 129280, d = 7168;
+  const double gemm_params = ds.activated_params() - v * d;  // less the input embedding table
+  CHECK(ds.iteration_flops_per_gpu() == Approx(T * (6 * gemm_params + 3 * 4 * s * h * dh * 61)).epsilon(1e-9));
+  // A run reports it over the time and the GPU's peak: MFU.
+  RunResult r;
+  r.model_flops_per_gpu = 1e15;
+  r.peak_flops = 1e15;
+  r.iterations.push_back({});
+  r.iterations.back().time = 2.0;
+  CHECK(r.mfu() == Approx(0.5));
+}
+
 TEST_CASE("at their defaults the new fields leave the seeds' block as it was") {
   const MoeModel m(test::model_spec(2, 64, 256, 8, 2, 16, 32, 4));
   CHECK(m.expert_params() == 2.0 * 64 * 256);

@@ -141,6 +141,17 @@ double MoeModel::total_params() const {
   return layers() * (dense_params_per_layer() + experts() * expert_params()) + dense_block_params() + embedding_params();
 }
 
+double MoeModel::iteration_flops_per_gpu() const {
+  auto sum = [](const std::vector<Gemm>& gemms) {
+    double f = 0;
+    for (const auto& g : gemms) f += g.flops();
+    return f;
+  };
+  const double slots = double(tokens_per_gpu()) * top_k();
+  const double layer = sum(dense_forward_gemms()) + gate_gemm().flops() + sum(expert_gemms(1)) * slots + sum(shared_expert_gemms());
+  return 3 * (layers() * layer + dense_layers() * sum(dense_block_gemms()) + sum(output_forward_gemms()));
+}
+
 double MoeModel::activated_params() const {
   return layers() * (dense_params_per_layer() + top_k() * expert_params()) + dense_block_params() + embedding_params();
 }

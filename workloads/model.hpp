@@ -52,6 +52,12 @@ class MoeModel {
   /// sent to, top-k of them, and everything dense): the figures models publish.
   double total_params() const;
   double activated_params() const;
+  /// Model FLOPs of one training iteration on one GPU: three times the forward's GEMMs (the
+  /// backward is two of them) over its tokens_per_gpu tokens, each through the attention, the gate,
+  /// top-k routed experts, the shared experts, the dense blocks and the output layer; what MFU
+  /// divides by the time and the GPU's peak (dropped or padded token-slots, recomputation and
+  /// copies a policy adds are not the model's).
+  double iteration_flops_per_gpu() const;
 
   /// The output projection's forward GEMM (tokens × vocab × d_model); none without a vocabulary.
   std::vector<Gemm> output_forward_gemms() const;
