@@ -3,6 +3,8 @@
 // step's bytes measured per group in one pass over its transfers.
 #include "sim_impl.hpp"
 
+#include <algorithm>
+
 namespace moesim {
 
 // Fabric hops between two nodes' switches: 2 under one leaf switch, 4 through a spine.
@@ -243,16 +245,25 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   auto& s = step_bytes;
   const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
                     N = std::size_t(cluster.nodes());
-  if (s.any_intra) std::fill(s.intra.begin(), s.intra.end(), 0.0);
-  if (s.any_inter || s.crosses) {
-    std::fill(s.out.begin(), s.out.end(), 0.0);
-    std::fill(s.in.begin(), s.in.end(), 0.0);
-    std::fill(s.pairs.begin(), s.pairs.end(), 0.0);
+  if (rank_seen.empty()) {
+    sum_intra.assign(G * g, 0.0), sum_out.assign(G, 0.0), sum_in.assign(G, 0.0), sum_pairs.assign(N > 1 ? N * N : 0, 0.0);
+    rank_seen.assign(G, 0), node_seen.assign(N, 0);
   }
-  s.intra.resize(G * g, 0.0);
-  s.out.resize(G, 0.0);
-  s.in.resize(G, 0.0);
-  s.pairs.resize(N > 1 ? N * N : 0, 0.0);
+  // The step's ranks and nodes, ascending.
+  s.ranks.clear(), s.nodes.clear();
+  auto note = [&](int r) {
+    if (!rank_seen[std::size_t(r)]) rank_seen[std::size_t(r)] = 1, s.ranks.push_back(r);
+  };
+  if (const Collective* c = step.all_pairs)
+    for (int r : c->group) note(r);
+  else
+    for (const auto& t : step.transfers) note(t.src), note(t.dst);
+  std::sort(s.ranks.begin(), s.ranks.end());
+  for (int r : s.ranks) {
+    rank_seen[std::size_t(r)] = 0;
+    if (const int n = node_of_rank[std::size_t(r)]; !node_seen[std::size_t(n)]) node_seen[std::size_t(n)] = 1, s.nodes.push_back(n);
+  }
+  for (int n : s.nodes) node_seen[std::size_t(n)] = 0;
   s.any_intra = s.any_inter = s.crosses = false;
   s.nic_latency = 0;
   s.intra_pair = -1, s.hops = 0;
@@ -262,7 +273,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   // compiler reloaded every data pointer at each one.
   const int *node = node_of_rank.data(), *local = local_of_rank.data();
   const double *overhead = overhead_of_local.data(), *to_nic = nic_latency_of_local.data(), *latency_of = intra_latency.data();
-  double *intra = s.intra.data(), *out = s.out.data(), *in = s.in.data(), *pairs = s.pairs.data();
+  double *intra = sum_intra.data(), *out = sum_out.data(), *in = sum_in.data(), *pairs = sum_pairs.data();
   bool any_intra = false, any_inter = false, crosses = false;
   double nic_latency = 0;
   // A message of `sent` bytes when `one` is 1; nothing when it is 0 (an empty entry of a matrix).
@@ -301,6 +312,17 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
     for (const auto& t : step.transfers) add(t.src, t.dst, t.bytes, 1);  // each a message, even of 0 bytes
   }
   s.any_intra = any_intra, s.any_inter = any_inter, s.crosses = crosses, s.nic_latency = nic_latency;
+  // The step's own entries, taken out of the sums (which are zero again after).
+  const std::size_t R = s.ranks.size(), M = s.nodes.size();
+  s.intra.assign(R * g, 0.0), s.out.assign(R, 0.0), s.in.assign(R, 0.0), s.pairs.assign(N > 1 ? M * M : 0, 0.0);
+  for (std::size_t i = 0; i < R; ++i) {
+    const std::size_t r = std::size_t(s.ranks[i]);
+    std::swap_ranges(intra + r * g, intra + r * g + g, s.intra.begin() + std::ptrdiff_t(i * g));
+    std::swap(out[r], s.out[i]), std::swap(in[r], s.in[i]);
+  }
+  if (N > 1)
+    for (std::size_t a = 0; a < M; ++a)
+      for (std::size_t b = 0; b < M; ++b) std::swap(pairs[std::size_t(s.nodes[a]) * N + std::size_t(s.nodes[b])], s.pairs[a * M + b]);
   return s;
 }
 

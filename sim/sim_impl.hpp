@@ -71,21 +71,29 @@ struct SimBackend::Impl {
     int per_node() const { return int(of_node.size()); }
   } groups;
   std::vector<double> intra_latency;  // by (local source, local destination): the route's latency
-  std::vector<double> group_load;     // by group, for aggregated_tasks()
+  std::vector<double> group_load;     // by group, for aggregated_tasks(): zero but for a step's `loaded`
+  std::vector<int> loaded;            // the groups a step loads
   std::vector<std::vector<int>> share_groups;  // by share: its loaded groups, for aggregated_tasks()
   std::vector<int> agg_index;                  // by agg host: its index in the task being built, or -1
   // A step's bytes, gathered in one pass over its transfers (a step of an all-to-all has G² of
-  // them) for aggregated_task() and latency_bound(), in buffers kept from step to step.
+  // them) for aggregated_tasks() and latency_bound(), over the step's own ranks and nodes: a step
+  // of one EP group among many costs its group's size, not the cluster's (and a cached one its
+  // group's memory).
   struct StepBytes {
-    std::vector<double> intra;            // inside a node, by (source rank, local destination)
-    std::vector<double> out, in;          // between nodes, by source rank and by destination rank
-    std::vector<double> pairs;            // between nodes, by node pair
+    std::vector<int> ranks, nodes;        // the step's ranks (its group's, or its transfers' ends) and their nodes, ascending
+    std::vector<double> intra;            // inside a node, by (index in `ranks` of the source, local destination)
+    std::vector<double> out, in;          // between nodes, by index in `ranks` of the source and of the destination
+    std::vector<double> pairs;            // between nodes, by (index in `nodes`)²
     bool any_intra = false, any_inter = false;  // with bytes
     bool crosses = false;                 // a transfer between nodes, even of no bytes
     double nic_latency = 0;               // the longest route to its NIC (and the NIC) of a GPU that sends out
     int intra_pair = -1;                  // the longest route inside a node: local source · g + local destination
     int hops = 0;                         // the longest between nodes: fabric hops (2 or 4)
   } step_bytes;
+  // measure()'s sums by rank and node of the whole cluster, zero between steps (a step clears the
+  // entries of its own ranks and nodes), and its marks of the ranks and nodes seen.
+  std::vector<double> sum_intra, sum_out, sum_in, sum_pairs;
+  std::vector<char> rank_seen, node_seen;
   // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
   // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
   // of Cluster's accessors, done once: they were a fifth of a large step's cost).

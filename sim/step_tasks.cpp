@@ -49,42 +49,51 @@ Transfer SimBackend::Impl::chain_route(const Step& step) const {
 // ports across the fabric, or two GPUs in a node), comes from one more entry of a negligible
 // 1e-30 bytes over the share's own route of that latency (Groups::latencies).
 std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s) {
-  const std::size_t G = std::size_t(cluster.num_gpus()), g = std::size_t(cluster.gpus_per_node()),
-                    N = std::size_t(cluster.nodes()), per_node = std::size_t(groups.per_node());
-  auto& load = group_load;
-  load.assign(groups.count(), 0.0);
+  const std::size_t g = std::size_t(cluster.gpus_per_node()), N = std::size_t(cluster.nodes()),
+                    per_node = std::size_t(groups.per_node());
+  auto& load = group_load;  // zero, but for what this step loads (`loaded`, cleared at the end)
+  if (load.size() != groups.count()) load.assign(groups.count(), 0.0);
+  auto carry = [&](std::size_t q, double bytes) {  // bytes > 0 each time: a load is 0 until first carried
+    if (load[q] == 0) loaded.push_back(int(q));
+    load[q] += bytes;
+  };
   auto add_route = [&](std::size_t rank, const Route& r, bool reverse, double bytes) {
     const std::size_t base = std::size_t(node_of_rank[rank]) * per_node;
     for (const auto& h : r)
-      if (const int q = groups.link[std::size_t(h.link)][h.forward != reverse ? 1 : 0]; q >= 0) load[base + std::size_t(q)] += bytes;
+      if (const int q = groups.link[std::size_t(h.link)][h.forward != reverse ? 1 : 0]; q >= 0) carry(base + std::size_t(q), bytes);
   };
   auto nic_group = [&](std::size_t rank, int up) {
     return std::size_t(node_of_rank[rank]) * per_node +
            std::size_t(groups.nic[std::size_t(cluster.nic_of(local_of_rank[rank]))][std::size_t(up)]);
   };
+  // In the order of the ranks and nodes (ascending), as SimGrid summed one entry per transfer.
+  const std::size_t R = s.ranks.size(), M = s.nodes.size();
   if (s.any_inter) {
-    for (std::size_t a = 0; a < N; ++a)  // port -> port
-      for (std::size_t b = 0; b < N; ++b)
-        if (const double bytes = s.pairs[a * N + b]; bytes > 0) {
-          load[std::size_t(groups.up[a])] += bytes;
+    for (std::size_t i = 0; i < M; ++i)  // port -> port
+      for (std::size_t k = 0; k < M; ++k)
+        if (const double bytes = s.pairs[i * M + k]; bytes > 0) {
+          const std::size_t a = std::size_t(s.nodes[i]), b = std::size_t(s.nodes[k]);
+          carry(std::size_t(groups.up[a]), bytes);
           for (int q : groups.between[a / std::size_t(groups.nodes_per_leaf) * N + b])
-            if (q >= 0) load[std::size_t(q)] += bytes;
-          load[std::size_t(groups.down[b])] += bytes;
+            if (q >= 0) carry(std::size_t(q), bytes);
+          carry(std::size_t(groups.down[b]), bytes);
         }
-    for (std::size_t r = 0; r < G; ++r)  // port -> GPU
-      if (const double bytes = s.in[r]; bytes > 0) {
-        load[nic_group(r, 0)] += bytes;
+    for (std::size_t i = 0; i < R; ++i)  // port -> GPU
+      if (const double bytes = s.in[i]; bytes > 0) {
+        const std::size_t r = std::size_t(s.ranks[i]);
+        carry(nic_group(r, 0), bytes);
         add_route(r, cluster.nic_route(local_of_rank[r]), true, bytes);
       }
   }
-  for (std::size_t r = 0; r < G; ++r) {
-    if (s.any_inter && s.out[r] > 0) {  // GPU -> port
-      add_route(r, cluster.nic_route(local_of_rank[r]), false, s.out[r]);
-      load[nic_group(r, 1)] += s.out[r];
+  for (std::size_t i = 0; i < R; ++i) {
+    const std::size_t r = std::size_t(s.ranks[i]);
+    if (s.any_inter && s.out[i] > 0) {  // GPU -> port
+      add_route(r, cluster.nic_route(local_of_rank[r]), false, s.out[i]);
+      carry(nic_group(r, 1), s.out[i]);
     }
     if (s.any_intra)  // GPU -> GPU
       for (std::size_t j = 0; j < g; ++j)
-        if (const double bytes = s.intra[r * g + j]; bytes > 0) add_route(r, cluster.intra_route(local_of_rank[r], int(j)), false, bytes);
+        if (const double bytes = s.intra[i * g + j]; bytes > 0) add_route(r, cluster.intra_route(local_of_rank[r], int(j)), false, bytes);
   }
   int latency = -1;  // the class of the longest route's latency
   auto longer = [&](int c) {
@@ -93,8 +102,8 @@ std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s)
   if (s.any_inter) longer(groups.inter_class[std::size_t(s.hops)]);
   if (s.any_intra) longer(groups.intra_class[std::size_t(s.intra_pair)]);
   for (auto& members : share_groups) members.clear();
-  for (std::size_t q = 0; q < load.size(); ++q)
-    if (load[q] > 0) share_groups[std::size_t(groups.share[q])].push_back(int(q));
+  std::sort(loaded.begin(), loaded.end());
+  for (int q : loaded) share_groups[std::size_t(groups.share[std::size_t(q)])].push_back(q);
   std::vector<sg4::ExecPtr> tasks;
   for (std::size_t sh = 0; sh < share_groups.size(); ++sh) {
     const auto& members = share_groups[sh];
@@ -121,6 +130,8 @@ std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s)
     exec->set_bytes_amounts(bytes);
     tasks.push_back(exec);
   }
+  for (int q : loaded) load[std::size_t(q)] = 0;
+  loaded.clear();
   return tasks;
 }
 
@@ -148,9 +159,9 @@ bool SimBackend::Impl::latency_bound(const Step& step, const StepBytes& s) const
   if (cluster.nics().empty() || !s.crosses) return true;
   double busiest = 0;
   for (const auto* side : {&s.out, &s.in})
-    for (std::size_t rank = 0; rank < side->size(); ++rank)
-      if ((*side)[rank] > 0)
-        busiest = std::max(busiest, (*side)[rank] / nic_bandwidth_of_local[std::size_t(local_of_rank[rank])]);
+    for (std::size_t i = 0; i < side->size(); ++i)
+      if ((*side)[i] > 0)
+        busiest = std::max(busiest, (*side)[i] / nic_bandwidth_of_local[std::size_t(local_of_rank[std::size_t(s.ranks[i])])]);
   return step.serial_rounds * 2 * s.nic_latency > busiest;
 }
 
