@@ -278,7 +278,7 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
   for (const auto& e : entries) all.insert(all.end(), e.claims.begin(), e.claims.end());
   const auto n = count_claims(all);
   std::string md = "# moesim validation report\n\n";
-  md += fmt::format("Each claim is a number a paper reports (a speedup, a balance ratio, a time or memory ratio) next to the same quantity "
+  md += fmt::format("Each claim is a number a paper reports (a speedup, a balance ratio, a time or memory ratio, a bandwidth) next to the same quantity "
                     "simulated by moesim; it passes when simulated / paper is within the claim's tolerance "
                     "(±15% unless the spec says otherwise). Order: of the pairs of systems the experiment's claims compare, "
                     "those the simulation puts in the paper's order (which is faster, which gains more). "
