@@ -255,6 +255,10 @@ TEST_CASE("DeepEP in an iteration: each token once per GPU, and over the network
   CHECK(network_total < between);  // a token once per node, not once per expert
   // Megatron's all-gather dispatcher gathers every token of every GPU, whatever the routing.
   CHECK(dispatch_of("allgather").gathered == Approx(t.model.tokens_per_gpu() * token));
+  // A generator or a trace counts token-slots only: the run says DeepEP then sends each on its own.
+  auto ex = load_experiment(test::kBaseSpec, {"policy.all_to_all=deepep", "gating.generator.preset=naive"});
+  CHECK(std::any_of(ex.notes.begin(), ex.notes.end(), [](const std::string& n) { return n.find("token-slot counts only") != std::string::npos; }));
+  CHECK(load_experiment(test::kBaseSpec, {"policy.all_to_all=deepep"}).notes.empty());  // Zipf: counted per token
   // A policy that changes the counts (a capacity that drops) loses the spreads: token-slots again.
   RoutingMatrix changed = routing[0];
   changed.mutable_at(0, 0) += 0;
