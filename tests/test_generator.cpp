@@ -415,3 +415,26 @@ TEST_CASE("generator: each fitted preset reaches its paper's statistic as the ta
   CHECK(p.others[1].second > 0);    // not dead experts
   CHECK_THROWS_AS(fit_preset("naive"), FieldError);
 }
+
+TEST_CASE("the generator under a group limit counts token spreads from the same draws") {
+  // One token per source: a block's count is 1 where the row has one of the block's experts. Top-8
+  // of 64 experts within 1 of 2 groups: every token reaches exactly one 32-expert block.
+  GatingGenerator plain(preset("naive"), 64, 8, 1, 40, 1, 5, {2, 1}), counted(preset("naive"), 64, 8, 1, 40, 1, 5, {2, 1});
+  counted.count_spreads({8, 32});
+  const RoutingMatrix a = plain.next(0), R = counted.next(0);
+  CHECK(a.counts() == R.counts());
+  REQUIRE(R.spread(8) != nullptr);
+  REQUIRE(R.spread(32) != nullptr);
+  for (int s = 0; s < 40; ++s) {
+    for (int b = 0; b < 8; ++b) {
+      std::int64_t slots = 0;
+      for (int e = b * 8; e < b * 8 + 8; ++e) slots += R.at(s, e);
+      CHECK(R.spread(8)->at(s, b) == (slots > 0 ? 1 : 0));
+    }
+    CHECK(R.spread(32)->at(s, 0) + R.spread(32)->at(s, 1) == 1);
+  }
+  // Without a limit the generator draws counts, not tokens: no spreads.
+  GatingGenerator free_(preset("naive"), 64, 8, 1, 40, 1, 5);
+  free_.count_spreads({8});
+  CHECK(free_.next(0).spread(8) == nullptr);
+}

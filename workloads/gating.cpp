@@ -170,9 +170,11 @@ class DistributionSource final : public GatingSource {
 
 class GeneratorSource final : public GatingSource {
  public:
-  GeneratorSource(const spec::GeneratorSpec& g, const MoeModel& m, int gpus, std::uint64_t seed)
+  GeneratorSource(const spec::GeneratorSpec& g, const MoeModel& m, int gpus, std::uint64_t seed, std::vector<int> spread_blocks)
       : layers_(m.layers()),
-        gen_(resolve_generator(g), m.experts(), m.top_k(), m.layers(), gpus, m.tokens_per_gpu(), seed, m.group_limit()) {}
+        gen_(resolve_generator(g), m.experts(), m.top_k(), m.layers(), gpus, m.tokens_per_gpu(), seed, m.group_limit()) {
+    gen_.count_spreads(std::move(spread_blocks));
+  }
   std::vector<RoutingMatrix> next() override {
     std::vector<RoutingMatrix> out;
     for (int l = 0; l < layers_; ++l) out.push_back(gen_.next(l));
@@ -328,7 +330,7 @@ GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, in
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& g, const MoeModel& model, int gpus,
                                                  std::uint64_t seed, const std::vector<int>& spread_blocks) {
   if (g.has_trace()) return std::make_unique<TraceSource>(g.trace(), model, gpus);
-  if (g.has_generator()) return std::make_unique<GeneratorSource>(g.generator(), model, gpus, seed);
+  if (g.has_generator()) return std::make_unique<GeneratorSource>(g.generator(), model, gpus, seed, spread_blocks);
   return std::make_unique<DistributionSource>(g, model, gpus, seed, spread_blocks);
 }
 

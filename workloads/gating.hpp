@@ -37,7 +37,8 @@ struct GatingCheck {
 GatingCheck validate_gating(const spec::GatingSpec& gating, const MoeModel& model, int iterations, std::uint64_t seed);
 
 /// `spread_blocks`: token spreads the uniform and Zipf sources count with each layer's routing
-/// (RoutingMatrix::spread(); the generator and a trace know only counts).
+/// (RoutingMatrix::spread()), and the generator under a group limit (it draws token by token then);
+/// a trace knows only counts.
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& gating, const MoeModel& model, int gpus,
                                                  std::uint64_t seed, const std::vector<int>& spread_blocks = {});
 

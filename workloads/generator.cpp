@@ -525,6 +525,9 @@ RoutingMatrix GatingGenerator::next(int layer) {
   RoutingMatrix R(sources_, experts_);
   std::vector<double> p(experts_);
   std::vector<std::int64_t> row(static_cast<std::size_t>(experts_));
+  std::vector<TokenSpread> spreads;  // counted where tokens are drawn one by one
+  if (limit_.on())
+    for (int b : spread_blocks_) spreads.push_back({b, experts_ / b, std::vector<std::int32_t>(std::size_t(sources_) * std::size_t(experts_ / b), 0)});
   for (int s = 0; s < sources_; ++s) {
     fill_normal(L.sampling, p);  // eps / sigma_fast
     const float* delta = &L.delta[std::size_t(s) * experts_];
@@ -533,12 +536,16 @@ RoutingMatrix GatingGenerator::next(int layer) {
     if (!hot.empty()) apply_hot_spot(p, hot, P.hot_fraction, top_k_);
     if (limit_.on()) {  // token by token, each within its groups
       std::fill(row.begin(), row.end(), 0);
-      sample_tokens_into(p, int(tokens_), top_k_, limit_, L.sampling, row);
+      if (spreads.empty())
+        sample_tokens_into(p, int(tokens_), top_k_, limit_, L.sampling, row);
+      else
+        sample_tokens_into(p, int(tokens_), top_k_, limit_, L.sampling, row, spreads, s);
     } else {
       capped_into(L.sampling, tokens_, top_k_, p, row);
     }
     std::copy(row.begin(), row.end(), R.mutable_counts().begin() + std::ptrdiff_t(s) * experts_);  // each at most tokens_
   }
+  if (!spreads.empty()) R.set_spreads(std::move(spreads));
   // OU step to d_{t+1}: d = a d + sigma_slow sqrt(1 - a²) N(0, 1), a = exp(-1/tau).
   const auto [sigma, tau] = drift_sigma_tau(P, t);
   const double a = std::exp(-1 / tau), b = sigma * std::sqrt(1 - a * a);

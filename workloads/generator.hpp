@@ -72,11 +72,15 @@ class GatingGenerator {
   /// The next iteration's matrix of `layer` (std::out_of_range past the layers): sources × experts;
   /// each row sums to tokens_per_source × top_k exactly and no cell exceeds tokens_per_source.
   RoutingMatrix next(int layer);
+  /// With a group limit on, also count each matrix's token spreads of these blocks
+  /// (RoutingMatrix::spread(): DeepEP's dispatch); the same draws.
+  void count_spreads(std::vector<int> blocks) { spread_blocks_ = std::move(blocks); }
 
  private:
   struct Layer;
   GeneratorParams params_;
   GroupLimit limit_;
+  std::vector<int> spread_blocks_;
   int experts_, top_k_, sources_;
   std::int64_t tokens_;
   std::vector<Layer> layers_;

@@ -249,6 +249,19 @@ void count_tokens(const AliasTable& table, const std::vector<double>& popularity
 
 }  // namespace
 
+// A token's hook that counts it once per block it reaches (a block counts the token at its first
+// expert there), into row `source` of each spread.
+static auto spread_counter(std::vector<TokenSpread>& spreads, int source) {
+  return [&spreads, source](const std::vector<int>& chosen) {
+    for (auto& t : spreads)
+      for (std::size_t j = 0; j < chosen.size(); ++j) {
+        const int b = chosen[j] / t.block;
+        if (std::none_of(chosen.begin(), chosen.begin() + std::ptrdiff_t(j), [&](int x) { return x / t.block == b; }))
+          ++t.counts[std::size_t(source) * std::size_t(t.blocks) + std::size_t(b)];
+      }
+  };
+}
+
 RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources, int tokens, int top_k, Rng& rng,
                              const GroupLimit& limit, std::vector<TokenSpread>* spreads) {
   const int experts = int(popularity.size());
@@ -271,15 +284,7 @@ RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources,
     if (!spreads || spreads->empty()) {
       count_tokens(table, popularity, tokens, top_k, limit, rng, row);
     } else {
-      // Each token once per block it reaches: a block counts the token at its first expert there.
-      count_tokens(table, popularity, tokens, top_k, limit, rng, row, [&](const std::vector<int>& chosen) {
-        for (auto& t : *spreads)
-          for (std::size_t j = 0; j < chosen.size(); ++j) {
-            const int b = chosen[j] / t.block;
-            if (std::none_of(chosen.begin(), chosen.begin() + std::ptrdiff_t(j), [&](int x) { return x / t.block == b; }))
-              ++t.counts[std::size_t(s) * std::size_t(t.blocks) + std::size_t(b)];
-          }
-      });
+      count_tokens(table, popularity, tokens, top_k, limit, rng, row, spread_counter(*spreads, s));
     }
     counts.insert(counts.end(), row.begin(), row.end());
   }
@@ -290,6 +295,12 @@ void sample_tokens_into(const std::vector<double>& popularity, int tokens, int t
                         std::vector<std::int64_t>& row) {
   const AliasTable table(popularity);
   count_tokens(table, popularity, tokens, top_k, limit, rng, row);
+}
+
+void sample_tokens_into(const std::vector<double>& popularity, int tokens, int top_k, const GroupLimit& limit, Rng& rng,
+                        std::vector<std::int64_t>& row, std::vector<TokenSpread>& spreads, int source) {
+  const AliasTable table(popularity);
+  count_tokens(table, popularity, tokens, top_k, limit, rng, row, spread_counter(spreads, source));
 }
 
 RoutingMatrix generate_routing(const spec::GatingSpec& gating, int sources, int experts, int tokens, int top_k,

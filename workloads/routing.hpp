@@ -100,6 +100,10 @@ RoutingMatrix sample_routing(const std::vector<double>& popularity, int sources,
 /// One source's row of sample_routing(): `tokens` tokens' top-k added to row[expert].
 void sample_tokens_into(const std::vector<double>& popularity, int tokens, int top_k, const GroupLimit& limit, Rng& rng,
                         std::vector<std::int64_t>& row);
+/// The same, also counting the tokens into row `source` of each spread (sized by the caller:
+/// blocks set, counts sources × blocks).
+void sample_tokens_into(const std::vector<double>& popularity, int tokens, int top_k, const GroupLimit& limit, Rng& rng,
+                        std::vector<std::int64_t>& row, std::vector<TokenSpread>& spreads, int source);
 
 /// The routing of one layer in one iteration, reproducible from (seed, iteration, layer).
 /// `spread_blocks`: the token spreads to count with it (RoutingMatrix::spread()), e.g. a GPU's and
