@@ -60,6 +60,27 @@ bool fits(const Experiment& ex, const RunResult& r) {
   return r.peak_memory().total() <= ex.cluster_spec.gpu().memory_gib() * double(1ull << 30);
 }
 
+// The GPUs over their memory in the iteration with the most of them.
+const std::vector<int>& over_memory(const RunResult& r) {
+  static const std::vector<int> none;
+  const std::vector<int>* most = &none;
+  for (const auto& it : r.iterations)
+    if (it.over_memory.size() > most->size()) most = &it.over_memory;
+  return *most;
+}
+
+// Ascending ranks as ranges: "0-7, 16".
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ", ", i == j ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
 // The numbers of one run: its policy, mean time and breakdown, and one row per iteration.
 nlohmann::json run_json(const RunResult& r) {
   nlohmann::json j;
@@ -147,6 +168,7 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
   auto run = [&](const RunResult& r) {
     auto rj = run_json(r);
     rj["oom"] = !fits(ex, r);  // simulated all the same, and flagged
+    rj["over_memory_gpus"] = over_memory(r);  // which, in the iteration with the most
     return rj;
   };
   if (ex.variants.empty()) {
@@ -413,8 +435,13 @@ std::string run_block(const Experiment& ex, const RunResult& r) {
   if (r.mfu() > 0)
     out += fmt::format("  {:<18}{:>12}  the model's FLOPs per GPU ({:.3g}) over the time and the GPU's dense peak\n", "MFU",
                        fmt::format("{:.1f}%", 100 * r.mfu()), r.model_flops_per_gpu);
+  const auto& over = over_memory(r);
   out += fmt::format("  {:<18}{:>12}  GiB on the GPU that needs the most, of {:.0f}{}\n", "peak memory", memory_cell(ex, r),
-                     ex.cluster_spec.gpu().memory_gib(), fits(ex, r) ? "" : ": the configuration does not fit");
+                     ex.cluster_spec.gpu().memory_gib(),
+                     fits(ex, r) ? ""
+                                 : fmt::format(": the configuration does not fit ({} of {} GPUs over: {})", over.size(), r.gpus,
+                                               over.size() > 64 ? rank_ranges({over.begin(), over.begin() + 64}) + ", ..."
+                                                                : rank_ranges(over)));
   if (ex.spec.gate().has_capacity_factor())
     out += fmt::format("  {:<18}{:>12}  tokens over capacity, all iterations\n", "dropped", dropped);
   return out;

@@ -176,6 +176,9 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.load_max_mean_per_layer = report.load_max_mean;
     rec.gpu_load = report.gpu_load;
     rec.memory = report.memory;
+    const double capacity = cluster.spec().gpu().memory_gib() * double(1ull << 30);
+    for (std::size_t g = 0; g < report.gpu_memory.size(); ++g)
+      if (capacity > 0 && report.gpu_memory[g] > capacity) rec.over_memory.push_back(int(g));
     for (double m : timing.memory_peak) rec.device_memory_peak = std::max(rec.device_memory_peak, m);
     for (const auto& R : routed) {
       auto& loads = rec.expert_load.emplace_back(std::size_t(R.experts), 0);

@@ -33,6 +33,7 @@ struct IterationRecord {
   std::vector<double> load_stddev_per_layer;  // std-dev over GPUs of the token-slots each computes
   std::vector<double> gpu_load;               // per GPU, token-slots its experts compute (all layers)
   MemoryUse memory;                           // of the GPU that needs the most (memory_model.hpp)
+  std::vector<int> over_memory;               // the GPUs whose memory model exceeds the GPU's memory
   double device_memory_peak = 0;              // hardware backends: the most any rank allocated, bytes
   /// Per layer and expert, the token-slots the gate routed to the expert (after capacity drops).
   std::vector<std::vector<std::int64_t>> expert_load;

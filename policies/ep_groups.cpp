@@ -134,6 +134,7 @@ TaskGraph EpGroups::build_iteration(const IterationInput& in) {
     r.shadowed_experts += sub.shadowed_experts;
     r.decision_seconds += sub.decision_seconds;
     r.gpu_load.insert(r.gpu_load.end(), sub.gpu_load.begin(), sub.gpu_load.end());
+    r.gpu_memory.insert(r.gpu_memory.end(), sub.gpu_memory.begin(), sub.gpu_memory.end());
     if (sub.memory.total() > r.memory.total()) r.memory = sub.memory;
     r.parallel_r = std::max(r.parallel_r, sub.parallel_r);
     auto most = [](std::vector<double>& into, const std::vector<double>& from) {

@@ -69,7 +69,7 @@ double stddev(const std::vector<double>& x) {
 // The memory of the GPU that needs the most: dense state, its experts' state as the placement
 // keeps it, what it gathers or copies, and its activations.
 MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const std::vector<double>& activations,
-                      const std::vector<double>& copies, const std::vector<double>& owned) {
+                      const std::vector<double>& copies, const std::vector<double>& owned, std::vector<double>& each) {
   const MoeModel& model = in.model;
   const auto b = state_bytes(model.dtype());
   const ExpertPlacement where = plan.placement();
@@ -106,6 +106,7 @@ MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const
     m.activations = activations[t];
     m.materialized = experts.materialized + copy * (b.param + b.grad + (plan.replicas.persistent ? b.optimizer : 0));
     m.materialized_params = experts.materialized_params + copy * b.param;
+    each.push_back(m.total());
     if (m.total() > peak.total()) peak = m;
   }
   return peak;
@@ -141,7 +142,8 @@ void account_iteration(const IterationInput& in, const IterationPlan& plan, cons
     in.report.gpu_load.resize(H.size(), 0.0);
     for (std::size_t g = 0; g < H.size(); ++g) in.report.gpu_load[g] += H[g];
   }
-  in.report.memory = peak_memory(in, plan, activations, copies, owned);
+  in.report.gpu_memory.clear();
+  in.report.memory = peak_memory(in, plan, activations, copies, owned, in.report.gpu_memory);
 }
 
 }  // namespace moesim

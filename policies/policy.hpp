@@ -33,6 +33,8 @@ struct PolicyReport {
   int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
   /// The memory of the GPU that needs the most this iteration (filled by build_moe_iteration()).
   MemoryUse memory;
+  /// Per GPU, the memory it needs this iteration (MemoryUse::total(), bytes; same source).
+  std::vector<double> gpu_memory;
 };
 
 /// Everything a policy sees when it builds an iteration.

@@ -247,6 +247,7 @@ TEST_CASE("every policy inside EP groups computes each token-slot once, its all-
     const TaskGraph g = layout.build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
     CHECK(forward_tokens(g) == slots);
     CHECK(report.gpu_load.size() == 16u);
+    CHECK(report.gpu_memory.size() == 16u);  // every GPU's, the groups' in order
     int dense = 0, experts = 0;
     std::set<OpId> gradients;
     for (const auto& op : g.ops()) {

@@ -1,6 +1,7 @@
 // The memory model (policies/memory_model.hpp) against hand-computed sizes: the Hecate paper's
 // expert size, Adam's states in mixed precision, Korthikanti et al.'s activations, and the state
 // each sharding keeps per GPU.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
@@ -142,4 +143,22 @@ TEST_CASE("a vocabulary adds its output op and its parameters to the dense all-r
   const auto b = state_bytes(m1.dtype());
   CHECK(r1.memory.params - r0.memory.params == Approx(V * d * b.param));
   CHECK(r1.memory.optimizer - r0.memory.optimizer == Approx(V * d * b.optimizer));
+}
+
+TEST_CASE("memory model: every GPU's memory, the most its peak, more where it computes more tokens") {
+  // EP under Zipf routing: each GPU owns the same experts, so its memory differs from another's by
+  // the activations of the token-slots it computes. Inside two EP groups, the groups' GPUs in order.
+  const test::SmallSetup t;
+  const auto routing = t.routing(3);
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  PolicyReport report;
+  make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+  REQUIRE(report.gpu_memory.size() == 16u);
+  REQUIRE(report.gpu_load.size() == 16u);
+  CHECK(*std::max_element(report.gpu_memory.begin(), report.gpu_memory.end()) == report.memory.total());
+  for (std::size_t a = 0; a < 16; ++a)
+    for (std::size_t b = 0; b < 16; ++b)
+      if (report.gpu_load[a] < report.gpu_load[b]) CHECK(report.gpu_memory[a] < report.gpu_memory[b]);
+  CHECK(*std::min_element(report.gpu_memory.begin(), report.gpu_memory.end()) < report.memory.total());  // skewed: not all alike
 }
