@@ -54,10 +54,7 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  auto policy = make_policy(ex.spec.policy());
-  const auto groups = ep_groups(ex.spec.parallel(), cluster);
-  std::optional<EpGroups> layout;
-  if (groups.size() > 1) layout.emplace(cluster.spec(), groups, ex.spec.policy());
+  EpGroups policy(cluster.spec(), ep_groups(ex.spec.parallel(), cluster), ex.spec.policy());
   auto t = Clock::now();
   SimBackend sim(cluster, gpu, SimOptions{aggregate});
   const double t_platform = since(t);
@@ -73,16 +70,13 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
     t = Clock::now();
     PolicyReport report;
     const IterationInput input{cluster, model, gpu, ex.spec.policy(), routing, report, !ex.spec.gate().pad_to_capacity()};
-    const TaskGraph graph = layout ? layout->build_iteration(input) : policy->build_iteration(input);
+    const TaskGraph graph = policy.build_iteration(input);
     t_graph = since(t);
     decide = report.decision_seconds;
     t = Clock::now();
     const Timing timing = sim.execute(graph);
     t_sim = since(t);
-    if (layout)
-      layout->observe(graph, timing);
-    else
-      policy->observe(graph, timing);
+    policy.observe(graph, timing);
     ops = graph.size();
     makespan = timing.makespan();
   }

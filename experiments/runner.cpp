@@ -121,9 +121,12 @@ namespace {
 RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const GpuModel& gpu, Backend& backend,
                   const std::function<void()>& iteration_done) {
   const MoeModel model(s.model());
-  auto policy = make_policy(s.policy());
+  // EP groups inside data parallelism (parallel.ep): a policy per group, their iterations merged.
+  auto groups = ep_groups(s.parallel(), cluster);
+  const int ep = int(groups.front().size());
+  EpGroups policy(cluster.spec(), std::move(groups), s.policy());
   RunResult result;
-  result.policy = policy->name();
+  result.policy = policy.policy_name();
   result.gpus = cluster.num_gpus();
   result.warmup = int(s.warmup_iterations());
   result.model_flops_per_gpu = model.iteration_flops_per_gpu();
@@ -131,11 +134,6 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
   const int iterations = int(s.iterations());
   const int keep = std::min(iterations, int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1));
   result.first_graph = std::clamp(result.warmup, 0, iterations - keep);
-  // EP groups inside data parallelism (parallel.ep): a policy per group, their iterations merged.
-  const auto groups = ep_groups(s.parallel(), cluster);
-  std::optional<EpGroups> layout;
-  if (groups.size() > 1) layout.emplace(cluster.spec(), groups, s.policy());
-  const int ep = int(groups.front().size());
   auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed(),
                                    spread_blocks(collective_algorithm(s.policy(), CollectiveType::all_to_all), model.experts(),
                                                  ep, cluster.gpus_per_node()));
@@ -158,14 +156,11 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     }
     PolicyReport report;
     const IterationInput input{cluster, model, gpu, s.policy(), routed, report, !s.gate().pad_to_capacity()};
-    TaskGraph graph = layout ? layout->build_iteration(input) : policy->build_iteration(input);
+    TaskGraph graph = policy.build_iteration(input);
     backend.check_memory(report.memory.total());
     rec.start = backend.now();
     Timing timing = backend.execute(graph);
-    if (layout)
-      layout->observe(graph, timing);
-    else
-      policy->observe(graph, timing);
+    policy.observe(graph, timing);
     rec.time = timing.makespan();
     rec.attribution = attribute(graph, timing);
     rec.max_mean_load = max_mean_gpu_load(demand, cluster.num_gpus());  // before the gate drops
@@ -176,9 +171,8 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.load_max_mean_per_layer = report.load_max_mean;
     rec.gpu_load = report.gpu_load;
     rec.memory = report.memory;
-    const double capacity = cluster.spec().gpu().memory_gib() * double(1ull << 30);
     for (std::size_t g = 0; g < report.gpu_memory.size(); ++g)
-      if (capacity > 0 && report.gpu_memory[g] > capacity) rec.over_memory.push_back(int(g));
+      if (gpu.memory_bytes() > 0 && report.gpu_memory[g] > gpu.memory_bytes()) rec.over_memory.push_back(int(g));
     for (double m : timing.memory_peak) rec.device_memory_peak = std::max(rec.device_memory_peak, m);
     for (const auto& R : routed) {
       auto& loads = rec.expert_load.emplace_back(std::size_t(R.experts), 0);

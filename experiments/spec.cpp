@@ -233,14 +233,14 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       // DeepEP sends a token once per node and GPU as the uniform and Zipf sources count them (and
       // the generator under a group limit); otherwise the generator and a trace give token-slot
       // counts only.
-      if (const std::string note = "policy.all_to_all deepep: the " +
-                                   std::string(run.gating().has_trace() ? "replayed trace" : "generator") +
-                                   " gives token-slot counts only, so each token-slot crosses on its own (the uniform and Zipf "
-                                   "sources count each token once per GPU and node, as DeepEP sends it)";
-          collective_algorithm(run.policy(), CollectiveType::all_to_all) == "deepep" &&
-          (run.gating().has_trace() || (run.gating().has_generator() && !MoeModel(run.model()).group_limit().on())) &&
-          std::find(ex.notes.begin(), ex.notes.end(), note) == ex.notes.end())
-        ex.notes.push_back(note);
+      if (collective_algorithm(run.policy(), CollectiveType::all_to_all) == "deepep" &&
+          (run.gating().has_trace() || (run.gating().has_generator() && !model->group_limit().on())))
+        if (const std::string note = "policy.all_to_all deepep: the " +
+                                     std::string(run.gating().has_trace() ? "replayed trace" : "generator") +
+                                     " gives token-slot counts only, so each token-slot crosses on its own (the uniform and Zipf "
+                                     "sources count each token once per GPU and node, as DeepEP sends it)";
+            std::find(ex.notes.begin(), ex.notes.end(), note) == ex.notes.end())
+          ex.notes.push_back(note);
     } catch (const FieldError& e) {
       throw error(e.field(), e.message());
     }

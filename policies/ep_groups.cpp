@@ -28,17 +28,7 @@ std::vector<std::vector<int>> ep_groups(const spec::ParallelSpec& parallel, cons
   const std::string order = parallel.order().empty() ? "tp-cp-ep-dp-pp" : parallel.order();
   std::vector<std::vector<int>> groups;
   try {
-    std::vector<int> sizes;
-    std::string name;
-    for (char c : order + "-") {
-      if (c != '-') {
-        name += c;
-        continue;
-      }
-      sizes.push_back(name == "ep" ? ep : name == "dp" ? G / ep : 1);
-      name.clear();
-    }
-    const RankLayout layout(order, sizes);
+    const RankLayout layout = RankLayout::named(order, {{"ep", ep}, {"dp", G / ep}});
     if (layout.world_size() != G) throw std::invalid_argument("the order must name tp, cp, ep, dp and pp");
     groups = layout.groups("ep");
   } catch (const std::invalid_argument& e) {
@@ -59,12 +49,14 @@ spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep) {
 }
 
 EpGroups::EpGroups(const spec::ClusterSpec& whole, std::vector<std::vector<int>> groups, const spec::PolicySpec& policy)
-    : group_cluster_(ep_group_cluster(whole, int(groups.front().size()))), groups_(std::move(groups)) {
+    : groups_(std::move(groups)) {
+  if (groups_.size() > 1) group_cluster_.emplace(ep_group_cluster(whole, int(groups_.front().size())));
   for (std::size_t g = 0; g < groups_.size(); ++g) policies_.push_back(make_policy(policy));
 }
 
 TaskGraph EpGroups::build_iteration(const IterationInput& in) {
-  const int G = in.cluster.num_gpus(), ep = group_cluster_.num_gpus(), D = int(groups_.size());
+  if (!group_cluster_) return policies_.front()->build_iteration(in);
+  const int G = in.cluster.num_gpus(), ep = group_cluster_->num_gpus(), D = int(groups_.size());
   // Each group's iteration, on its own cluster and tokens.
   last_.clear();
   std::vector<PolicyReport> reports(static_cast<std::size_t>(D));
@@ -72,7 +64,7 @@ TaskGraph EpGroups::build_iteration(const IterationInput& in) {
   for (int g = 0; g < D; ++g) {
     std::vector<RoutingMatrix> mine;
     for (const auto& R : in.routing) mine.push_back(R.rows(g * ep, (g + 1) * ep));
-    const IterationInput sub{group_cluster_, in.model, in.gpu, in.spec, mine, reports[std::size_t(g)], in.count_exchange};
+    const IterationInput sub{*group_cluster_, in.model, in.gpu, in.spec, mine, reports[std::size_t(g)], in.count_exchange};
     last_.push_back(policies_[std::size_t(g)]->build_iteration(sub));
     ops += last_.back().size();
   }
@@ -148,6 +140,7 @@ TaskGraph EpGroups::build_iteration(const IterationInput& in) {
 }
 
 void EpGroups::observe(const TaskGraph& graph, const Timing& timing) {
+  if (!group_cluster_) return policies_.front()->observe(graph, timing);
   for (std::size_t g = 0; g < last_.size(); ++g) {
     const TaskGraph& sub = last_[g];
     Timing mine;

@@ -10,6 +10,8 @@
 // and each group's optimizer waits for both.
 #pragma once
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cluster.hpp"
@@ -27,8 +29,11 @@ spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep);
 
 class EpGroups {
  public:
-  /// `whole`: the cluster's spec; `groups`: ep_groups() of it (two or more).
+  /// `whole`: the cluster's spec; `groups`: ep_groups() of it. One group (all the GPUs): the
+  /// policy's own iteration, nothing merged.
   EpGroups(const spec::ClusterSpec& whole, std::vector<std::vector<int>> groups, const spec::PolicySpec& policy);
+  /// The policy's registered name.
+  const std::string& policy_name() const { return policies_.front()->name(); }
   /// The iteration of every group, merged into one graph over the whole cluster. `in.routing` has
   /// the whole cluster's G sources; `in.report` gets the groups' figures (the memory of the GPU
   /// that needs the most, summed counts, per GPU loads in GPU order, per layer the largest balance
@@ -36,10 +41,9 @@ class EpGroups {
   TaskGraph build_iteration(const IterationInput& in);
   /// Each group's policy observes its own part of the graph and timing.
   void observe(const TaskGraph& graph, const Timing& timing);
-  const Cluster& group_cluster() const { return group_cluster_; }
 
  private:
-  Cluster group_cluster_;
+  std::optional<Cluster> group_cluster_;  // with two groups or more
   std::vector<std::vector<int>> groups_;
   std::vector<std::unique_ptr<Policy>> policies_;
   std::vector<TaskGraph> last_;              // each group's graph of the last iteration, for observe()

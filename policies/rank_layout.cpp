@@ -30,6 +30,12 @@ RankLayout::RankLayout(const std::string& order, std::vector<int> sizes) : names
   }
 }
 
+RankLayout RankLayout::named(const std::string& order, const std::map<std::string, int>& sizes) {
+  std::vector<int> in_order;
+  for (const auto& name : split(order)) in_order.push_back(sizes.count(name) ? sizes.at(name) : 1);
+  return RankLayout(order, std::move(in_order));
+}
+
 int RankLayout::index(const std::string& dim) const {
   const auto it = std::find(names_.begin(), names_.end(), dim);
   if (it == names_.end()) throw std::invalid_argument("rank layout: no dimension '" + dim + "'");

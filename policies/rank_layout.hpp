@@ -8,6 +8,7 @@
 // order with tp = cp = 1: EP innermost, so that an EP group is consecutive ranks (whole nodes).
 // The building block of expert parallelism inside DP/PP/TP layouts (not yet used by the builder).
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ class RankLayout {
   /// `sizes`: each one's size, in that order. std::invalid_argument for an unknown or repeated
   /// name, a size below 1, or a length mismatch.
   RankLayout(const std::string& order, std::vector<int> sizes);
+  /// The same with each dimension's size by name; a dimension `sizes` does not name has size 1.
+  static RankLayout named(const std::string& order, const std::map<std::string, int>& sizes);
   int world_size() const { return world_; }
   /// The rank's coordinate along a dimension.
   int coordinate(int rank, const std::string& dim) const;

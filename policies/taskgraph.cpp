@@ -238,11 +238,9 @@ OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> dep
   if (auto* t = std::get_if<Transfer>(&copy.body)) t->src += rank_offset, t->dst += rank_offset;
   if (auto* c = std::get_if<Collective>(&copy.body))
     for (int& r : c->group) r += rank_offset;
-  if (auto* c = std::get_if<Computes>(&copy.body)) {
+  if (auto* c = std::get_if<Computes>(&copy.body))
     for (int& r : c->ranks) r += rank_offset;
-    return add_computes(std::move(copy.label), std::move(*c), std::move(copy.deps));  // its parts numbered anew
-  }
-  return add(std::move(copy));
+  return add(std::move(copy));  // a Computes op's parts numbered anew there
 }
 
 std::vector<int> Op::ranks() const {
