@@ -18,7 +18,7 @@
 #include <cstdio>
 #include <optional>
 
-#include "ep_groups.hpp"
+#include "parallel_layout.hpp"
 #include "policy.hpp"
 #include "routing.hpp"
 #include "runner.hpp"
@@ -54,7 +54,8 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
-  EpGroups policy(cluster.spec(), ep_groups(ex.spec.parallel(), cluster), ex.spec.policy());
+  const ParallelLayout layout = parallel_layout(ex.spec.parallel(), cluster);
+  LayoutIteration policy(cluster.spec(), model, layout, ex.spec.policy());
   auto t = Clock::now();
   SimBackend sim(cluster, gpu, SimOptions{aggregate});
   const double t_platform = since(t);
@@ -64,7 +65,7 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
     t = Clock::now();
     std::vector<RoutingMatrix> routing;
     for (int l = 0; l < model.layers(); ++l)
-      routing.push_back(generate_routing(ex.spec.gating(), gpus, model.experts(), model.tokens_per_gpu(), model.top_k(),
+      routing.push_back(generate_routing(ex.spec.gating(), layout.stage_gpus(), model.experts(), model.tokens_per_gpu(), model.top_k(),
                                          ex.spec.seed(), std::uint64_t(it), l));
     t_routing = since(t);
     t = Clock::now();

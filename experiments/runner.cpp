@@ -10,10 +10,10 @@
 #include <stdexcept>
 
 #include "gate.hpp"
-#include "ep_groups.hpp"
 #include "gating.hpp"
-#include "routing.hpp"
 #include "hw_info.hpp"
+#include "parallel_layout.hpp"
+#include "routing.hpp"
 #include "simgrid_backend.hpp"
 
 namespace moesim {
@@ -98,7 +98,8 @@ std::vector<double> RunResult::mean_load_max_mean() const {
 
 namespace {
 
-// Max/mean of the per-GPU expert load with E/G experts per GPU; with fewer experts than GPUs
+// Max/mean of the per-GPU expert load with E/G experts per GPU (G an EP group's GPUs: each place's
+// load summed over the groups); with fewer experts than GPUs
 // (Tutel's sharded experts) each expert's load is shared by its W/E GPUs, the same ratio as
 // per expert.
 double max_mean_gpu_load(const std::vector<RoutingMatrix>& routing, int gpus) {
@@ -121,20 +122,22 @@ namespace {
 RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const GpuModel& gpu, Backend& backend,
                   const std::function<void()>& iteration_done) {
   const MoeModel model(s.model());
-  // EP groups inside data parallelism (parallel.ep): a policy per group, their iterations merged.
-  auto groups = ep_groups(s.parallel(), cluster);
-  const int ep = int(groups.front().size());
-  EpGroups policy(cluster.spec(), std::move(groups), s.policy());
+  // EP groups inside data and pipeline parallelism (parallel): a policy per group and stage, their
+  // micro-batches merged. The routing has a source per GPU of a stage.
+  const ParallelLayout layout = parallel_layout(s.parallel(), cluster);
+  const int ep = layout.ep, sources = layout.stage_gpus();
+  LayoutIteration policy(cluster.spec(), model, layout, s.policy());
   RunResult result;
   result.policy = policy.policy_name();
   result.gpus = cluster.num_gpus();
   result.warmup = int(s.warmup_iterations());
-  result.model_flops_per_gpu = model.iteration_flops_per_gpu();
+  // A pipeline of pp GPUs runs the whole model on m micro-batches.
+  result.model_flops_per_gpu = model.iteration_flops_per_gpu() * layout.micro_batches / layout.pp;
   result.peak_flops = gpu.peak_flops();
   const int iterations = int(s.iterations());
   const int keep = std::min(iterations, int(s.sim().timeline_iterations() ? s.sim().timeline_iterations() : 1));
   result.first_graph = std::clamp(result.warmup, 0, iterations - keep);
-  auto gating = make_gating_source(s.gating(), model, cluster.num_gpus(), s.seed(),
+  auto gating = make_gating_source(s.gating(), model, sources, s.seed(),
                                    spread_blocks(collective_algorithm(s.policy(), CollectiveType::all_to_all), model.experts(),
                                                  ep, cluster.gpus_per_node()));
   for (int it = 0; it < iterations; ++it) {
@@ -150,7 +153,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
       routed.push_back(std::move(g.routed));
     }
     rec.trace_iteration = gating->label();
-    if (it == 0 && model.experts() % cluster.num_gpus() == 0) {  // the cost model places E/G experts per GPU
+    if (it == 0 && sources == cluster.num_gpus() && model.experts() % cluster.num_gpus() == 0) {  // the cost model places E/G experts per GPU
       const CostModel cost(cluster, gpu);
       for (int l = 0; l < model.layers(); ++l) result.roofline.push_back({l, cost.roofline(model, routed[l])});
     }
@@ -163,7 +166,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     policy.observe(graph, timing);
     rec.time = timing.makespan();
     rec.attribution = attribute(graph, timing);
-    rec.max_mean_load = max_mean_gpu_load(demand, cluster.num_gpus());  // before the gate drops
+    rec.max_mean_load = max_mean_gpu_load(demand, ep);  // before the gate drops
     rec.rerouted = report.rerouted_tokens;
     rec.shadowed = report.shadowed_experts;
     rec.decision_seconds = report.decision_seconds;

@@ -4,9 +4,9 @@
 #include <filesystem>
 
 #include "catalog.hpp"
-#include "ep_groups.hpp"
 #include "gating.hpp"
 #include "gpu.hpp"
+#include "parallel_layout.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -218,11 +218,11 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       throw error("model." + e.field(), e.message());
     }
     try {
-      // Inside EP groups (parallel.ep) the policy runs on a group's GPUs as if they were the cluster.
-      if (const auto groups = ep_groups(run.parallel(), *cluster); groups.size() > 1)
-        make_policy(run.policy())->validate(Cluster(ep_group_cluster(ex.cluster_spec, int(groups.front().size()))), *model, run.policy());
-      else
-        make_policy(run.policy())->validate(*cluster, *model, run.policy());
+      // Inside EP groups (parallel.ep) the policy runs on a group's GPUs as if they were the
+      // cluster, and on a pipeline stage's blocks (parallel.pp) as if they were the model.
+      const ParallelLayout layout = parallel_layout(run.parallel(), *cluster);
+      for (const auto& stage : pipeline_stages(*model, layout.pp))
+        make_policy(run.policy())->validate(Cluster(ep_group_cluster(ex.cluster_spec, layout.ep)), stage_model(*model, stage), run.policy());
       const auto gating = validate_gating(run.gating(), *model, int(run.iterations()), run.seed());
       if (&run == &s) {
         ex.gating_source = gating.source;

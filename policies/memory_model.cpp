@@ -103,7 +103,7 @@ MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const
     m.params = dense.params + own.params;
     m.grads = dense.grads + own.grads;
     m.optimizer = dense.optimizer + own.optimizer;
-    m.activations = activations[t];
+    m.activations = activations[t] * in.activation_copies;
     m.materialized = experts.materialized + copy * (b.param + b.grad + (plan.replicas.persistent ? b.optimizer : 0));
     m.materialized_params = experts.materialized_params + copy * b.param;
     each.push_back(m.total());

@@ -51,6 +51,9 @@ struct IterationInput {
   /// prepare_forward, laekov/fastmoe fmoe/functions.py; Megatron-LM's all-to-all dispatcher does the
   /// same). A capacity-padded dispatch (Tutel, Fairseq, DeepSpeed) sends fixed sizes.
   bool count_exchange = false;
+  /// Micro-batches whose activations a GPU keeps at once: a pipeline stage under 1F1B holds those
+  /// of the micro-batches in flight (parallel_layout.cpp). The memory model multiplies by it.
+  int activation_copies = 1;
 };
 
 class Policy {

@@ -60,6 +60,7 @@ const PhaseNames& phase_names(Phase p) {
       {"expert_moves", "moves", "expert moves"},
       {"dense_allreduce", "allreduce", "dense all-reduce"},
       {"optimizer", "optim", "optimizer"},
+      {"stage_send", "pp.send", "stage send"},
       {"idle", "idle", "idle"},
   };
   return kPhases[static_cast<int>(p)];
@@ -93,7 +94,7 @@ constexpr OpName kOpNames[] = {
     {"expert_allgather", Phase::parameter_gather}, {"migrate", Phase::expert_moves},
     {"migrations_done", Phase::expert_moves},     {"allreduce", Phase::dense_allreduce},
     {"optimizer", Phase::optimizer},              {"dense_blocks", Phase::dense_compute},
-    {"shared_experts", Phase::expert_compute},
+    {"shared_experts", Phase::expert_compute},  {"stage_send", Phase::stage_send},
 };
 
 // <name> of a label (see kOpNames), without its step number.
@@ -228,11 +229,11 @@ void TaskGraph::drop_collective_matrices() {
     }
 }
 
-OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps) {
+OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps, std::string label) {
   Op copy;
   copy.rank = op.rank + rank_offset;
   copy.stream = op.stream;
-  copy.label = op.label;
+  copy.label = std::move(label);
   copy.deps = std::move(deps);
   copy.body = op.body;
   if (auto* t = std::get_if<Transfer>(&copy.body)) t->src += rank_offset, t->dst += rank_offset;

@@ -218,9 +218,10 @@ enum class Phase : std::uint8_t {
   expert_moves,       // experts moved to new GPUs (a rearrangement: parameters and optimizer state)
   dense_allreduce,    // the dense part's gradient all-reduce
   optimizer,          // the optimizer step
+  stage_send,         // activations and their gradients sent between pipeline stages
   idle,               // on the critical path, no op runs (waiting; only in critical-path figures)
 };
-constexpr int kNumPhases = 15;
+constexpr int kNumPhases = 16;
 /// A phase's names, the one table of them: `name` in summary.json, CSVs and results.db; `column` in
 /// the console's tables; `title` in figures' keys.
 struct PhaseNames {
@@ -276,9 +277,10 @@ class TaskGraph {
   void reserve(std::size_t n) { ops_.reserve(n); }
   /// A Computes op, on the compute stream of each of its ranks.
   OpId add_computes(std::string label, Computes c, std::vector<OpId> deps = {});
-  /// A copy of another graph's op with every rank it names shifted by `rank_offset` and these deps
-  /// (ids in this graph): an EP group's iteration placed on its GPUs (ep_groups.cpp).
-  OpId add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps);
+  /// A copy of another graph's op with every rank it names shifted by `rank_offset`, these deps
+  /// (ids in this graph) and this label: an EP group's iteration placed on its GPUs
+  /// (parallel_layout.cpp).
+  OpId add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps, std::string label);
   /// Parts of the graph's Computes ops, all together.
   std::size_t num_parts() const { return parts_; }
 

@@ -48,10 +48,10 @@ SmallSetup::SmallSetup(const std::vector<std::string>& extra)
     : ex(load_experiment(kBaseSpec, small_overrides(extra))), cluster(ex.cluster_spec), model(ex.spec.model()),
       gpu(ex.cluster_spec.gpu(), model.dtype()) {}
 
-std::vector<RoutingMatrix> SmallSetup::routing(std::uint64_t seed, std::uint64_t iteration) const {
+std::vector<RoutingMatrix> SmallSetup::routing(std::uint64_t seed, std::uint64_t iteration, int sources) const {
   std::vector<RoutingMatrix> out;
   for (int l = 0; l < model.layers(); ++l)
-    out.push_back(generate_routing(ex.spec.gating(), cluster.num_gpus(), model.experts(), model.tokens_per_gpu(),
+    out.push_back(generate_routing(ex.spec.gating(), sources ? sources : cluster.num_gpus(), model.experts(), model.tokens_per_gpu(),
                                    model.top_k(), seed, iteration, l));
   return out;
 }

@@ -38,8 +38,9 @@ inline Experiment small_demo(const std::vector<std::string>& extra = {},
 /// overrides on top) with what a test needs to build iterations by hand.
 struct SmallSetup {
   explicit SmallSetup(const std::vector<std::string>& extra = {});
-  /// One iteration's routing of every layer (the spec's Zipf gating, this seed and iteration).
-  std::vector<RoutingMatrix> routing(std::uint64_t seed, std::uint64_t iteration = 0) const;
+  /// One iteration's routing of every layer (the spec's Zipf gating, this seed and iteration), from
+  /// `sources` GPUs (0: the cluster's).
+  std::vector<RoutingMatrix> routing(std::uint64_t seed, std::uint64_t iteration = 0, int sources = 0) const;
   Experiment ex;
   Cluster cluster;
   MoeModel model;
@@ -52,6 +53,14 @@ void for_each_compute(const Op& op, const F& f) {
   if (const auto* c = std::get_if<Compute>(&op.body)) f(*c, op.rank);
   if (const auto* parts = std::get_if<Computes>(&op.body))
     for (std::size_t i = 0; i < parts->parts(); ++i) f(parts->work(i), parts->ranks[i]);
+}
+
+/// Token-slots the forward's expert ops compute ("L<l>.fwd." ops), all GPUs and layers together.
+inline long forward_tokens(const TaskGraph& g) {
+  long n = 0;
+  for (const auto& op : g.ops())
+    if (op.label.find(".fwd.") != std::string::npos) for_each_compute(op, [&](const Compute& c, int) { n += c.tokens; });
+  return n;
 }
 
 /// True, with a warning that the test is skipped, where gnuplot is not installed.

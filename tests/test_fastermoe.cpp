@@ -14,7 +14,6 @@
 
 #include "cost_model.hpp"
 #include "fastermoe.hpp"
-#include "ep_groups.hpp"
 #include "errors.hpp"
 #include "helpers.hpp"
 #include "moe_iteration.hpp"
@@ -67,13 +66,6 @@ bool op_name_is_step(const std::string& label) {
 }
 
 // Token-slots every expert op of the forward pass computes, summed.
-long forward_tokens(const TaskGraph& g) {
-  long n = 0;
-  for (const auto& op : g.ops())
-    if (op.label.find(".fwd.") != std::string::npos) test::for_each_compute(op, [&](const Compute& c, int) { n += c.tokens; });
-  return n;
-}
-
 }  // namespace
 
 TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
@@ -217,7 +209,7 @@ TEST_CASE("every policy computes each routed token-slot exactly once") {
     ps.set_name(name);
     PolicyReport report;
     const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
-    CHECK(forward_tokens(g) == slots);
+    CHECK(test::forward_tokens(g) == slots);
     if (std::string(name).rfind("zero", 0) == 0)  // data parallel experts: tokens never leave their GPU
       for (const auto& op : g.ops())
         if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::all_to_all)
@@ -225,61 +217,6 @@ TEST_CASE("every policy computes each routed token-slot exactly once") {
     if (std::string(name).find("shadow") != std::string::npos || std::string(name) == "fastermoe")
       CHECK(report.shadowed_experts > 0);
   }
-}
-
-TEST_CASE("every policy inside EP groups computes each token-slot once, its all-to-alls inside its group") {
-  // 2 DGX-A100 nodes as 2 EP groups of 8 GPUs (parallel.ep = 8): each group runs the policy on its
-  // own 8 GPUs' tokens with all 32 experts; the dense gradients are all-reduced over the 16 GPUs,
-  // GPU j's experts over {j, 8 + j}, and each GPU's optimizer waits for both.
-  const test::SmallSetup t;
-  const auto routing = t.routing(11);
-  spec::ParallelSpec parallel;
-  parallel.set_ep(8);
-  const auto groups = ep_groups(parallel, t.cluster);
-  REQUIRE(groups == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
-  const long slots = 2L * 16 * t.model.tokens_per_gpu() * 2;
-  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate"}) {
-    INFO(name);
-    spec::PolicySpec ps;
-    ps.set_name(name);
-    PolicyReport report;
-    EpGroups layout(t.cluster.spec(), groups, ps);
-    const TaskGraph g = layout.build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
-    CHECK(forward_tokens(g) == slots);
-    CHECK(report.gpu_load.size() == 16u);
-    CHECK(report.gpu_memory.size() == 16u);  // every GPU's, the groups' in order
-    int dense = 0, experts = 0;
-    std::set<OpId> gradients;
-    for (const auto& op : g.ops()) {
-      const auto* c = std::get_if<Collective>(&op.body);
-      if (c && c->type == CollectiveType::all_to_all) {
-        CHECK(c->group.size() == 8u);  // one group's GPUs, 0-7 or 8-15
-        CHECK(c->group.front() % 8 == 0);
-      }
-      if (op.label == "allreduce.dense") {
-        ++dense, gradients.insert(op.id);
-        CHECK(c->group.size() == 16u);
-      }
-      if (op.label.rfind("expert_allreduce", 0) == 0) {
-        ++experts, gradients.insert(op.id);
-        REQUIRE(c->group.size() == 2u);
-        CHECK(c->group[1] == c->group[0] + 8);
-        CHECK(op.phase == Phase::replica_reduce);
-      }
-      if (op.label == "optimizer")
-        for (OpId gr : gradients) CHECK(std::count(op.deps.begin(), op.deps.end(), gr) == 1);
-    }
-    CHECK(dense == 1);
-    CHECK(experts == 8);
-  }
-  // Refused: groups that are not whole nodes, or not consecutive GPUs.
-  parallel.set_ep(4);
-  CHECK_THROWS_WITH(ep_groups(parallel, t.cluster), Catch::Contains("whole nodes"));
-  parallel.set_ep(8);
-  parallel.set_order("tp-cp-dp-ep-pp");
-  CHECK_THROWS_WITH(ep_groups(parallel, t.cluster), Catch::Contains("not consecutive"));
-  parallel.set_order("tp-ep");
-  CHECK_THROWS_AS(ep_groups(parallel, t.cluster), FieldError);
 }
 
 TEST_CASE("fastermoe-released: the release's switches, off by default, and its shipped counting") {

@@ -1,0 +1,343 @@
+#include "parallel_layout.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string_view>
+
+#include "cost_model.hpp"
+#include "errors.hpp"
+#include "rank_layout.hpp"
+
+namespace moesim {
+
+namespace {
+
+constexpr const char* kDenseAllReduce = "allreduce.dense";  // LayerOps::build()'s label
+constexpr int kMaxMicroBatches = 4096;
+
+// Whether an op belongs to the backward pass: "[L<layer>.]bwd.<name>".
+bool backward_op(std::string_view label) {
+  if (op_layer(std::string(label)) >= 0) label.remove_prefix(label.find('.') + 1);
+  return label.starts_with("bwd.");
+}
+
+// A cell's op under its name in the merged graph: its layer in the model's numbering, and with
+// micro-batches its micro-batch ("L7.fwd.attention.mb3"); -1: once per iteration.
+std::string merged_label(const std::string& label, int first_layer, int micro_batch) {
+  const int layer = op_layer(label);
+  std::string out = first_layer && layer >= 0 ? fmt::format("L{}{}", layer + first_layer, label.substr(label.find('.'))) : label;
+  if (micro_batch >= 0) out += fmt::format(".mb{}", micro_batch);
+  return out;
+}
+
+}  // namespace
+
+std::vector<PipelineStage> pipeline_stages(const MoeModel& model, int pp) {
+  const int dense = model.dense_layers(), blocks = dense + model.layers();
+  if (pp < 1 || pp > blocks)
+    throw FieldError("parallel.pp", fmt::format("{} stages for the model's {} blocks: at most one stage a block", pp, blocks));
+  std::vector<PipelineStage> stages;
+  for (int s = 0, begin = 0; s < pp; ++s) {
+    const int end = begin + blocks / pp + (s < blocks % pp ? 1 : 0);
+    PipelineStage st;
+    st.dense_layers = std::max(0, std::min(end, dense) - begin);
+    st.first_layer = std::max(begin, dense) - dense;
+    st.layers = end - std::max(begin, dense);
+    st.output = s == pp - 1;
+    if (st.layers <= 0)
+      throw FieldError("parallel.pp", fmt::format("stage {} of {} would hold only dense blocks (blocks {} to {}, the first {} dense): "
+                                                  "every stage needs an MoE layer; use fewer stages",
+                                                  s, pp, begin, end - 1, dense));
+    stages.push_back(st);
+    begin = end;
+  }
+  return stages;
+}
+
+MoeModel stage_model(const MoeModel& model, const PipelineStage& stage) {
+  spec::ModelSpec s = model.spec();
+  s.set_layers(std::uint32_t(stage.layers));
+  s.set_dense_layers(std::uint32_t(stage.dense_layers));
+  if (!stage.output) s.set_vocab(0);
+  return MoeModel(s);
+}
+
+std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches) {
+  const int m = micro_batches, w = std::min(stages - stage - 1, m);
+  std::vector<PipelinePass> passes;
+  for (int k = 0; k < w; ++k) passes.push_back({false, k});
+  for (int k = w; k < m; ++k) passes.push_back({false, k}), passes.push_back({true, k - w});
+  for (int k = m - w; k < m; ++k) passes.push_back({true, k});
+  return passes;
+}
+
+ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster& cluster) {
+  const int G = cluster.num_gpus(), n = cluster.gpus_per_node();
+  ParallelLayout out;
+  out.pp = std::max(1, int(std::min<std::uint32_t>(parallel.pp(), 1u << 20)));
+  if (G % out.pp != 0) throw FieldError("parallel.pp", fmt::format("{} pipeline stages do not divide the {} GPUs", out.pp, G));
+  if (parallel.micro_batches() > kMaxMicroBatches)
+    throw FieldError("parallel.micro_batches", fmt::format("{} micro-batches: at most {}", parallel.micro_batches(), kMaxMicroBatches));
+  out.micro_batches = std::max(1, int(parallel.micro_batches()));
+  const int stage = G / out.pp;
+  out.ep = parallel.ep() == 0 ? stage : int(std::min<std::uint32_t>(parallel.ep(), 1u << 20));
+  if (out.ep > stage || stage % out.ep != 0)
+    throw FieldError("parallel.ep", fmt::format("{} GPUs per EP group do not divide a stage's {} GPUs", out.ep, stage));
+  if (out.ep % n != 0)
+    throw FieldError("parallel.ep", fmt::format("an EP group is whole nodes for now: a multiple of the {} GPUs per node", n));
+  out.dp = stage / out.ep;
+  const std::string order = parallel.order().empty() ? "tp-cp-ep-dp-pp" : parallel.order();
+  try {
+    const RankLayout layout = RankLayout::named(order, {{"ep", out.ep}, {"dp", out.dp}, {"pp", out.pp}});
+    if (layout.world_size() != G) throw std::invalid_argument("the order must name tp, cp, ep, dp and pp");
+    out.groups = layout.groups("ep");
+    for (const auto& g : out.groups) {
+      out.stage.push_back(layout.coordinate(g.front(), "pp"));
+      out.replica.push_back(layout.coordinate(g.front(), "dp"));
+    }
+  } catch (const std::invalid_argument& e) {
+    throw FieldError("parallel.order", e.what());
+  }
+  for (const auto& g : out.groups)
+    for (std::size_t i = 1; i < g.size(); ++i)
+      if (g[i] != g[0] + int(i))
+        throw FieldError("parallel.order", "'" + order + "' makes EP groups of GPUs that are not consecutive; for now an "
+                                           "EP group is whole nodes in order (ep before dp, as tp-cp-ep-dp-pp)");
+  return out;
+}
+
+spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep) {
+  spec::ClusterSpec s = whole;
+  s.set_nodes(std::uint32_t(ep / int(whole.node().gpus())));
+  return s;
+}
+
+LayoutIteration::LayoutIteration(const spec::ClusterSpec& whole, const MoeModel& model, ParallelLayout layout,
+                                 const spec::PolicySpec& policy)
+    : layout_(std::move(layout)), stages_(pipeline_stages(model, layout_.pp)) {
+  for (const auto& st : stages_) stage_models_.push_back(stage_model(model, st));
+  if (layout_.groups.size() > 1 || layout_.micro_batches > 1) cell_cluster_.emplace(ep_group_cluster(whole, layout_.ep));
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    Cell& cell = cells_.emplace_back();
+    cell.stage = layout_.stage[g];
+    cell.replica = layout_.replica[g];
+    cell.gpus = layout_.groups[g];
+    cell.policy = make_policy(policy);
+  }
+}
+
+TaskGraph LayoutIteration::build_iteration(const IterationInput& in) {
+  if (!cell_cluster_) return cells_.front().policy->build_iteration(in);
+  const int ep = layout_.ep;
+  // Each cell's micro-batch, on its own cluster and tokens, holding the activations of the
+  // micro-batches 1F1B keeps in flight on its stage.
+  std::vector<PolicyReport> reports(cells_.size());
+  for (std::size_t c = 0; c < cells_.size(); ++c) {
+    Cell& cell = cells_[c];
+    const PipelineStage& st = stages_[std::size_t(cell.stage)];
+    std::vector<RoutingMatrix> mine;
+    for (int l = 0; l < st.layers; ++l) {
+      const RoutingMatrix& R = in.routing.at(std::size_t(st.first_layer + l));
+      if (R.sources != layout_.stage_gpus()) throw std::logic_error("LayoutIteration: routing not of a stage's GPUs");
+      mine.push_back(R.rows(cell.replica * ep, (cell.replica + 1) * ep));
+    }
+    const IterationInput sub{*cell_cluster_,   stage_models_[std::size_t(cell.stage)], in.gpu, in.spec, mine, reports[c],
+                             in.count_exchange, std::min(layout_.pp - cell.stage, layout_.micro_batches)};
+    cell.last = cell.policy->build_iteration(sub);
+    const auto& ops = cell.last.ops();
+    OpId i = 0;
+    while (i < ops.size() && ops[i].phase == Phase::expert_moves) ++i;
+    cell.fwd = i;
+    while (i < ops.size() && !backward_op(ops[i].label)) ++i;
+    cell.bwd = i;
+    while (i < ops.size() && ops[i].label != kDenseAllReduce) ++i;
+    if (i == ops.size()) throw std::logic_error("LayoutIteration: a cell's iteration has no " + std::string(kDenseAllReduce));
+    cell.reduce = i;
+  }
+  // The cells' figures.
+  PolicyReport& r = in.report;
+  r.gpu_load.assign(std::size_t(in.cluster.num_gpus()), 0.0);
+  r.gpu_memory.assign(std::size_t(in.cluster.num_gpus()), 0.0);
+  for (std::size_t c = 0; c < cells_.size(); ++c) {
+    const PolicyReport& sub = reports[c];
+    const Cell& cell = cells_[c];
+    r.rerouted_tokens += sub.rerouted_tokens;
+    r.shadowed_experts += sub.shadowed_experts;
+    r.decision_seconds += sub.decision_seconds;
+    for (std::size_t i = 0; i < cell.gpus.size(); ++i) {
+      if (i < sub.gpu_load.size()) r.gpu_load[std::size_t(cell.gpus[i])] = sub.gpu_load[i];
+      if (i < sub.gpu_memory.size()) r.gpu_memory[std::size_t(cell.gpus[i])] = sub.gpu_memory[i];
+    }
+    if (sub.memory.total() > r.memory.total()) r.memory = sub.memory;
+    r.parallel_r = std::max(r.parallel_r, sub.parallel_r);
+    const std::size_t first = std::size_t(stages_[std::size_t(cell.stage)].first_layer);
+    auto most = [&](std::vector<double>& into, const std::vector<double>& from) {
+      into.resize(std::max(into.size(), first + from.size()), 0.0);
+      for (std::size_t l = 0; l < from.size(); ++l) into[first + l] = std::max(into[first + l], from[l]);
+    };
+    most(r.load_stddev, sub.load_stddev);
+    most(r.load_max_mean, sub.load_max_mean);
+  }
+  return merge(in);
+}
+
+TaskGraph LayoutIteration::merge(const IterationInput& in) {
+  const int pp = layout_.pp, m = layout_.micro_batches, ep = layout_.ep;
+  const bool relabel = pp > 1 || m > 1;
+  TaskGraph out(in.cluster.num_gpus());
+  std::size_t ops = 0;
+  for (const Cell& cell : cells_) ops += cell.last.size() * std::size_t(m) + std::size_t(2 * m * ep);
+  out.reserve(ops);
+  std::vector<std::size_t> cell_at(cells_.size());  // (stage, replica) -> cell
+  for (std::size_t c = 0; c < cells_.size(); ++c)
+    cell_at[std::size_t(cells_[c].stage * layout_.dp + cells_[c].replica)] = c;
+  // id[c][k][i]: cell c's op i of micro-batch k in the merged graph; its moves and what follows
+  // its backward are once per iteration, under k = 0.
+  std::vector<std::vector<std::vector<OpId>>> id(cells_.size());
+  auto merged = [&](std::size_t c, int k, OpId i) {
+    const Cell& cell = cells_[c];
+    return id[c][std::size_t(i >= cell.fwd && i < cell.reduce ? k : 0)][i];
+  };
+  // Copies cell c's ops [from, to) as micro-batch k's (k < 0: once). `arrived`: the transfers its
+  // first compute on each GPU waits for. Returns, per place, the last compute on that GPU.
+  auto copy = [&](std::size_t c, int k, OpId from, OpId to, const std::vector<OpId>& arrived) {
+    const Cell& cell = cells_[c];
+    const int first = stages_[std::size_t(cell.stage)].first_layer;
+    std::vector<char> waiting(std::size_t(ep), !arrived.empty());
+    std::vector<OpId> last(std::size_t(ep), kNoNode);
+    for (OpId i = from; i < to; ++i) {
+      const Op& op = cell.last.op(i);
+      std::vector<OpId> deps;
+      for (OpId d : op.deps) deps.push_back(merged(c, k, d));
+      const std::vector<int> ranks = op.stream == Stream::compute ? op.ranks() : std::vector<int>{};
+      if (std::any_of(ranks.begin(), ranks.end(), [&](int rank) { return waiting[std::size_t(rank)]; })) {
+        deps.insert(deps.end(), arrived.begin(), arrived.end());
+        for (int rank : ranks) waiting[std::size_t(rank)] = 0;
+      }
+      const OpId to_id = out.add_shifted(op, cell.gpus.front(), std::move(deps),
+                                         relabel ? merged_label(op.label, first, k < 0 ? -1 : m > 1 ? k : -1) : op.label);
+      id[c][std::size_t(std::max(k, 0))][i] = to_id;
+      for (int rank : ranks) last[std::size_t(rank)] = to_id;
+    }
+    return last;
+  };
+  for (std::size_t c = 0; c < cells_.size(); ++c) {
+    id[c].assign(std::size_t(m), std::vector<OpId>(cells_[c].last.size(), 0));
+    copy(c, -1, 0, cells_[c].fwd, {});  // its expert moves
+  }
+  // The passes in an order that has every stage's in 1F1B order and every transfer before the
+  // pass that waits for it. Activations (and their gradients) of a micro-batch: a token's hidden
+  // vector per token on each GPU.
+  const double activation_bytes = double(in.model.tokens_per_gpu()) * in.model.token_bytes();
+  std::vector<std::vector<PipelinePass>> passes;
+  for (const Cell& cell : cells_) passes.push_back(one_f_one_b(cell.stage, pp, m));
+  std::vector<std::vector<std::vector<OpId>>> arrived_fwd(cells_.size(), std::vector<std::vector<OpId>>(std::size_t(m))),
+      arrived_bwd = arrived_fwd;
+  std::vector<std::size_t> next(cells_.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t c = 0; c < cells_.size(); ++c) {
+      const Cell& cell = cells_[c];
+      const int s = cell.stage;
+      for (; next[c] < passes[c].size(); ++next[c], progress = true) {
+        const auto [backward, k] = passes[c][next[c]];
+        auto& arrived = (backward ? arrived_bwd : arrived_fwd)[c][std::size_t(k)];
+        const int to_stage = backward ? s - 1 : s + 1;
+        if (arrived.empty() && (backward ? s < pp - 1 : s > 0)) break;  // not yet sent
+        const auto last = backward ? copy(c, k, cell.bwd, cell.reduce, arrived) : copy(c, k, cell.fwd, cell.bwd, arrived);
+        if (to_stage < 0 || to_stage >= pp) continue;
+        const std::size_t to = cell_at[std::size_t(to_stage * layout_.dp + cell.replica)];
+        for (int place = 0; place < ep; ++place) {
+          std::vector<OpId> deps;
+          if (last[std::size_t(place)] != kNoNode) deps.push_back(last[std::size_t(place)]);
+          (backward ? arrived_bwd : arrived_fwd)[to][std::size_t(k)].push_back(out.add_transfer(
+              Stream::comm2, fmt::format("stage_send.{}.s{}.mb{}.p{}", backward ? "bwd" : "fwd", s, k, place),
+              {cell.gpus[std::size_t(place)], cells_[to].gpus[std::size_t(place)], activation_bytes}, std::move(deps)));
+        }
+      }
+    }
+  }
+  for (std::size_t c = 0; c < cells_.size(); ++c)
+    if (next[c] != passes[c].size()) throw std::logic_error("LayoutIteration: the 1F1B passes do not all run");
+  // Each stage's gradients, once its cells' last backwards are done: the dense part's all-reduce
+  // over the stage's GPUs and each place's experts' over the stage's groups; then each cell's
+  // optimizer and what follows it.
+  const CostModel cost(in.cluster, in.gpu);
+  const std::string ar = collective_algorithm(in.spec, CollectiveType::all_reduce);
+  for (int s = 0; s < pp; ++s) {
+    std::vector<std::size_t> mine;
+    for (int d = 0; d < layout_.dp; ++d) mine.push_back(cell_at[std::size_t(s * layout_.dp + d)]);
+    std::vector<OpId> backward_done;
+    std::vector<int> gpus;
+    for (std::size_t c : mine) {
+      const Cell& cell = cells_[c];
+      for (OpId d : cell.last.op(cell.reduce).deps)
+        for (int k = 0; k < (d >= cell.fwd ? m : 1); ++k) backward_done.push_back(merged(c, k, d));
+      gpus.insert(gpus.end(), cell.gpus.begin(), cell.gpus.end());
+    }
+    std::sort(gpus.begin(), gpus.end());
+    auto all_reduce = [&](const std::string& label, std::vector<int> group, double bytes) {
+      const std::string algorithm = ar == "nccl" ? cost.nccl_all_reduce(group, bytes) : ar;
+      return out.add_collective(Stream::comm, label, {CollectiveType::all_reduce, std::move(group), {bytes}, algorithm}, backward_done);
+    };
+    const Cell& head = cells_[mine.front()];
+    const auto& dense = std::get<Collective>(head.last.op(head.reduce).body);
+    const OpId dense_ar = all_reduce(kDenseAllReduce, gpus, dense.total_bytes());
+    // A GPU's share of the experts' gradients: E/ep experts of each of the stage's MoE layers.
+    const MoeModel& model = stage_models_[std::size_t(s)];
+    const double expert_bytes = double(model.experts()) / ep * model.layers() * model.expert_params() * model.dtype_bytes();
+    std::vector<OpId> gradients;
+    for (int place = 0; place < ep && layout_.dp > 1; ++place) {
+      std::vector<int> copies;
+      for (std::size_t c : mine) copies.push_back(cells_[c].gpus[std::size_t(place)]);
+      gradients.push_back(all_reduce(pp > 1 ? fmt::format("expert_allreduce.s{}.p{}", s, place) : fmt::format("expert_allreduce.p{}", place),
+                                     std::move(copies), expert_bytes));
+    }
+    for (std::size_t c : mine) {
+      Cell& cell = cells_[c];
+      id[c][0][cell.reduce] = dense_ar;
+      const int first = stages_[std::size_t(s)].first_layer;
+      for (OpId i = cell.reduce + 1; i < cell.last.size(); ++i) {
+        const Op& op = cell.last.op(i);
+        std::vector<OpId> deps;
+        for (OpId d : op.deps) {
+          for (int k = 0; k < (d >= cell.fwd && d < cell.reduce ? m : 1); ++k) deps.push_back(merged(c, k, d));
+          if (d == cell.reduce) deps.insert(deps.end(), gradients.begin(), gradients.end());
+        }
+        id[c][0][i] = out.add_shifted(op, cell.gpus.front(), std::move(deps), relabel ? merged_label(op.label, first, -1) : op.label);
+      }
+      cell.merged.resize(cell.last.size());
+      for (OpId i = 0; i < cell.last.size(); ++i) cell.merged[i] = merged(c, m - 1, i);
+    }
+  }
+  return out;
+}
+
+void LayoutIteration::observe(const TaskGraph& graph, const Timing& timing) {
+  if (!cell_cluster_) return cells_.front().policy->observe(graph, timing);
+  for (Cell& cell : cells_) {
+    const TaskGraph& sub = cell.last;
+    Timing mine;
+    mine.start.resize(sub.size());
+    mine.end.resize(sub.size());
+    mine.part_start.resize(sub.num_parts());
+    mine.part_end.resize(sub.num_parts());
+    for (const Op& op : sub.ops()) {
+      const OpId to = cell.merged[op.id];
+      mine.start[op.id] = timing.start[to];
+      mine.end[op.id] = timing.end[to];
+      if (const auto* c = std::get_if<Computes>(&op.body)) {
+        const std::size_t at = std::get<Computes>(graph.op(to).body).first_part;
+        for (std::size_t k = 0; k < c->parts(); ++k) {
+          mine.part_start[c->first_part + k] = timing.part_start[at + k];
+          mine.part_end[c->first_part + k] = timing.part_end[at + k];
+        }
+      }
+    }
+    cell.policy->observe(sub, mine);
+  }
+}
+
+}  // namespace moesim

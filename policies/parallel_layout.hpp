@@ -1,0 +1,110 @@
+// Expert parallelism inside data and pipeline parallelism: Megatron-Core's expert-data-parallel
+// groups and 1F1B pipeline, DeepSeek-V3's PP 16 × EP 64 × ZeRO-1 DP on 2,048 H800s
+// (docs/spec/modern.md). The cluster's G GPUs as pp pipeline stages of G/pp GPUs, each stage's GPUs
+// as D = G/(pp·ep) EP groups of ep consecutive GPUs (whole nodes), in RankLayout order.
+//
+// A cell is one EP group of one stage. It runs the policy on its own GPUs' tokens as if those GPUs
+// were the whole cluster and its stage's blocks the whole model: all E experts of each of its
+// layers, E/ep per GPU, its all-to-alls inside the group, its own replicas and decisions (a policy
+// instance per cell). Its graph is one micro-batch's forward and backward. The merged iteration has
+// a copy of each per micro-batch, in the order 1F1B runs them (one_f_one_b()). A stage's forward of
+// micro-batch k starts when the previous stage's activations of k have arrived (each GPU sends to
+// the GPU with the same place in the next stage), its backward when the next stage's gradients of k
+// have. After its last backward, each stage reduces its gradients:
+//   the dense part's, over the stage's GPUs (data parallelism);
+//   each GPU's experts', over the D GPUs of the stage that hold the same experts, one per place in
+//   a group (expert data parallelism);
+// and each cell's optimizer waits for both. The cells share the cluster's fabric.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster.hpp"
+#include "model.hpp"
+#include "policy.hpp"
+
+namespace moesim {
+
+/// A pipeline stage's slice of the model's blocks, which run in order: the dense blocks, then the
+/// MoE layers.
+struct PipelineStage {
+  int first_layer = 0;   // its first MoE layer, in the model's numbering of MoE layers
+  int layers = 0;        // its MoE layers
+  int dense_layers = 0;  // its dense blocks
+  /// The vocabulary's ends, the last stage's: the output projection, the loss and the embedding
+  /// lookup, and the embedding's parameters (Megatron keeps the first stage's embedding beside
+  /// them; moesim counts all of it on the last stage, the one that does the big GEMM).
+  bool output = false;
+};
+/// The model's blocks over pp stages, as evenly as they go, the first (blocks mod pp) stages one
+/// block more (DeepSeek-V3's 61 blocks over 16 stages: 4, ..., 4, 3, 3, 3; stage 0 is its 3 dense
+/// blocks and 1 MoE layer). FieldError "parallel.pp" where a stage would hold no MoE layer.
+std::vector<PipelineStage> pipeline_stages(const MoeModel& model, int pp);
+/// The model a stage runs: its blocks as the whole model.
+MoeModel stage_model(const MoeModel& model, const PipelineStage& stage);
+
+/// One micro-batch's forward or backward on a stage.
+struct PipelinePass {
+  bool backward = false;
+  int micro_batch = 0;
+  friend bool operator==(const PipelinePass&, const PipelinePass&) = default;
+};
+/// The order 1F1B (PipeDream-Flush, Narayanan et al., SC'21; Megatron-LM's
+/// forward_backward_pipelining_without_interleaving) runs stage s's passes in, of `stages` stages
+/// and m micro-batches: w = min(stages − s − 1, m) forwards to fill the pipeline, then a forward
+/// and a backward in turn, then the w backwards left.
+std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches);
+
+/// Who is where: the EP groups (cells) of a ParallelSpec on a cluster.
+struct ParallelLayout {
+  int pp = 1, dp = 1, ep = 1, micro_batches = 1;
+  std::vector<std::vector<int>> groups;  // the EP groups, each its GPUs in place order
+  std::vector<int> stage, replica;       // per group: its pipeline stage and DP coordinate
+  /// A stage's GPUs: the routing's sources (a GPU's index in its stage is replica · ep + place).
+  int stage_gpus() const { return dp * ep; }
+};
+/// FieldError ("parallel.ep", "parallel.pp", "parallel.micro_batches", "parallel.order") where ep
+/// does not divide a stage's GPUs into whole nodes, pp does not divide the GPUs, or the order makes
+/// an EP group other than consecutive GPUs. ep 0: one group per stage.
+ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster& cluster);
+
+/// The cluster one EP group sees: the platform with ep / (GPUs per node) nodes.
+spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep);
+
+class LayoutIteration {
+ public:
+  /// `whole`: the cluster's spec. One cell and one micro-batch: the policy's own iteration, nothing
+  /// merged.
+  LayoutIteration(const spec::ClusterSpec& whole, const MoeModel& model, ParallelLayout layout, const spec::PolicySpec& policy);
+  /// The policy's registered name.
+  const std::string& policy_name() const { return cells_.front().policy->name(); }
+  /// The iteration of every cell, merged into one graph over the whole cluster. `in.routing`: per
+  /// MoE layer of the model, the stage_gpus() sources of the stage that holds it. `in.report` gets
+  /// the cells' figures (the memory of the GPU that needs the most, summed counts, per GPU loads
+  /// and memory in GPU order, per layer the largest balance figures of any group).
+  TaskGraph build_iteration(const IterationInput& in);
+  /// Each cell's policy observes its own graph, timed as its last micro-batch ran.
+  void observe(const TaskGraph& graph, const Timing& timing);
+
+ private:
+  struct Cell {
+    int stage = 0, replica = 0;
+    std::vector<int> gpus;
+    std::unique_ptr<Policy> policy;
+    TaskGraph last{0};  // its graph of the last iteration: one micro-batch
+    // Where its graph's parts start: expert moves [0, fwd), forward [fwd, bwd), backward
+    // [bwd, reduce), then the dense all-reduce and what follows it.
+    OpId fwd = 0, bwd = 0, reduce = 0;
+    std::vector<OpId> merged;  // its op -> the merged graph's (the last micro-batch's copy)
+  };
+  TaskGraph merge(const IterationInput& in);
+  ParallelLayout layout_;
+  std::vector<PipelineStage> stages_;
+  std::vector<MoeModel> stage_models_;
+  std::optional<Cluster> cell_cluster_;  // but for one cell and one micro-batch
+  std::vector<Cell> cells_;
+};
+
+}  // namespace moesim

@@ -1,0 +1,220 @@
+// Parallel layouts (policies/parallel_layout.cpp): EP groups inside data parallelism, pipeline
+// stages and their 1F1B schedule, checked against hand layouts, Megatron's order and the 1F1B
+// bubble formula.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <set>
+
+#include "errors.hpp"
+#include "helpers.hpp"
+#include "memory_model.hpp"
+#include "parallel_layout.hpp"
+#include "simgrid_backend.hpp"
+
+using namespace moesim;
+
+TEST_CASE("every policy inside EP groups computes each token-slot once, its all-to-alls inside its group") {
+  // 2 DGX-A100 nodes as 2 EP groups of 8 GPUs (parallel.ep = 8): each group runs the policy on its
+  // own 8 GPUs' tokens with all 32 experts; the dense gradients are all-reduced over the 16 GPUs,
+  // GPU j's experts over {j, 8 + j}, and each GPU's optimizer waits for both.
+  const test::SmallSetup t;
+  const auto routing = t.routing(11);
+  spec::ParallelSpec parallel;
+  parallel.set_ep(8);
+  const ParallelLayout layout = parallel_layout(parallel, t.cluster);
+  REQUIRE(layout.groups == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
+  CHECK(layout.replica == std::vector<int>{0, 1});
+  CHECK(layout.stage == std::vector<int>{0, 0});
+  const long slots = 2L * 16 * t.model.tokens_per_gpu() * 2;
+  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate"}) {
+    INFO(name);
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    PolicyReport report;
+    LayoutIteration iteration(t.cluster.spec(), t.model, layout, ps);
+    const TaskGraph g = iteration.build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    CHECK(test::forward_tokens(g) == slots);
+    CHECK(report.gpu_load.size() == 16u);
+    CHECK(report.gpu_memory.size() == 16u);  // every GPU's, in GPU order
+    int dense = 0, experts = 0;
+    std::set<OpId> gradients;
+    for (const auto& op : g.ops()) {
+      const auto* c = std::get_if<Collective>(&op.body);
+      if (c && c->type == CollectiveType::all_to_all) {
+        CHECK(c->group.size() == 8u);  // one group's GPUs, 0-7 or 8-15
+        CHECK(c->group.front() % 8 == 0);
+      }
+      if (op.label == "allreduce.dense") {
+        ++dense, gradients.insert(op.id);
+        CHECK(c->group.size() == 16u);
+      }
+      if (op.label.rfind("expert_allreduce", 0) == 0) {
+        ++experts, gradients.insert(op.id);
+        REQUIRE(c->group.size() == 2u);
+        CHECK(c->group[1] == c->group[0] + 8);
+        CHECK(op.phase == Phase::replica_reduce);
+      }
+      if (op.label == "optimizer")
+        for (OpId gr : gradients) CHECK(std::count(op.deps.begin(), op.deps.end(), gr) == 1);
+    }
+    CHECK(dense == 1);
+    CHECK(experts == 8);
+  }
+  // Refused: groups that are not whole nodes, or not consecutive GPUs; stages that do not divide
+  // the GPUs.
+  parallel.set_ep(4);
+  CHECK_THROWS_WITH(parallel_layout(parallel, t.cluster), Catch::Contains("whole nodes"));
+  parallel.set_ep(8);
+  parallel.set_order("tp-cp-dp-ep-pp");
+  CHECK_THROWS_WITH(parallel_layout(parallel, t.cluster), Catch::Contains("not consecutive"));
+  parallel.set_order("tp-ep");
+  CHECK_THROWS_AS(parallel_layout(parallel, t.cluster), FieldError);
+  parallel.clear_order();
+  parallel.set_pp(3);
+  CHECK_THROWS_WITH(parallel_layout(parallel, t.cluster), Catch::Contains("do not divide the 16 GPUs"));
+}
+
+TEST_CASE("1F1B runs each stage's passes in Megatron's order") {
+  auto order = [](int stage, int stages, int m) {
+    std::string s;
+    for (const auto& p : one_f_one_b(stage, stages, m)) s += fmt::format("{}{} ", p.backward ? 'B' : 'F', p.micro_batch);
+    return s;
+  };
+  // Megatron-LM's forward_backward_pipelining_without_interleaving: num_warmup_microbatches =
+  // min(pipeline size − rank − 1, m), then 1F1B, then the cool-down backwards.
+  CHECK(order(0, 4, 6) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5 ");
+  CHECK(order(2, 4, 6) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5 ");
+  CHECK(order(3, 4, 6) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 ");
+  CHECK(order(0, 4, 2) == "F0 F1 B0 B1 ");  // fewer micro-batches than stages: all forwards first
+  CHECK(order(0, 1, 3) == "F0 B0 F1 B1 F2 B2 ");  // no pipeline: gradient accumulation
+}
+
+TEST_CASE("pipeline stages split the blocks as evenly as they go, dense blocks first (DeepSeek-V3: 61 over 16)") {
+  auto model = test::model_spec(58, 256, 1024, 16, 8, 128, 128, 4);
+  model.set_dense_layers(3);
+  const auto stages = pipeline_stages(MoeModel(model), 16);
+  REQUIRE(stages.size() == 16u);
+  // 61 = 16 · 3 + 13: stages 0-12 have 4 blocks, 13-15 three.
+  CHECK(stages[0].dense_layers == 3);
+  CHECK(stages[0].layers == 1);
+  CHECK(stages[1].first_layer == 1);
+  CHECK(stages[1].layers == 4);
+  CHECK(stages[12].layers == 4);
+  CHECK(stages[13].layers == 3);
+  CHECK(stages[15].first_layer == 55);
+  CHECK(stages[15].output);
+  CHECK(!stages[14].output);
+  int layers = 0;
+  for (const auto& s : stages) layers += s.layers;
+  CHECK(layers == 58);
+  const MoeModel first = stage_model(MoeModel(model), stages[0]);
+  CHECK(first.layers() == 1);
+  CHECK(first.dense_layers() == 3);
+  CHECK_THROWS_WITH(pipeline_stages(MoeModel(model), 62), Catch::Contains("at most one stage a block"));
+  model.set_layers(2);  // 5 blocks over 4 stages: 2, 1, 1, 1; stage 0 would be the two dense blocks... and stage 1 the third
+  CHECK_THROWS_WITH(pipeline_stages(MoeModel(model), 4), Catch::Contains("only dense blocks"));
+}
+
+TEST_CASE("a 1F1B pipeline idles (p - 1)/(m + p - 1) of each stage's step, and sends each micro-batch's activations") {
+  // 4 stages of one DGX-A100 node each, one MoE layer a stage, 8 micro-batches. Every token stays
+  // on its GPU (source g sends all to expert g), so a pass is its compute: wide experts (d_ffn
+  // 524,288) make a stage's send (256 tokens × 256 × 2 B, 10 µs) a hundredth of a forward.
+  const int p = 4, m = 8, tokens = 256;
+  const Cluster cluster(test::platform("dgx-a100", p));
+  const MoeModel model(test::model_spec(p, 256, 524288, 8, 1, 256, tokens, 4));
+  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+  spec::ParallelSpec parallel;
+  parallel.set_pp(p);
+  parallel.set_micro_batches(m);
+  const ParallelLayout layout = parallel_layout(parallel, cluster);
+  REQUIRE(layout.ep == 8);
+  REQUIRE(layout.stage_gpus() == 8);
+  std::vector<RoutingMatrix> routing;
+  for (int l = 0; l < p; ++l) {
+    RoutingMatrix R(8, 8);
+    for (int g = 0; g < 8; ++g) R.mutable_at(g, g) = tokens;
+    routing.push_back(R);
+  }
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  PolicyReport report;
+  LayoutIteration iteration(cluster.spec(), model, layout, ps);
+  const TaskGraph g = iteration.build_iteration({cluster, model, gpu, ps, routing, report});
+  int sends = 0;
+  for (const auto& op : g.ops())
+    if (op.phase == Phase::stage_send) {
+      ++sends;
+      const auto& t = std::get<Transfer>(op.body);
+      CHECK(t.bytes == tokens * 256.0 * 2);
+      CHECK(std::abs(t.dst - t.src) == 8);  // the same place in the next (or previous) stage
+    }
+  CHECK(sends == 2 * (p - 1) * m * 8);
+  CHECK(test::forward_tokens(g) == long(p) * m * 8 * tokens);  // every layer's token-slots, once per micro-batch
+  SimBackend sim(cluster, gpu);
+  const Timing timing = sim.execute(g);
+  // The pipeline's step: from stage 0's first forward to its last backward. Per stage, on its first
+  // GPU: the time its passes' compute occupies it, over the step.
+  auto passes = [&](const auto& f) {  // f(rank, start, end) for each part of a pass's compute
+    for (const auto& op : g.ops()) {
+      if (op.label.find(".mb") == std::string::npos) continue;
+      if (const auto* c = std::get_if<Computes>(&op.body))
+        for (std::size_t i = 0; i < c->parts(); ++i) f(c->ranks[i], timing.part_start[c->first_part + i], timing.part_end[c->first_part + i]);
+      else if (std::holds_alternative<Compute>(op.body))
+        f(op.rank, timing.start[op.id], timing.end[op.id]);
+    }
+  };
+  double first = 1e30, last = 0;
+  passes([&](int, double start, double end) { first = std::min(first, start), last = std::max(last, end); });
+  for (int stage = 0; stage < p; ++stage) {
+    INFO("stage " << stage);
+    double busy = 0;
+    passes([&](int rank, double start, double end) {
+      if (rank == 8 * stage) busy += end - start;
+    });
+    CHECK(1 - busy / (last - first) == Approx(double(p - 1) / (m + p - 1)).margin(0.01));
+  }
+}
+
+TEST_CASE("a pipeline stage keeps the activations of the micro-batches 1F1B has in flight") {
+  // Stage s of p holds min(p − s, m) micro-batches' activations: the memory model multiplies by
+  // IterationInput::activation_copies, everything else unchanged.
+  const test::SmallSetup t;
+  const auto routing = t.routing(3);
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  auto memory = [&](int copies) {
+    PolicyReport report;
+    IterationInput in{t.cluster, t.model, t.gpu, ps, routing, report};
+    in.activation_copies = copies;
+    make_policy(ps)->build_iteration(in);
+    return report.memory;
+  };
+  const MemoryUse one = memory(1), three = memory(3);
+  CHECK(one.activations > 0);
+  CHECK(three.activations == Approx(3 * one.activations));
+  CHECK(three.params == one.params);
+  CHECK(three.optimizer == one.optimizer);
+  // In a layout: a pipeline of 2 one-node stages over one layer each. With 4 micro-batches stage
+  // 0's GPUs hold 2 micro-batches' activations, with one micro-batch one; stage 1's one either way.
+  // Averaged over a stage's GPUs, a micro-batch's activations of a layer are those of top-k
+  // token-slots per token (layer_activation_bytes() is linear in them).
+  auto stage_means = [&](int micro_batches) {
+    spec::ParallelSpec parallel;
+    parallel.set_pp(2);
+    parallel.set_micro_batches(std::uint32_t(micro_batches));
+    const ParallelLayout layout = parallel_layout(parallel, t.cluster);
+    LayoutIteration iteration(t.cluster.spec(), t.model, layout, ps);
+    PolicyReport report;
+    const auto stage_routing = t.routing(3, 0, layout.stage_gpus());
+    iteration.build_iteration({t.cluster, t.model, t.gpu, ps, stage_routing, report});
+    REQUIRE(report.gpu_memory.size() == 16u);
+    std::pair<double, double> mean{0, 0};
+    for (int g = 0; g < 8; ++g) mean.first += report.gpu_memory[std::size_t(g)] / 8, mean.second += report.gpu_memory[std::size_t(g + 8)] / 8;
+    return mean;
+  };
+  const auto [first4, second4] = stage_means(4);
+  const auto [first1, second1] = stage_means(1);
+  const double tokens = t.model.tokens_per_gpu();
+  CHECK(first4 - first1 == Approx(layer_activation_bytes(t.model, tokens, tokens * t.model.top_k())));
+  CHECK(second4 == Approx(second1));
+}
