@@ -214,20 +214,34 @@ nlohmann::json read_json_file(const std::string& path) {
   }
 }
 
-void write_timeline(std::ostream& out, const ExperimentResult& result) {
+int timeline_stride(const ExperimentResult& result, std::size_t max_events) {
+  std::size_t events = 0;
+  for (const auto& r : result.runs)
+    for (const auto& g : r.graphs)
+      for (const auto& op : g.ops())
+        events += std::holds_alternative<Computes>(op.body) ? std::get<Computes>(op.body).parts() : op.ranks().size();
+  return int(std::max<std::size_t>(1, (events + max_events - 1) / max_events));
+}
+
+void write_timeline(std::ostream& out, const ExperimentResult& result, std::size_t max_events) {
   // Streamed event by event: a DOM of every event of every variant would take about 2 KB per
   // event (a gigabyte for the demo's twelve 64-GPU variants).
   bool first = true;
+  const int stride = timeline_stride(result, max_events);
+  auto shown = [&](int rank) { return rank % stride == 0; };
   auto emit = [&](const nlohmann::json& event) {
     out << (first ? "\n" : ",\n") << event.dump();
     first = false;
   };
-  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
+  out << "{\"displayTimeUnit\": \"ms\", ";
+  if (stride > 1)
+    out << fmt::format("\"otherData\": {{\"gpus\": \"every {}th GPU (the timeline keeps under {} events)\"}}, ", stride, max_events);
+  out << "\"traceEvents\": [";
   for (std::size_t v = 0; v < result.runs.size(); ++v) {
     const auto& r = result.runs[v];
     const std::string prefix = r.name.empty() ? "" : r.name + ": ";
     const int base = int(v) * r.gpus;  // one block of processes per variant
-    for (int rank = 0; rank < r.gpus; ++rank) {
+    for (int rank = 0; rank < r.gpus; rank += stride) {
       emit({{"ph", "M"}, {"name", "process_name"}, {"pid", base + rank}, {"args", {{"name", fmt::format("{}GPU {}", prefix, rank)}}}});
       emit({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", base + rank}, {"args", {{"sort_index", base + rank}}}});
       for (int s = 0; s < kNumStreams; ++s)
@@ -242,6 +256,7 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
         nlohmann::json args = {{"iteration", first + i}, {"op", op.id}};
         if (const auto* parts = std::get_if<Computes>(&op.body)) {  // each part as a compute op on its rank
           for (std::size_t p = 0; p < parts->parts(); ++p) {
+            if (!shown(parts->ranks[p])) continue;
             const Compute& c = parts->work(p);
             const std::size_t k = parts->first_part + p;
             const double s = t0 + r.timings[i].part_start[k], e = t0 + r.timings[i].part_end[k];
@@ -268,6 +283,7 @@ void write_timeline(std::ostream& out, const ExperimentResult& result) {
         const auto* coll = std::get_if<Collective>(&op.body);
         const auto ranks = op.ranks();
         for (std::size_t i = 0; i < ranks.size(); ++i) {
+          if (!shown(ranks[i])) continue;
           if (coll && !coll->sent.empty()) args["mbytes"] = coll->sent[i] / 1e6;
           emit({{"name", op.label}, {"cat", phase_name(op.phase)}, {"ph", "X"}, {"ts", start * 1e6},
                 {"dur", (end - start) * 1e6}, {"pid", base + ranks[i]}, {"tid", int(op.stream)}, {"args", args}});

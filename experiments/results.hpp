@@ -18,8 +18,14 @@ void write_atomically(const std::string& path, const std::string& text);
 nlohmann::json read_json_file(const std::string& path);
 
 nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& r);
-/// Chrome trace of the first iterations of every run (variants one after another in pid blocks).
-void write_timeline(std::ostream& out, const ExperimentResult& r);
+inline constexpr std::size_t kMaxTimelineEvents = 2'000'000;
+/// 1, or where the kept graphs have more than `max_events` events (a 2,048-GPU pipeline of 120
+/// micro-batches has 24 million, 6 GB of JSON that no viewer opens) the smallest stride that keeps
+/// the timeline under it: only GPUs 0, stride, 2·stride, ... are written.
+int timeline_stride(const ExperimentResult& r, std::size_t max_events = kMaxTimelineEvents);
+/// Chrome trace of the first iterations of every run (variants one after another in pid blocks),
+/// every timeline_stride()-th GPU of each.
+void write_timeline(std::ostream& out, const ExperimentResult& r, std::size_t max_events = kMaxTimelineEvents);
 /// The GPU processes of a timeline write_timeline() wrote: pid -> (variant, rank), read from the
 /// process names "VARIANT: GPU r" ("GPU r" in a run without variants). InputError naming `path` when
 /// a process name is not one moesim writes.

@@ -21,7 +21,9 @@ namespace {
 // more per token-slot (our count; Korthikanti et al. give the ungated one).
 double attention_units(const spec::ModelSpec& s, double tokens) {
   const double h = s.d_model(), a = s.heads(), seq = s.seq_len();
-  return tokens * (11 * h + 5 * a * seq) + tokens * 4 * h;
+  // FlashAttention keeps a 4-byte log-sum-exp per head instead of the scores, softmax and dropout.
+  const double scores = s.flash_attention() ? 2 * a : 5 * a * seq;
+  return tokens * (11 * h + scores) + tokens * 4 * h;
 }
 double ffn_slot_units(const spec::ModelSpec& s, double f) { return 3 * s.d_model() + (s.gated_ffn() ? 6 : 4) * f; }
 
@@ -102,7 +104,7 @@ MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const
     MemoryUse m;
     m.params = dense.params + own.params;
     m.grads = dense.grads + own.grads;
-    m.optimizer = dense.optimizer + own.optimizer;
+    m.optimizer = dense.optimizer / in.dense_optimizer_shards + own.optimizer / in.expert_optimizer_shards;
     m.activations = activations[t] * in.activation_copies;
     m.materialized = experts.materialized + copy * (b.param + b.grad + (plan.replicas.persistent ? b.optimizer : 0));
     m.materialized_params = experts.materialized_params + copy * b.param;

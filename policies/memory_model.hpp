@@ -7,7 +7,7 @@
 //   activations kept for the backward, per layer and token (Korthikanti et al. 2022, "Reducing
 //     Activation Recomputation in Large Transformer Models", Eq. 1, no recomputation, 2-byte
 //     activations, scaled by the dtype): attention 11·h + 5·a·s (the a heads' s × s scores and
-//     their softmax and dropout), two layer norms 4·h, the FFN 3·h + 4·f per token-slot (input,
+//     their softmax and dropout; with FlashAttention 2·a, its fp32 log-sum-exp), two layer norms 4·h, the FFN 3·h + 4·f per token-slot (input,
 //     f-wide GEMM output and activation, dropout mask; 19·h for f = 4h), and the MoE layer's
 //     dispatch and combine buffers 2·k·h per token; h = d_model, f = d_ffn, a = heads, s = seq_len.
 #pragma once

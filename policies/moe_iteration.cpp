@@ -135,6 +135,12 @@ TaskGraph LayerOps::build() {
   graph_.reserve(std::size_t(G) * std::size_t(2 * L + 1) + 64 * std::size_t(L));
   const auto dense = in_.model.dense_forward_gemms();
   const double dense_bytes = in_.model.dense_forward_memory_bytes();  // softmax, dropout, norms
+  // The backward's: each forward GEMM's two, and FlashAttention's recomputed scores.
+  auto with_recompute = [&](std::vector<Gemm> gemms) {
+    for (const auto& g : in_.model.attention_recompute_gemms()) gemms.push_back(g);
+    return gemms;
+  };
+  const auto dense_backward = with_recompute(backward_gemms(dense));
   const Gemm gate = in_.model.gate_gemm();
   using RS = ReplicaSchedule;
   const RS mode = replicas_.timing;
@@ -202,10 +208,10 @@ TaskGraph LayerOps::build() {
     if (replicas_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
     every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; }, after);
     every_gpu(fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
-    ready_ = {every_gpu(fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, backward_gemms(dense), 2 * dense_bytes})};
+    ready_ = {every_gpu(fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, dense_backward, 2 * dense_bytes})};
   }
   if (!dense_blocks.empty())
-    ready_ = {every_gpu("bwd.dense_blocks", {ComputeKind::gemm, repeated(backward_gemms(dense_blocks)), 2 * dense_block_bytes})};
+    ready_ = {every_gpu("bwd.dense_blocks", {ComputeKind::gemm, repeated(with_recompute(backward_gemms(dense_blocks))), 2 * dense_block_bytes})};
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
   const double dense_params = in_.model.dense_params_per_layer() * L + in_.model.embedding_params() + in_.model.dense_block_params();
   std::vector<OpId> before_ar(ready_);
@@ -217,7 +223,8 @@ TaskGraph LayerOps::build() {
       before_ar);
   // Adam with fp32 master weights and moments: read p, m, v (fp32) and g; write p, m, v and the
   // low-precision copy.
-  const double params = dense_params + double(experts_) / G * L * in_.model.expert_params();  // E/G experts, or 1/s of one
+  const double params = dense_params / in_.dense_optimizer_shards +
+                        double(experts_) / G * L * in_.model.expert_params() / in_.expert_optimizer_shards;  // E/G experts, or 1/s of one
   const double adam_bytes = params * (6 * 4 + 2 * in_.model.dtype_bytes());
   const std::vector<OpId> steps{every_gpu("optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce})};
   schedule_.after_optimizer(*this, steps);

@@ -88,6 +88,7 @@ ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster
   if (out.ep % n != 0)
     throw FieldError("parallel.ep", fmt::format("an EP group is whole nodes for now: a multiple of the {} GPUs per node", n));
   out.dp = stage / out.ep;
+  out.distributed_optimizer = parallel.distributed_optimizer();
   const std::string order = parallel.order().empty() ? "tp-cp-ep-dp-pp" : parallel.order();
   try {
     const RankLayout layout = RankLayout::named(order, {{"ep", out.ep}, {"dp", out.dp}, {"pp", out.pp}});
@@ -128,7 +129,9 @@ LayoutIteration::LayoutIteration(const spec::ClusterSpec& whole, const MoeModel&
   }
 }
 
-TaskGraph LayoutIteration::build_iteration(const IterationInput& in) {
+TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
+  IterationInput in = whole;
+  if (layout_.distributed_optimizer) in.dense_optimizer_shards = layout_.stage_gpus(), in.expert_optimizer_shards = layout_.dp;
   if (!cell_cluster_) return cells_.front().policy->build_iteration(in);
   const int ep = layout_.ep;
   // Each cell's micro-batch, on its own cluster and tokens, holding the activations of the
@@ -144,7 +147,8 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& in) {
       mine.push_back(R.rows(cell.replica * ep, (cell.replica + 1) * ep));
     }
     const IterationInput sub{*cell_cluster_,   stage_models_[std::size_t(cell.stage)], in.gpu, in.spec, mine, reports[c],
-                             in.count_exchange, std::min(layout_.pp - cell.stage, layout_.micro_batches)};
+                             in.count_exchange,  std::min(layout_.pp - cell.stage, layout_.micro_batches),
+                             in.dense_optimizer_shards, in.expert_optimizer_shards};
     cell.last = cell.policy->build_iteration(sub);
     const auto& ops = cell.last.ops();
     OpId i = 0;

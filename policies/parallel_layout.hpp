@@ -60,6 +60,7 @@ std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches);
 /// Who is where: the EP groups (cells) of a ParallelSpec on a cluster.
 struct ParallelLayout {
   int pp = 1, dp = 1, ep = 1, micro_batches = 1;
+  bool distributed_optimizer = false;  // ZeRO-1: Adam's states sharded (IterationInput's shards)
   std::vector<std::vector<int>> groups;  // the EP groups, each its GPUs in place order
   std::vector<int> stage, replica;       // per group: its pipeline stage and DP coordinate
   /// A stage's GPUs: the routing's sources (a GPU's index in its stage is replica · ep + place).
@@ -84,7 +85,7 @@ class LayoutIteration {
   /// MoE layer of the model, the stage_gpus() sources of the stage that holds it. `in.report` gets
   /// the cells' figures (the memory of the GPU that needs the most, summed counts, per GPU loads
   /// and memory in GPU order, per layer the largest balance figures of any group).
-  TaskGraph build_iteration(const IterationInput& in);
+  TaskGraph build_iteration(const IterationInput& whole);
   /// Each cell's policy observes its own graph, timed as its last micro-batch ran.
   void observe(const TaskGraph& graph, const Timing& timing);
 

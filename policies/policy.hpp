@@ -54,6 +54,10 @@ struct IterationInput {
   /// Micro-batches whose activations a GPU keeps at once: a pipeline stage under 1F1B holds those
   /// of the micro-batches in flight (parallel_layout.cpp). The memory model multiplies by it.
   int activation_copies = 1;
+  /// ZeRO-1 (Megatron's distributed optimizer, parallel.distributed_optimizer): the GPUs each
+  /// dense parameter's optimizer states are sharded over (a stage's GPUs), and each expert's (its
+  /// copies in the stage's EP groups). A GPU keeps and updates its 1/N; 1: not sharded.
+  int dense_optimizer_shards = 1, expert_optimizer_shards = 1;
 };
 
 class Policy {

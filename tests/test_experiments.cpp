@@ -4,10 +4,13 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "helpers.hpp"
 #include "moe_iteration.hpp"
+#include "results.hpp"
 #include "runner.hpp"
 
 using namespace moesim;
@@ -190,6 +193,30 @@ TEST_CASE("a run too short for a steady timeline shows it from the first iterati
   const auto r = run_experiment(ex).runs.front();
   CHECK(r.first_graph == 0);
   CHECK(r.graphs.size() == 2);
+}
+
+TEST_CASE("a timeline over its event limit shows every stride-th GPU, and says so") {
+  const auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1", "iterations=1"});
+  const auto r = run_experiment(ex);
+  const std::size_t events = std::size_t(timeline_stride(r, 1));  // the stride for one event: every event
+  CHECK(timeline_stride(r) == 1);  // a 16-GPU run is far under the default limit
+  const std::size_t limit = (events + 3) / 4;
+  REQUIRE(timeline_stride(r, limit) == 4);
+  std::stringstream out;
+  write_timeline(out, r, limit);
+  const auto trace = nlohmann::json::parse(out.str());
+  CHECK(trace.at("otherData").at("gpus") == fmt::format("every 4th GPU (the timeline keeps under {} events)", limit));
+  const auto processes = timeline_processes(trace, "timeline.json");
+  CHECK(processes.size() == 4u);  // GPUs 0, 4, 8, 12
+  for (const auto& [pid, who] : processes) CHECK(who.second % 4 == 0);
+  std::size_t shown = 0;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X") {
+      ++shown;
+      CHECK(e.at("pid").get<int>() % 4 == 0);
+    }
+  CHECK(shown > 0);
+  CHECK(shown <= limit);
 }
 
 TEST_CASE("a confidence interval on known samples, and a claim's verdict on its interval") {

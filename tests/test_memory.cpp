@@ -47,6 +47,37 @@ TEST_CASE("memory model: activations per layer are Korthikanti et al.'s 34h + 5a
   CHECK(layer_activation_bytes(MoeModel(fp32), T, T * k) == Approx(2 * expected));
 }
 
+TEST_CASE("FlashAttention: no s x s scores in memory or traffic, their log-sum-exp kept, Q.K recomputed in the backward") {
+  auto flash = gpt_moe_s();
+  flash.set_flash_attention(true);
+  const MoeModel with(flash), without(gpt_moe_s());
+  const double T = 4096, h = 768, a = 12, s = 1024, b = 2;
+  // Activations: 5as per token (scores, softmax, dropout) become 2a (an fp32 log-sum-exp a head).
+  CHECK(layer_activation_bytes(without, T, 2 * T) - layer_activation_bytes(with, T, 2 * T) == Approx(T * (5 * a * s - 2 * a)));
+  // The forward's traffic: the scores' h·(t/s)·s²·(4b + 1) bytes go, the t·d·(10b + 2) stay.
+  CHECK(with.dense_forward_memory_bytes() == Approx(T * h * (10 * b + 2)));
+  CHECK(without.dense_forward_memory_bytes() - with.dense_forward_memory_bytes() == Approx(a * (T / s) * s * s * (4 * b + 1)));
+  // The backward attention op: the forward's GEMMs twice over, plus the scores Q·Kᵀ once more.
+  REQUIRE(with.attention_recompute_gemms().size() == 1u);
+  CHECK(without.attention_recompute_gemms().empty());
+  auto backward_flops = [](const MoeModel& model) {
+    const Cluster cluster(test::platform("dgx-a100", 1));
+    const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+    std::vector<RoutingMatrix> routing;
+    for (int l = 0; l < model.layers(); ++l) routing.push_back(generate_routing({}, 8, model.experts(), model.tokens_per_gpu(), model.top_k(), 1, 0, l));
+    spec::PolicySpec ps;
+    ps.set_name("ep");
+    PolicyReport report;
+    double flops = 0;
+    const TaskGraph graph = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    for (const auto& op : graph.ops())
+      if (op.label == "L0.bwd.attention") test::for_each_compute(op, [&](const Compute& c, int rank) { flops += rank == 0 ? c.flops() : 0; });
+    return flops;
+  };
+  const double scores = 2 * s * s * (h / a) * (T / s) * a;  // 2·m·n·k per sequence and head
+  CHECK(backward_flops(with) - backward_flops(without) == Approx(scores));
+}
+
 TEST_CASE("memory model: EP keeps its experts' state, ZeRO-3 a 1/G shard plus one gathered layer, shadowing its copies") {
   const test::SmallSetup t;
   const auto& model = t.model;

@@ -218,3 +218,30 @@ TEST_CASE("a pipeline stage keeps the activations of the micro-batches 1F1B has 
   CHECK(first4 - first1 == Approx(layer_activation_bytes(t.model, tokens, tokens * t.model.top_k())));
   CHECK(second4 == Approx(second1));
 }
+
+TEST_CASE("ZeRO-1: each GPU keeps and updates 1/N of the dense optimizer states and 1/D of its experts'") {
+  // 2 EP groups of 8 GPUs: the dense states over the 16 GPUs, each expert's over its 2 copies.
+  const test::SmallSetup t;
+  const auto routing = t.routing(5);
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  spec::ParallelSpec parallel;
+  parallel.set_ep(8);
+  parallel.set_distributed_optimizer(true);
+  LayoutIteration iteration(t.cluster.spec(), t.model, parallel_layout(parallel, t.cluster), ps);
+  PolicyReport report;
+  const TaskGraph g = iteration.build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+  const double experts_per_gpu = double(t.model.layers()) * t.model.experts() / 8;
+  const double dense = dense_memory(t.model).optimizer, experts = expert_state(t.model, experts_per_gpu).optimizer;
+  CHECK(report.memory.optimizer == Approx(dense / 16 + experts / 2));
+  CHECK(report.memory.params == Approx(dense_memory(t.model).params + expert_state(t.model, experts_per_gpu).params));  // kept whole
+  // Adam reads and writes its shard only: p, m, v in fp32 and the gradient, and the fp16 copy.
+  const double params = (t.model.dense_params_per_layer() * t.model.layers()) / 16 + experts_per_gpu * t.model.expert_params() / 2;
+  int steps = 0;
+  for (const auto& op : g.ops())
+    if (op.label == "optimizer") {
+      ++steps;
+      test::for_each_compute(op, [&](const Compute& c, int) { CHECK(c.memory_bytes == Approx(params * (6 * 4 + 2 * 2))); });
+    }
+  CHECK(steps == 2);
+}

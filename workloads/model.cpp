@@ -73,7 +73,13 @@ std::vector<Gemm> MoeModel::dense_forward_gemms() const {
 double MoeModel::dense_forward_memory_bytes() const {
   const double t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len(), h = spec_.heads();
   const double b = dtype_bytes(), sequences = std::floor(t / s);
-  return h * sequences * s * s * (4 * b + 1) + t * d * (10 * b + 2);
+  const double scores = spec_.flash_attention() ? 0 : h * sequences * s * s * (4 * b + 1);
+  return scores + t * d * (10 * b + 2);
+}
+
+std::vector<Gemm> MoeModel::attention_recompute_gemms() const {
+  if (!spec_.flash_attention()) return {};
+  return {dense_forward_gemms()[1]};  // the scores Q·Kᵀ
 }
 
 Gemm MoeModel::gate_gemm() const { return {spec_.tokens_per_gpu(), spec_.experts(), spec_.d_model(), 1}; }

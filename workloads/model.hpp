@@ -33,6 +33,9 @@ class MoeModel {
   /// one-byte mask), the two layer norms (read and write t·d) and the two dropout + residual adds
   /// (read two, write one, a mask): h·(t/s)·s²·(4b + 1) + t·d·(10b + 2), b the dtype's bytes.
   double dense_forward_memory_bytes() const;
+  /// GEMMs the backward of one layer's attention adds to the forward's twice: FlashAttention's
+  /// recomputed scores Q·Kᵀ (none without flash_attention).
+  std::vector<Gemm> attention_recompute_gemms() const;
   /// Forward gate scoring on one GPU: tokens × experts × d_model.
   Gemm gate_gemm() const;
   /// One expert's forward GEMMs for `tokens` routed tokens: d_model -> f -> d_model, f its FFN size
