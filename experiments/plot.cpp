@@ -395,7 +395,7 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
 // neighbours in a stack differ).
 constexpr const char* kPhaseColor[kNumPhases] = {"#4e79a7", "#f28e2b", "#edc948", "#59a14f", "#b07aa1",
                                                  "#e15759", "#ff9da7", "#9c755f", "#76b7b2", "#86bcb6",
-                                                 "#8cd17d", "#d37295", "#499894", "#79706e", "#f1ce63", "#bab0ac"};
+                                                 "#8cd17d", "#d37295", "#499894", "#79706e", "#f1ce63", "#a0cbe8", "#bab0ac"};
 
 Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
   const auto runs = all_runs(in);

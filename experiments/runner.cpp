@@ -121,10 +121,11 @@ namespace {
 
 RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const GpuModel& gpu, Backend& backend,
                   const std::function<void()>& iteration_done) {
-  const MoeModel model(s.model());
   // EP groups inside data and pipeline parallelism (parallel): a policy per group and stage, their
-  // micro-batches merged. The routing has a source per GPU of a stage.
+  // micro-batches merged. The routing has a source per GPU of a stage; under tensor parallelism
+  // each GPU routes its share of its group's tokens.
   const ParallelLayout layout = parallel_layout(s.parallel(), cluster);
+  const MoeModel model = MoeModel(s.model()).tensor_parallel(layout.tp);
   const int ep = layout.ep, sources = layout.stage_gpus();
   LayoutIteration policy(cluster.spec(), model, layout, s.policy());
   RunResult result;

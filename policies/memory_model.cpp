@@ -53,7 +53,7 @@ MemoryUse expert_state(const MoeModel& model, double experts) {
 
 MemoryUse dense_memory(const MoeModel& model) {
   const auto b = state_bytes(model.dtype());
-  const double params = model.dense_params_per_layer() * model.layers() + model.embedding_params() + model.dense_block_params();
+  const double params = model.dense_params_per_gpu();
   return {params * b.param, params * b.grad, params * b.optimizer, 0, 0};
 }
 

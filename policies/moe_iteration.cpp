@@ -162,14 +162,32 @@ TaskGraph LayerOps::build() {
     for (auto& g : gemms) g.repeat *= std::uint64_t(in_.model.dense_layers());
     return gemms;
   };
+  // Tensor parallelism (tp > 1, with sequence parallelism): a tensor-parallel op (attention, the
+  // dense blocks, the output layer) runs between an all-gather of its group's input and a
+  // reduce-scatter of its output, of `tensors` tensors each (a dense block has two TP ops).
+  const bool tp = in_.model.tp() > 1;
+  std::vector<OpId> scattered;  // the last reduce-scatters, which the next compute waits for
+  auto tp_op = [&](const std::string& pass, const std::string& what, int tensors, std::vector<OpId> deps,
+                   const std::function<OpId(std::vector<OpId>)>& op) {
+    if (!tp) return op(std::move(deps));
+    const OpId id = op(tp_collectives(pass + ".tp_allgather" + what, CollectiveType::all_gather, tensors, std::move(deps)));
+    scattered = tp_collectives(pass + ".tp_reduce_scatter" + what, CollectiveType::reduce_scatter, tensors, {id});
+    return id;
+  };
+  std::vector<OpId> before_layer = start;  // with tp: what layer l's all-gather waits for
   if (!dense_blocks.empty())
-    every_gpu("fwd.dense_blocks", {ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}, start);
+    before_layer = {tp_op("fwd", ".blocks", 2 * in_.model.dense_layers(), start, [&](std::vector<OpId> deps) {
+      return every_gpu("fwd.dense_blocks", {ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}, std::move(deps));
+    })};
+  if (tp && !dense_blocks.empty()) before_layer = scattered;
   if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
   for (int l = 0; l < L; ++l) {
     if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
     if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm, l == 0 ? start : std::vector<OpId>{});  // spAG under attention_l
-    every_gpu(fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, l == 0 ? start : std::vector<OpId>{});
-    every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_});
+    tp_op(fmt::format("L{}.fwd", l), "", 1, tp ? before_layer : l == 0 ? start : std::vector<OpId>{}, [&](std::vector<OpId> deps) {
+      return every_gpu(fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, std::move(deps));
+    });
+    every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, tp ? scattered : std::vector<OpId>{});
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; })};
     if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
@@ -178,7 +196,8 @@ TaskGraph LayerOps::build() {
     shared_experts(l, Pass::forward);
     const OpId done = schedule_.emit(*this, l, Pass::forward);
     if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
-    every_gpu(fmt::format("L{}.fwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; }, {done});
+    before_layer = {every_gpu(fmt::format("L{}.fwd.decode", l),
+                              [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; }, {done})};
   }
   // The output projection and its loss, forward then backward, between the blocks' two passes
   // (the embedding lookup and its gradient are counted in its bytes).
@@ -186,10 +205,13 @@ TaskGraph LayerOps::build() {
   if (!output.empty()) {
     auto both = output;
     for (const auto& g : backward_gemms(output)) both.push_back(g);
-    every_gpu("output", {ComputeKind::gemm, both, in_.model.output_memory_bytes()});
+    tp_op("fwd", ".output", 1, tp ? before_layer : std::vector<OpId>{}, [&](std::vector<OpId> deps) {
+      return every_gpu("output", {ComputeKind::gemm, both, in_.model.output_memory_bytes()}, std::move(deps));
+    });
   }
   for (int l = L - 1; l >= 0; --l) {
-    ready_ = {every_gpu(fmt::format("L{}.bwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; })};
+    ready_ = {every_gpu(fmt::format("L{}.bwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; },
+                        tp ? scattered : std::vector<OpId>{})};
     shared_experts(l, Pass::backward);
     const OpId done = schedule_.emit(*this, l, Pass::backward);
     // Replicas' gradients go back to their owners (a reduce each): on the second stream, under
@@ -207,14 +229,20 @@ TaskGraph LayerOps::build() {
     }
     if (replicas_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
     every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; }, after);
-    every_gpu(fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
-    ready_ = {every_gpu(fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, dense_backward, 2 * dense_bytes})};
+    const OpId gate_done = every_gpu(fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
+    ready_ = {tp_op(fmt::format("L{}.bwd", l), "", 1, {gate_done}, [&](std::vector<OpId> deps) {
+      return every_gpu(fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, dense_backward, 2 * dense_bytes}, std::move(deps));
+    })};
   }
   if (!dense_blocks.empty())
-    ready_ = {every_gpu("bwd.dense_blocks", {ComputeKind::gemm, repeated(with_recompute(backward_gemms(dense_blocks))), 2 * dense_block_bytes})};
+    ready_ = {tp_op("bwd", ".blocks", 2 * in_.model.dense_layers(), tp ? scattered : std::vector<OpId>{}, [&](std::vector<OpId> deps) {
+      return every_gpu("bwd.dense_blocks", {ComputeKind::gemm, repeated(with_recompute(backward_gemms(dense_blocks))), 2 * dense_block_bytes},
+                       std::move(deps));
+    })};
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
-  const double dense_params = in_.model.dense_params_per_layer() * L + in_.model.embedding_params() + in_.model.dense_block_params();
+  const double dense_params = in_.model.dense_params_per_gpu();
   std::vector<OpId> before_ar(ready_);
+  if (tp) before_ar.insert(before_ar.end(), scattered.begin(), scattered.end());
   before_ar.insert(before_ar.end(), reduces_.begin(), reduces_.end());
   const OpId allreduce = graph_.add_collective(
       Stream::comm, "allreduce.dense",
@@ -229,6 +257,18 @@ TaskGraph LayerOps::build() {
   const std::vector<OpId> steps{every_gpu("optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce})};
   schedule_.after_optimizer(*this, steps);
   return std::move(graph_);
+}
+
+std::vector<OpId> LayerOps::tp_collectives(const std::string& label, CollectiveType type, int tensors, std::vector<OpId> deps) {
+  const int tp = in_.model.tp();
+  const double bytes = tensors * double(in_.model.tokens_per_gpu()) * tp * in_.model.token_bytes();  // the group's tokens
+  std::vector<OpId> ops;
+  for (int first = 0; first < gpus_; first += tp) {
+    std::vector<int> group(static_cast<std::size_t>(tp));
+    std::iota(group.begin(), group.end(), first);
+    ops.push_back(graph_.add_collective(Stream::comm, fmt::format("{}.g{}", label, first / tp), {type, std::move(group), {bytes}, "ring"}, deps));
+  }
+  return ops;
 }
 
 OpId LayerOps::collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps) {

@@ -57,11 +57,7 @@ std::vector<PipelineStage> pipeline_stages(const MoeModel& model, int pp) {
 }
 
 MoeModel stage_model(const MoeModel& model, const PipelineStage& stage) {
-  spec::ModelSpec s = model.spec();
-  s.set_layers(std::uint32_t(stage.layers));
-  s.set_dense_layers(std::uint32_t(stage.dense_layers));
-  if (!stage.output) s.set_vocab(0);
-  return MoeModel(s);
+  return model.blocks(stage.layers, stage.dense_layers, stage.output);
 }
 
 std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches) {
@@ -88,6 +84,9 @@ ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster
   if (out.ep % n != 0)
     throw FieldError("parallel.ep", fmt::format("an EP group is whole nodes for now: a multiple of the {} GPUs per node", n));
   out.dp = stage / out.ep;
+  out.tp = std::max(1, int(std::min<std::uint32_t>(parallel.tp(), 1u << 20)));
+  if (n % out.tp != 0)
+    throw FieldError("parallel.tp", fmt::format("{} GPUs per tensor-parallel group do not divide a node's {}: a group is inside a node", out.tp, n));
   out.distributed_optimizer = parallel.distributed_optimizer();
   const std::string order = parallel.order().empty() ? "tp-cp-ep-dp-pp" : parallel.order();
   try {

@@ -59,14 +59,15 @@ std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches);
 
 /// Who is where: the EP groups (cells) of a ParallelSpec on a cluster.
 struct ParallelLayout {
-  int pp = 1, dp = 1, ep = 1, micro_batches = 1;
+  int pp = 1, dp = 1, ep = 1, micro_batches = 1, tp = 1;
   bool distributed_optimizer = false;  // ZeRO-1: Adam's states sharded (IterationInput's shards)
   std::vector<std::vector<int>> groups;  // the EP groups, each its GPUs in place order
   std::vector<int> stage, replica;       // per group: its pipeline stage and DP coordinate
   /// A stage's GPUs: the routing's sources (a GPU's index in its stage is replica · ep + place).
   int stage_gpus() const { return dp * ep; }
 };
-/// FieldError ("parallel.ep", "parallel.pp", "parallel.micro_batches", "parallel.order") where ep
+/// FieldError ("parallel.ep", "parallel.pp", "parallel.tp", "parallel.micro_batches",
+/// "parallel.order") where tp does not divide a node's GPUs, ep
 /// does not divide a stage's GPUs into whole nodes, pp does not divide the GPUs, or the order makes
 /// an EP group other than consecutive GPUs. ep 0: one group per stage.
 ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster& cluster);

@@ -61,6 +61,7 @@ const PhaseNames& phase_names(Phase p) {
       {"dense_allreduce", "allreduce", "dense all-reduce"},
       {"optimizer", "optim", "optimizer"},
       {"stage_send", "pp.send", "stage send"},
+      {"tensor_parallel", "tp", "tensor parallel"},
       {"idle", "idle", "idle"},
   };
   return kPhases[static_cast<int>(p)];
@@ -95,6 +96,7 @@ constexpr OpName kOpNames[] = {
     {"migrations_done", Phase::expert_moves},     {"allreduce", Phase::dense_allreduce},
     {"optimizer", Phase::optimizer},              {"dense_blocks", Phase::dense_compute},
     {"shared_experts", Phase::expert_compute},  {"stage_send", Phase::stage_send},
+    {"tp_allgather", Phase::tensor_parallel},     {"tp_reduce_scatter", Phase::tensor_parallel},
 };
 
 // <name> of a label (see kOpNames), without its step number.

@@ -219,9 +219,10 @@ enum class Phase : std::uint8_t {
   dense_allreduce,    // the dense part's gradient all-reduce
   optimizer,          // the optimizer step
   stage_send,         // activations and their gradients sent between pipeline stages
+  tensor_parallel,    // tensor parallelism's all-gathers and reduce-scatters around attention and dense FFNs
   idle,               // on the critical path, no op runs (waiting; only in critical-path figures)
 };
-constexpr int kNumPhases = 16;
+constexpr int kNumPhases = 17;
 /// A phase's names, the one table of them: `name` in summary.json, CSVs and results.db; `column` in
 /// the console's tables; `title` in figures' keys.
 struct PhaseNames {

@@ -245,3 +245,58 @@ TEST_CASE("ZeRO-1: each GPU keeps and updates 1/N of the dense optimizer states 
     }
   CHECK(steps == 2);
 }
+
+TEST_CASE("tensor parallelism: each TP op between an all-gather and a reduce-scatter of its group's tokens, 1/tp of its work") {
+  // One DGX-A100 node, TP 2 (4 groups of 2 consecutive GPUs) with sequence parallelism: a group's
+  // micro-batch is 2,048 tokens, each GPU routes its 1,024 to the experts.
+  auto s = test::model_spec(2, 1024, 4096, 8, 2, 1024, 2048, 16);
+  s.set_dense_layers(1);
+  s.set_vocab(32000);
+  const MoeModel whole(s), model = whole.tensor_parallel(2);
+  CHECK(model.tp() == 2);
+  CHECK(model.tokens_per_gpu() == 1024);
+  auto flops = [](const std::vector<Gemm>& gemms) {
+    double f = 0;
+    for (const auto& g : gemms) f += g.flops();
+    return f;
+  };
+  CHECK(flops(model.dense_forward_gemms()) == Approx(flops(whole.dense_forward_gemms()) / 2));  // heads split
+  CHECK(flops(model.dense_block_gemms()) == Approx(flops(whole.dense_block_gemms()) / 2));      // and d_ffn
+  CHECK(flops(model.output_forward_gemms()) == Approx(flops(whole.output_forward_gemms()) / 2));  // and the vocabulary
+  CHECK(model.dense_params_per_gpu() == Approx(whole.dense_params_per_gpu() / 2));
+  const Cluster cluster(test::platform("dgx-a100", 1));
+  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+  std::vector<RoutingMatrix> routing;
+  for (int l = 0; l < model.layers(); ++l)
+    routing.push_back(generate_routing({}, 8, model.experts(), model.tokens_per_gpu(), model.top_k(), 1, 0, l));
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  PolicyReport report;
+  const TaskGraph g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+  CHECK(test::forward_tokens(g) == 8L * 1024 * 2 * 2);  // each GPU's own 1,024 tokens, top-2, 2 layers
+  const double tensor = 2048.0 * 1024 * 2;  // the group's tokens × d_model × 2 bytes
+  int gathers = 0, scatters = 0;
+  for (const auto& op : g.ops()) {
+    const auto* c = std::get_if<Collective>(&op.body);
+    if (op.phase != Phase::tensor_parallel) continue;
+    REQUIRE(c);
+    REQUIRE(c->group.size() == 2u);
+    CHECK(c->group[0] % 2 == 0);
+    CHECK(c->group[1] == c->group[0] + 1);
+    CHECK(c->total_bytes() == tensor * (op.label.find(".blocks") != std::string::npos ? 2 : 1));  // a dense block: attention and FFN
+    (c->type == CollectiveType::all_gather ? gathers : scatters)++;
+    if (op.label == "L1.fwd.tp_reduce_scatter.g3")  // the gate waits for its group's reduce-scatter
+      for (const auto& next : g.ops())
+        if (next.label == "L1.fwd.gate") CHECK(std::count(next.deps.begin(), next.deps.end(), op.id) == 1);
+  }
+  // Per group: each MoE layer's attention forward and backward, the dense blocks' two passes, the output.
+  CHECK(gathers == 4 * (2 * 2 + 2 + 1));
+  CHECK(scatters == gathers);
+  for (const auto& op : g.ops())
+    if (op.label == "allreduce.dense") CHECK(std::get<Collective>(op.body).total_bytes() == Approx(model.dense_params_per_gpu() * 2));
+  // Refused: a group across nodes, heads that do not split.
+  spec::ParallelSpec parallel;
+  parallel.set_tp(3);
+  CHECK_THROWS_WITH(parallel_layout(parallel, cluster), Catch::Contains("parallel.tp") || Catch::Contains("inside a node"));
+  CHECK_THROWS_WITH(whole.tensor_parallel(32), Catch::Contains("heads"));
+}

@@ -56,10 +56,37 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
   }
 }
 
+MoeModel MoeModel::blocks(int layers, int dense_layers, bool output) const {
+  MoeModel out = *this;
+  out.spec_.set_layers(std::uint32_t(layers));
+  out.spec_.set_dense_layers(std::uint32_t(dense_layers));
+  if (!output) out.spec_.set_vocab(0);
+  return out;
+}
+
+MoeModel MoeModel::tensor_parallel(int tp) const {
+  if (tp == tp_) return *this;
+  auto divides = [&](std::uint32_t n, const char* what) {
+    if (n % std::uint32_t(tp) != 0)
+      throw FieldError("parallel.tp", fmt::format("{} GPUs per tensor-parallel group do not divide the model's {} ({})", tp, what, n));
+  };
+  if (tp_ != 1 || tp < 1) throw FieldError("parallel.tp", "must be at least 1");
+  divides(spec_.tokens_per_gpu(), "tokens_per_gpu");
+  divides(spec_.heads(), "heads");
+  if (spec_.kv_heads()) divides(spec_.kv_heads(), "kv_heads");
+  if (spec_.dense_layers()) divides(spec_.d_ffn(), "d_ffn");
+  MoeModel out = *this;
+  out.spec_.set_tokens_per_gpu(spec_.tokens_per_gpu() / std::uint32_t(tp));
+  out.tp_ = tp;
+  return out;
+}
+
 std::vector<Gemm> MoeModel::dense_forward_gemms() const {
-  const std::uint64_t t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len();
-  const std::uint64_t h = spec_.heads(), dh = spec_.head_dim() ? spec_.head_dim() : d / h, sequences = t / s;
-  const std::uint64_t kv = spec_.kv_heads() ? spec_.kv_heads() : h;
+  // Under tensor parallelism: the group's tokens, 1/tp of the heads (Megatron's column- and
+  // row-parallel attention).
+  const std::uint64_t t = group_tokens(), d = spec_.d_model(), s = spec_.seq_len(), tp = std::uint64_t(tp_);
+  const std::uint64_t dh = spec_.head_dim() ? spec_.head_dim() : d / spec_.heads(), h = spec_.heads() / tp, sequences = t / s;
+  const std::uint64_t kv = (spec_.kv_heads() ? spec_.kv_heads() : spec_.heads()) / tp;
   std::vector<Gemm> gemms = {
       {t, (h + 2 * kv) * dh, d, 1},  // QKV projection (3d for multi-head attention)
       {s, s, dh, sequences * h},     // scores Q·Kᵀ per sequence and head
@@ -71,8 +98,10 @@ std::vector<Gemm> MoeModel::dense_forward_gemms() const {
 }
 
 double MoeModel::dense_forward_memory_bytes() const {
-  const double t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len(), h = spec_.heads();
-  const double b = dtype_bytes(), sequences = std::floor(t / s);
+  // Scores of 1/tp of the heads over the group's sequences; norms and residuals on the GPU's own
+  // 1/tp of the tokens (sequence parallelism).
+  const double t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len(), h = double(spec_.heads()) / tp_;
+  const double b = dtype_bytes(), sequences = std::floor(double(group_tokens()) / s);
   const double scores = spec_.flash_attention() ? 0 : h * sequences * s * s * (4 * b + 1);
   return scores + t * d * (10 * b + 2);
 }
@@ -103,13 +132,13 @@ std::vector<Gemm> MoeModel::shared_expert_gemms() const {
 std::vector<Gemm> MoeModel::dense_block_gemms() const {
   if (spec_.dense_layers() == 0) return {};
   auto gemms = dense_forward_gemms();
-  for (const auto& g : ffn_gemms(spec_.tokens_per_gpu(), spec_.d_ffn())) gemms.push_back(g);
+  for (const auto& g : ffn_gemms(group_tokens(), spec_.d_ffn() / std::uint32_t(tp_))) gemms.push_back(g);
   return gemms;
 }
 
 std::vector<Gemm> MoeModel::output_forward_gemms() const {
   if (spec_.vocab() == 0) return {};
-  return {{spec_.tokens_per_gpu(), spec_.vocab(), spec_.d_model(), 1}};
+  return {{group_tokens(), (spec_.vocab() + std::uint32_t(tp_) - 1) / std::uint32_t(tp_), spec_.d_model(), 1}};  // vocabulary-parallel
 }
 
 double MoeModel::output_memory_bytes() const {
@@ -141,6 +170,10 @@ double MoeModel::dense_params_per_layer() const {
 double MoeModel::dense_block_params() const {
   const double ffn = (spec_.gated_ffn() ? 3.0 : 2.0) * spec_.d_model() * spec_.d_ffn();
   return spec_.dense_layers() * (attention_params() + ffn);
+}
+
+double MoeModel::dense_params_per_gpu() const {
+  return (dense_params_per_layer() * layers() + embedding_params() + dense_block_params()) / tp_;
 }
 
 double MoeModel::total_params() const {

@@ -14,6 +14,18 @@ class MoeModel {
   explicit MoeModel(spec::ModelSpec spec);
 
   const spec::ModelSpec& spec() const { return spec_; }
+  /// The same model over fewer blocks, its first `dense_layers` dense and `layers` MoE layers (a
+  /// pipeline stage's; parallel_layout.cpp); `output`: with the vocabulary's ends.
+  MoeModel blocks(int layers, int dense_layers, bool output) const;
+  /// The model as one GPU of a tensor-parallel group of `tp` GPUs sees it, with sequence
+  /// parallelism (Megatron-Core's, ParallelSpec.tp): tokens_per_gpu() becomes its 1/tp of the
+  /// group's tokens (what it routes to the experts and keeps activations of); the attention, the
+  /// dense blocks' FFNs and the output layer run on all the group's tokens with 1/tp of the heads,
+  /// of d_ffn and of the vocabulary, and dense_params_per_gpu() is 1/tp. The experts are not split
+  /// (expert tensor parallelism 1). FieldError "parallel.tp" where tp does not divide the tokens,
+  /// the heads, the K/V heads or d_ffn.
+  MoeModel tensor_parallel(int tp) const;
+  int tp() const { return tp_; }
   int layers() const { return int(spec_.layers()); }
   int experts() const { return int(spec_.experts()); }
   int top_k() const { return int(spec_.top_k()); }
@@ -79,11 +91,17 @@ class MoeModel {
   double dense_params_per_layer() const;
   /// The parameters of the dense blocks (attention and the FFN of d_ffn each), all of them.
   double dense_block_params() const;
+  /// The dense parameters one GPU keeps, trains and all-reduces: every MoE layer's, the dense
+  /// blocks' and the embeddings', 1/tp of them under tensor parallelism.
+  double dense_params_per_gpu() const;
 
  private:
   double attention_params() const;
   std::vector<Gemm> ffn_gemms(std::uint64_t tokens, std::uint64_t f) const;
+  // The tokens a tensor-parallel group's attention runs on: every GPU's of the group.
+  std::uint64_t group_tokens() const { return std::uint64_t(spec_.tokens_per_gpu()) * std::uint64_t(tp_); }
   spec::ModelSpec spec_;
+  int tp_ = 1;
 };
 
 }  // namespace moesim

@@ -78,6 +78,10 @@ class LayerOps {
   int owner(int l, int e) const { return plan_owner(plan_.layers[std::size_t(l)], e, gpus_); }
   int target(int l, int s, int e) const;
   std::string all_reduce_algorithm(const std::vector<int>& group, double bytes) const;
+  /// Tensor parallelism's sequence-parallel collective on each group of tp consecutive GPUs
+  /// ("<label>.g<group>"): `tensors` tensors of the group's tokens × d_model gathered (before a
+  /// tensor-parallel op) or reduce-scattered (after it), on the comm stream.
+  std::vector<OpId> tp_collectives(const std::string& label, CollectiveType type, int tensors, std::vector<OpId> deps);
   std::vector<int> group_of(int l, const Replica& rep, std::size_t from = 0, std::size_t to = SIZE_MAX) const;
   void broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps = {}, int limit = -1);
   void broadcast_late(int l);
