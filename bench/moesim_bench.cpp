@@ -44,13 +44,14 @@ double growth_exponent(const std::vector<double>& x, const std::vector<double>& 
 
 // One size, in this process: prints one result line (the last iteration's figures; a policy that
 // learns from timings, like Pro-Prophet's planner, decides from the second iteration on).
-int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iterations, int ep) {
+int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iterations, int ep, int pp, int micro_batches) {
   const int nodes = gpus / 8;
-  if (ep == 0) ep = gpus;
+  if (ep == 0) ep = gpus / pp;
   auto ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/gpt-moe-s.textproto",
                             {fmt::format("cluster.nodes={}", nodes), fmt::format("model.experts={}", ep), "model.layers=12",
                              "model.top_k=2", "gating.zipf.exponent=1.0", "policy.name=" + policy_name,
-                             fmt::format("parallel.ep={}", ep)});
+                             fmt::format("parallel.ep={}", ep), fmt::format("parallel.pp={}", pp),
+                             fmt::format("parallel.micro_batches={}", micro_batches)});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
@@ -95,9 +96,10 @@ struct Row {
 
 // One size and policy in a fresh process (this program with --one). The policy name is checked
 // against the registry before it reaches the shell.
-std::optional<Row> run_child(const char* self, int gpus, const std::string& policy, int iterations, bool flows, int ep) {
-  const std::string cmd = fmt::format("'{}' --one {} --policy {} --iterations {} --ep {}{}", self, gpus, policy, iterations, ep,
-                                      flows ? " --flows" : "");
+std::optional<Row> run_child(const char* self, int gpus, const std::string& policy, int iterations, bool flows, int ep, int pp,
+                             int micro_batches) {
+  const std::string cmd = fmt::format("'{}' --one {} --policy {} --iterations {} --ep {} --pp {} --micro-batches {}{}", self, gpus,
+                                      policy, iterations, ep, pp, micro_batches, flows ? " --flows" : "");
   FILE* p = popen(cmd.c_str(), "r");
   Row r;
   const int n = p ? fscanf(p, "%lf %lf %lf %lf %lf %lf %lf %lf %lf", &r.gpus, &r.ops, &r.routing, &r.graph, &r.platform,
@@ -126,6 +128,9 @@ int main(int argc, char** argv) {
   int ep = 0;
   app.add_option("--ep", ep, "EP groups of this many GPUs (whole nodes), one expert per GPU of a group, data parallelism "
                              "over the groups (default: one group of all the GPUs, an expert per GPU)");
+  int pp = 1, micro_batches = 1;
+  app.add_option("--pp", pp, "Pipeline stages (the 12 layers split over them), each its own EP groups")->capture_default_str();
+  app.add_option("--micro-batches", micro_batches, "Micro-batches per iteration, in the 1F1B order")->capture_default_str();
   app.add_option("--one", one, "Internal: run one size in this process")->group("");
   CLI11_PARSE(app, argc, argv);
   const auto known = policy_names();
@@ -138,12 +143,18 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "moesim-bench: --gpus {}: a multiple of 8 (whole DGX-A100 nodes)\n", g);
       return 2;
     }
+  if (one > 0) sizes = {one};
+  if (pp < 1 || pp > 12 || micro_batches < 1 || micro_batches > 1024) {
+    fmt::print(stderr, "moesim-bench: --pp from 1 to 12 (the layers), --micro-batches from 1 to 1024\n");
+    return 2;
+  }
   for (int g : sizes)
-    if (ep < 0 || ep % 8 != 0 || (ep > 0 && g % ep != 0)) {
-      fmt::print(stderr, "moesim-bench: --ep {}: whole nodes (a multiple of 8) that divide every --gpus\n", ep);
+    if (g % (8 * pp) != 0 || ep < 0 || ep % 8 != 0 || (ep > 0 && (g / pp) % ep != 0)) {
+      fmt::print(stderr, "moesim-bench: --gpus {}: every stage whole nodes (--pp {}), --ep {} whole nodes that divide a stage\n", g,
+                 pp, ep);
       return 2;
     }
-  if (one > 0) return bench_one(one, !flows, policy, iterations, ep);
+  if (one > 0) return bench_one(one, !flows, policy, iterations, ep, pp, micro_batches);
 
   if (all) {
     iterations = std::max(iterations, 2);
@@ -155,7 +166,7 @@ int main(int argc, char** argv) {
       fmt::print("{:>6} {:<20} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>13}\n", "GPUs", "policy", "ops", "total s",
                  "routing", "graph", "decide s", "simulate", "peak MB", "simulated ms");
       for (const auto& name : known) {
-        const auto r = run_child(argv[0], g, name, iterations, flows, ep);
+        const auto r = run_child(argv[0], g, name, iterations, flows, ep, pp, micro_batches);
         if (!r) {
           fmt::print("{:>6} {:<20} (failed)\n", g, name);
           continue;
@@ -171,13 +182,15 @@ int main(int argc, char** argv) {
   fmt::print("One fwd+bwd iteration (policy {}), GPT-MoE 12 MoE layers (d_model 1024, d_ffn 4096, 4096 tokens/GPU),\n"
              "top-2, one expert per GPU{}, Zipf(1.0) routing, DGX-A100 nodes, collectives {}.\n"
              "Per iteration: routing, graph (of which decide: the policy's decisions), simulate.\n\n",
-             policy, ep ? fmt::format(" of EP groups of {} GPUs (data parallelism over the groups)", ep) : "",
+             policy,
+             (ep ? fmt::format(" of EP groups of {} GPUs (data parallelism over the groups)", ep) : "") +
+                 (pp > 1 || micro_batches > 1 ? fmt::format(", {} pipeline stages, {} micro-batches (1F1B)", pp, micro_batches) : ""),
              flows ? "one flow per transfer" : "as parallel tasks per block of links (default)");
   fmt::print("{:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>13} {:>13}\n", "GPUs", "ops", "routing s",
              "graph s", "decide s", "platform s", "simulate s", "total s", "peak MB", "decide/sim", "simulated ms");
   std::vector<double> gpus, wall, memory, op_counts;
   for (int g : sizes) {
-    const auto r = run_child(argv[0], g, policy, iterations, flows, ep);
+    const auto r = run_child(argv[0], g, policy, iterations, flows, ep, pp, micro_batches);
     if (!r) {
       fmt::print(stderr, "moesim-bench: the run at {} GPUs failed\n", g);
       return 1;
