@@ -74,6 +74,44 @@ TEST_CASE("every policy inside EP groups computes each token-slot once, its all-
   CHECK_THROWS_WITH(parallel_layout(parallel, t.cluster), Catch::Contains("do not divide the 16 GPUs"));
 }
 
+TEST_CASE("every policy in a 2-stage pipeline of 2 micro-batches computes each token-slot once a micro-batch, and simulates") {
+  // 2 DGX-A100 nodes, a stage each (layer 0 on GPUs 0-7, layer 1 on 8-15), every policy per stage;
+  // each layer's token-slots once per micro-batch, the stages' sends, and each cell's policy
+  // observes its own part of the simulated iteration before deciding the next.
+  const test::SmallSetup t;
+  spec::ParallelSpec parallel;
+  parallel.set_pp(2);
+  parallel.set_micro_batches(2);
+  const ParallelLayout layout = parallel_layout(parallel, t.cluster);
+  const auto routing = t.routing(13, 0, layout.stage_gpus());
+  const long slots = 2L * 8 * t.model.tokens_per_gpu() * 2 * 2;  // layers × GPUs a stage × tokens × top-2 × micro-batches
+  SimBackend sim(t.cluster, t.gpu);
+  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate",
+                           "pro-prophet", "tutel", "schemoe"}) {
+    INFO(name);
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    LayoutIteration iteration(t.cluster.spec(), t.model, layout, ps);
+    for (int it = 0; it < 2; ++it) {  // the second iteration after each cell observed the first
+      PolicyReport report;
+      const TaskGraph g = iteration.build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+      CHECK(test::forward_tokens(g) == slots);
+      int sends = 0, optimizers = 0;
+      for (const auto& op : g.ops()) {
+        sends += op.phase == Phase::stage_send;
+        optimizers += op.label == "optimizer";
+        if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::all_to_all)
+          CHECK(std::all_of(c->group.begin(), c->group.end(), [&](int r) { return r / 8 == c->group.front() / 8; }));  // inside a stage
+      }
+      CHECK(sends == 2 * 2 * 8);  // forward and backward, 2 micro-batches, 8 GPUs
+      CHECK(optimizers == 2);
+      const Timing timing = sim.execute(g);
+      CHECK(timing.makespan() > 0);
+      iteration.observe(g, timing);
+    }
+  }
+}
+
 TEST_CASE("1F1B runs each stage's passes in Megatron's order") {
   auto order = [](int stage, int stages, int m) {
     std::string s;
