@@ -222,7 +222,7 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       // cluster, and on a pipeline stage's blocks (parallel.pp) as if they were the model.
       const ParallelLayout layout = parallel_layout(run.parallel(), *cluster);
       const MoeModel per_gpu = model->tensor_parallel(layout.tp);
-      for (const auto& stage : pipeline_stages(per_gpu, layout.pp))
+      for (const auto& stage : pipeline_stages(per_gpu, layout.pp * layout.chunks))
         make_policy(run.policy())->validate(Cluster(ep_group_cluster(ex.cluster_spec, layout.ep)), stage_model(per_gpu, stage), run.policy());
       const auto gating = validate_gating(run.gating(), *model, int(run.iterations()), run.seed());
       if (&run == &s) {

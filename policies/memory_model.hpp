@@ -31,6 +31,12 @@ struct MemoryUse {
                            // copies: and their optimizer states)
   double materialized_params = 0;  // of `materialized`, the parameters (Hecate Fig. 13's "Param")
   double total() const { return params + grads + optimizer + activations + materialized; }
+  /// Field by field (a GPU's pipeline chunks together).
+  MemoryUse& operator+=(const MemoryUse& o) {
+    params += o.params, grads += o.grads, optimizer += o.optimizer, activations += o.activations;
+    materialized += o.materialized, materialized_params += o.materialized_params;
+    return *this;
+  }
 };
 
 /// Bytes per parameter of each kind of state.

@@ -37,7 +37,7 @@ std::string merged_label(const std::string& label, int first_layer, int micro_ba
 std::vector<PipelineStage> pipeline_stages(const MoeModel& model, int pp) {
   const int dense = model.dense_layers(), blocks = dense + model.layers();
   if (pp < 1 || pp > blocks)
-    throw FieldError("parallel.pp", fmt::format("{} stages for the model's {} blocks: at most one stage a block", pp, blocks));
+    throw FieldError("parallel.pp", fmt::format("{} stages (pp × chunks) for the model's {} blocks: at most one stage a block", pp, blocks));
   std::vector<PipelineStage> stages;
   for (int s = 0, begin = 0; s < pp; ++s) {
     const int end = begin + blocks / pp + (s < blocks % pp ? 1 : 0);
@@ -60,12 +60,19 @@ MoeModel stage_model(const MoeModel& model, const PipelineStage& stage) {
   return model.blocks(stage.layers, stage.dense_layers, stage.output);
 }
 
-std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches) {
-  const int m = micro_batches, w = std::min(stages - stage - 1, m);
+std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches, int chunks) {
+  const int p = stages, v = chunks, total = micro_batches * v;
+  const int w = v == 1 ? std::min(p - stage - 1, total) : std::min(2 * (p - stage - 1) + (v - 1) * p, total);
+  // The k-th forward (backward) pass: its micro-batch and chunk (Megatron's get_model_chunk_id and
+  // get_microbatch_id_in_model_chunk).
+  auto pass = [&](bool backward, int k) {
+    const int chunk = (k % (p * v)) / p;
+    return PipelinePass{backward, v == 1 ? k : (k / (p * v)) * p + k % p, backward ? v - 1 - chunk : chunk};
+  };
   std::vector<PipelinePass> passes;
-  for (int k = 0; k < w; ++k) passes.push_back({false, k});
-  for (int k = w; k < m; ++k) passes.push_back({false, k}), passes.push_back({true, k - w});
-  for (int k = m - w; k < m; ++k) passes.push_back({true, k});
+  for (int k = 0; k < w; ++k) passes.push_back(pass(false, k));
+  for (int k = w; k < total; ++k) passes.push_back(pass(false, k)), passes.push_back(pass(true, k - w));
+  for (int k = total - w; k < total; ++k) passes.push_back(pass(true, k));
   return passes;
 }
 
@@ -77,6 +84,10 @@ ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster
   if (parallel.micro_batches() > kMaxMicroBatches)
     throw FieldError("parallel.micro_batches", fmt::format("{} micro-batches: at most {}", parallel.micro_batches(), kMaxMicroBatches));
   out.micro_batches = std::max(1, int(parallel.micro_batches()));
+  out.chunks = std::max(1, int(std::min<std::uint32_t>(parallel.chunks(), 1u << 20)));
+  if (out.chunks > 1 && out.micro_batches % out.pp != 0)
+    throw FieldError("parallel.chunks", fmt::format("the interleaved order needs micro_batches ({}) a multiple of pp ({})",
+                                                    out.micro_batches, out.pp));
   const int stage = G / out.pp;
   out.ep = parallel.ep() == 0 ? stage : int(std::min<std::uint32_t>(parallel.ep(), 1u << 20));
   if (out.ep > stage || stage % out.ep != 0)
@@ -116,15 +127,26 @@ spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep) {
 
 LayoutIteration::LayoutIteration(const spec::ClusterSpec& whole, const MoeModel& model, ParallelLayout layout,
                                  const spec::PolicySpec& policy)
-    : layout_(std::move(layout)), stages_(pipeline_stages(model, layout_.pp)) {
+    : layout_(std::move(layout)), stages_(pipeline_stages(model, layout_.pp * layout_.chunks)) {
   for (const auto& st : stages_) stage_models_.push_back(stage_model(model, st));
   if (layout_.groups.size() > 1 || layout_.micro_batches > 1) cell_cluster_.emplace(ep_group_cluster(whole, layout_.ep));
+  cells_.resize(stages_.size() * std::size_t(layout_.dp));
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    Cell& cell = cells_.emplace_back();
-    cell.stage = layout_.stage[g];
-    cell.replica = layout_.replica[g];
-    cell.gpus = layout_.groups[g];
-    cell.policy = make_policy(policy);
+    orders_.push_back(one_f_one_b(layout_.stage[g], layout_.pp, layout_.micro_batches, layout_.chunks));
+    std::vector<int> live(std::size_t(layout_.chunks), 0);  // per chunk: forwards not yet backward
+    for (int chunk = 0; chunk < layout_.chunks; ++chunk) {
+      Cell& cell = cells_[cell_at(chunk * layout_.pp + layout_.stage[g], layout_.replica[g])];
+      cell.stage = chunk * layout_.pp + layout_.stage[g];
+      cell.replica = layout_.replica[g];
+      cell.gpus = layout_.groups[g];
+      cell.policy = make_policy(policy);
+    }
+    for (const auto& pass : orders_.back()) {
+      int& n = live[std::size_t(pass.chunk)];
+      n += pass.backward ? -1 : 1;
+      Cell& cell = cells_[cell_at(pass.chunk * layout_.pp + layout_.stage[g], layout_.replica[g])];
+      cell.in_flight = std::max(cell.in_flight, n);
+    }
   }
 }
 
@@ -134,7 +156,7 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
   if (!cell_cluster_) return cells_.front().policy->build_iteration(in);
   const int ep = layout_.ep;
   // Each cell's micro-batch, on its own cluster and tokens, holding the activations of the
-  // micro-batches 1F1B keeps in flight on its stage.
+  // micro-batches its stage's order keeps in flight.
   std::vector<PolicyReport> reports(cells_.size());
   for (std::size_t c = 0; c < cells_.size(); ++c) {
     Cell& cell = cells_[c];
@@ -146,7 +168,7 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
       mine.push_back(R.rows(cell.replica * ep, (cell.replica + 1) * ep));
     }
     const IterationInput sub{*cell_cluster_,   stage_models_[std::size_t(cell.stage)], in.gpu, in.spec, mine, reports[c],
-                             in.count_exchange,  std::min(layout_.pp - cell.stage, layout_.micro_batches),
+                             in.count_exchange,  cell.in_flight,
                              in.dense_optimizer_shards, in.expert_optimizer_shards};
     cell.last = cell.policy->build_iteration(sub);
     const auto& ops = cell.last.ops();
@@ -159,10 +181,12 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
     if (i == ops.size()) throw std::logic_error("LayoutIteration: a cell's iteration has no " + std::string(kDenseAllReduce));
     cell.reduce = i;
   }
-  // The cells' figures.
+  // The cells' figures; a GPU's chunks add up, and the memory of the GPUs that need the most is
+  // the largest sum of an EP group's chunks' peaks.
   PolicyReport& r = in.report;
   r.gpu_load.assign(std::size_t(in.cluster.num_gpus()), 0.0);
   r.gpu_memory.assign(std::size_t(in.cluster.num_gpus()), 0.0);
+  std::vector<MemoryUse> group_memory(layout_.groups.size());
   for (std::size_t c = 0; c < cells_.size(); ++c) {
     const PolicyReport& sub = reports[c];
     const Cell& cell = cells_[c];
@@ -170,10 +194,12 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
     r.shadowed_experts += sub.shadowed_experts;
     r.decision_seconds += sub.decision_seconds;
     for (std::size_t i = 0; i < cell.gpus.size(); ++i) {
-      if (i < sub.gpu_load.size()) r.gpu_load[std::size_t(cell.gpus[i])] = sub.gpu_load[i];
-      if (i < sub.gpu_memory.size()) r.gpu_memory[std::size_t(cell.gpus[i])] = sub.gpu_memory[i];
+      if (i < sub.gpu_load.size()) r.gpu_load[std::size_t(cell.gpus[i])] += sub.gpu_load[i];
+      if (i < sub.gpu_memory.size()) r.gpu_memory[std::size_t(cell.gpus[i])] += sub.gpu_memory[i];
     }
-    if (sub.memory.total() > r.memory.total()) r.memory = sub.memory;
+    MemoryUse& mine = group_memory[std::size_t((cell.stage % layout_.pp) * layout_.dp + cell.replica)];
+    mine += sub.memory;
+    if (mine.total() > r.memory.total()) r.memory = mine;
     r.parallel_r = std::max(r.parallel_r, sub.parallel_r);
     const std::size_t first = std::size_t(stages_[std::size_t(cell.stage)].first_layer);
     auto most = [&](std::vector<double>& into, const std::vector<double>& from) {
@@ -187,15 +213,12 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
 }
 
 TaskGraph LayoutIteration::merge(const IterationInput& in) {
-  const int pp = layout_.pp, m = layout_.micro_batches, ep = layout_.ep;
+  const int pp = layout_.pp, m = layout_.micro_batches, ep = layout_.ep, stages = int(stages_.size());
   const bool relabel = pp > 1 || m > 1;
   TaskGraph out(in.cluster.num_gpus());
   std::size_t ops = 0;
   for (const Cell& cell : cells_) ops += cell.last.size() * std::size_t(m) + std::size_t(2 * m * ep);
   out.reserve(ops);
-  std::vector<std::size_t> cell_at(cells_.size());  // (stage, replica) -> cell
-  for (std::size_t c = 0; c < cells_.size(); ++c)
-    cell_at[std::size_t(cells_[c].stage * layout_.dp + cells_[c].replica)] = c;
   // id[c][k][i]: cell c's op i of micro-batch k in the merged graph; its moves and what follows
   // its backward are once per iteration, under k = 0.
   std::vector<std::vector<std::vector<OpId>>> id(cells_.size());
@@ -230,28 +253,29 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
     id[c].assign(std::size_t(m), std::vector<OpId>(cells_[c].last.size(), 0));
     copy(c, -1, 0, cells_[c].fwd, {});  // its expert moves
   }
-  // The passes in an order that has every stage's in 1F1B order and every transfer before the
-  // pass that waits for it. Activations (and their gradients) of a micro-batch: a token's hidden
-  // vector per token on each GPU.
+  // The passes in an order that has every EP group's in its stage's order (orders_) and every
+  // transfer before the pass that waits for it. A virtual stage's forward sends to the next one
+  // (the next stage, or from the last stage to the first stage's next chunk), its backward to the
+  // one before. Activations (and their gradients) of a micro-batch: a token's hidden vector per
+  // token on each GPU.
   const double activation_bytes = double(in.model.tokens_per_gpu()) * in.model.token_bytes();
-  std::vector<std::vector<PipelinePass>> passes;
-  for (const Cell& cell : cells_) passes.push_back(one_f_one_b(cell.stage, pp, m));
   std::vector<std::vector<std::vector<OpId>>> arrived_fwd(cells_.size(), std::vector<std::vector<OpId>>(std::size_t(m))),
       arrived_bwd = arrived_fwd;
-  std::vector<std::size_t> next(cells_.size(), 0);
+  std::vector<std::size_t> next(orders_.size(), 0);
   for (bool progress = true; progress;) {
     progress = false;
-    for (std::size_t c = 0; c < cells_.size(); ++c) {
-      const Cell& cell = cells_[c];
-      const int s = cell.stage;
-      for (; next[c] < passes[c].size(); ++next[c], progress = true) {
-        const auto [backward, k] = passes[c][next[c]];
+    for (std::size_t g = 0; g < orders_.size(); ++g) {
+      for (; next[g] < orders_[g].size(); ++next[g], progress = true) {
+        const auto [backward, k, chunk] = orders_[g][next[g]];
+        const int s = chunk * pp + layout_.stage[g];
+        const std::size_t c = cell_at(s, layout_.replica[g]);
+        const Cell& cell = cells_[c];
         auto& arrived = (backward ? arrived_bwd : arrived_fwd)[c][std::size_t(k)];
         const int to_stage = backward ? s - 1 : s + 1;
-        if (arrived.empty() && (backward ? s < pp - 1 : s > 0)) break;  // not yet sent
+        if (arrived.empty() && (backward ? s < stages - 1 : s > 0)) break;  // not yet sent
         const auto last = backward ? copy(c, k, cell.bwd, cell.reduce, arrived) : copy(c, k, cell.fwd, cell.bwd, arrived);
-        if (to_stage < 0 || to_stage >= pp) continue;
-        const std::size_t to = cell_at[std::size_t(to_stage * layout_.dp + cell.replica)];
+        if (to_stage < 0 || to_stage >= stages) continue;
+        const std::size_t to = cell_at(to_stage, cell.replica);
         for (int place = 0; place < ep; ++place) {
           std::vector<OpId> deps;
           if (last[std::size_t(place)] != kNoNode) deps.push_back(last[std::size_t(place)]);
@@ -262,46 +286,51 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
       }
     }
   }
-  for (std::size_t c = 0; c < cells_.size(); ++c)
-    if (next[c] != passes[c].size()) throw std::logic_error("LayoutIteration: the 1F1B passes do not all run");
+  for (std::size_t g = 0; g < orders_.size(); ++g)
+    if (next[g] != orders_[g].size()) throw std::logic_error("LayoutIteration: the pipeline's passes do not all run");
   // Each stage's gradients, once its cells' last backwards are done: the dense part's all-reduce
-  // over the stage's GPUs and each place's experts' over the stage's groups; then each cell's
-  // optimizer and what follows it.
+  // over the stage's GPUs and each place's experts' over the stage's groups, its chunks' together;
+  // then each cell's optimizer and what follows it.
   const CostModel cost(in.cluster, in.gpu);
   const std::string ar = collective_algorithm(in.spec, CollectiveType::all_reduce);
   for (int s = 0; s < pp; ++s) {
-    std::vector<std::size_t> mine;
-    for (int d = 0; d < layout_.dp; ++d) mine.push_back(cell_at[std::size_t(s * layout_.dp + d)]);
+    std::vector<std::size_t> mine;  // the stage's cells, chunk by chunk
+    for (int chunk = 0; chunk < layout_.chunks; ++chunk)
+      for (int d = 0; d < layout_.dp; ++d) mine.push_back(cell_at(chunk * pp + s, d));
     std::vector<OpId> backward_done;
     std::vector<int> gpus;
     for (std::size_t c : mine) {
       const Cell& cell = cells_[c];
       for (OpId d : cell.last.op(cell.reduce).deps)
         for (int k = 0; k < (d >= cell.fwd ? m : 1); ++k) backward_done.push_back(merged(c, k, d));
-      gpus.insert(gpus.end(), cell.gpus.begin(), cell.gpus.end());
+      if (cell.stage < pp) gpus.insert(gpus.end(), cell.gpus.begin(), cell.gpus.end());
     }
     std::sort(gpus.begin(), gpus.end());
     auto all_reduce = [&](const std::string& label, std::vector<int> group, double bytes) {
       const std::string algorithm = ar == "nccl" ? cost.nccl_all_reduce(group, bytes) : ar;
       return out.add_collective(Stream::comm, label, {CollectiveType::all_reduce, std::move(group), {bytes}, algorithm}, backward_done);
     };
-    const Cell& head = cells_[mine.front()];
-    const auto& dense = std::get<Collective>(head.last.op(head.reduce).body);
-    const OpId dense_ar = all_reduce(kDenseAllReduce, gpus, dense.total_bytes());
-    // A GPU's share of the experts' gradients: E/ep experts of each of the stage's MoE layers.
-    const MoeModel& model = stage_models_[std::size_t(s)];
-    const double expert_bytes = double(model.experts()) / ep * model.layers() * model.expert_params() * model.dtype_bytes();
+    // A GPU's dense gradients and its share of the experts': E/ep experts of each of the stage's
+    // MoE layers, every chunk's.
+    double dense_bytes = 0, expert_bytes = 0;
+    for (int chunk = 0; chunk < layout_.chunks; ++chunk) {
+      const Cell& cell = cells_[cell_at(chunk * pp + s, 0)];
+      dense_bytes += std::get<Collective>(cell.last.op(cell.reduce).body).total_bytes();
+      const MoeModel& model = stage_models_[std::size_t(chunk * pp + s)];
+      expert_bytes += double(model.experts()) / ep * model.layers() * model.expert_params() * model.dtype_bytes();
+    }
+    const OpId dense_ar = all_reduce(kDenseAllReduce, gpus, dense_bytes);
     std::vector<OpId> gradients;
     for (int place = 0; place < ep && layout_.dp > 1; ++place) {
       std::vector<int> copies;
-      for (std::size_t c : mine) copies.push_back(cells_[c].gpus[std::size_t(place)]);
+      for (int d = 0; d < layout_.dp; ++d) copies.push_back(cells_[cell_at(s, d)].gpus[std::size_t(place)]);
       gradients.push_back(all_reduce(pp > 1 ? fmt::format("expert_allreduce.s{}.p{}", s, place) : fmt::format("expert_allreduce.p{}", place),
                                      std::move(copies), expert_bytes));
     }
     for (std::size_t c : mine) {
       Cell& cell = cells_[c];
       id[c][0][cell.reduce] = dense_ar;
-      const int first = stages_[std::size_t(s)].first_layer;
+      const int first = stages_[std::size_t(cell.stage)].first_layer;
       for (OpId i = cell.reduce + 1; i < cell.last.size(); ++i) {
         const Op& op = cell.last.op(i);
         std::vector<OpId> deps;

@@ -45,21 +45,25 @@ std::vector<PipelineStage> pipeline_stages(const MoeModel& model, int pp);
 /// The model a stage runs: its blocks as the whole model.
 MoeModel stage_model(const MoeModel& model, const PipelineStage& stage);
 
-/// One micro-batch's forward or backward on a stage.
+/// One micro-batch's forward or backward of one of a stage's model chunks.
 struct PipelinePass {
   bool backward = false;
   int micro_batch = 0;
+  int chunk = 0;
   friend bool operator==(const PipelinePass&, const PipelinePass&) = default;
 };
 /// The order 1F1B (PipeDream-Flush, Narayanan et al., SC'21; Megatron-LM's
 /// forward_backward_pipelining_without_interleaving) runs stage s's passes in, of `stages` stages
 /// and m micro-batches: w = min(stages − s − 1, m) forwards to fill the pipeline, then a forward
-/// and a backward in turn, then the w backwards left.
-std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches);
+/// and a backward in turn, then the w backwards left. With v > 1 chunks a stage, Megatron's
+/// interleaved order (forward_backward_pipelining_with_interleaving): m·v passes each way, the
+/// k-th forward of chunk (k mod p·v) / p on micro-batch (k / p·v)·p + k mod p (the backwards'
+/// chunks the other way round), w = min(2·(stages − s − 1) + (v − 1)·stages, m·v) forwards first.
+std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches, int chunks = 1);
 
 /// Who is where: the EP groups (cells) of a ParallelSpec on a cluster.
 struct ParallelLayout {
-  int pp = 1, dp = 1, ep = 1, micro_batches = 1, tp = 1;
+  int pp = 1, dp = 1, ep = 1, micro_batches = 1, tp = 1, chunks = 1;
   bool distributed_optimizer = false;  // ZeRO-1: Adam's states sharded (IterationInput's shards)
   std::vector<std::vector<int>> groups;  // the EP groups, each its GPUs in place order
   std::vector<int> stage, replica;       // per group: its pipeline stage and DP coordinate
@@ -91,8 +95,10 @@ class LayoutIteration {
   void observe(const TaskGraph& graph, const Timing& timing);
 
  private:
+  // A cell: one EP group's part of one model chunk (a virtual stage: chunk · pp + its stage).
   struct Cell {
-    int stage = 0, replica = 0;
+    int stage = 0, replica = 0;  // its virtual stage, its DP coordinate
+    int in_flight = 1;           // micro-batches whose activations it holds at most (its order's)
     std::vector<int> gpus;
     std::unique_ptr<Policy> policy;
     TaskGraph last{0};  // its graph of the last iteration: one micro-batch
@@ -102,8 +108,10 @@ class LayoutIteration {
     std::vector<OpId> merged;  // its op -> the merged graph's (the last micro-batch's copy)
   };
   TaskGraph merge(const IterationInput& in);
+  std::size_t cell_at(int virtual_stage, int replica) const { return std::size_t(virtual_stage * layout_.dp + replica); }
   ParallelLayout layout_;
-  std::vector<PipelineStage> stages_;
+  std::vector<PipelineStage> stages_;  // the virtual stages (pp · chunks)
+  std::vector<std::vector<PipelinePass>> orders_;  // per EP group (layout_.groups), its passes in order
   std::vector<MoeModel> stage_models_;
   std::optional<Cluster> cell_cluster_;  // but for one cell and one micro-batch
   std::vector<Cell> cells_;

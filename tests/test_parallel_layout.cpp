@@ -125,6 +125,16 @@ TEST_CASE("1F1B runs each stage's passes in Megatron's order") {
   CHECK(order(3, 4, 6) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 ");
   CHECK(order(0, 4, 2) == "F0 F1 B0 B1 ");  // fewer micro-batches than stages: all forwards first
   CHECK(order(0, 1, 3) == "F0 B0 F1 B1 F2 B2 ");  // no pipeline: gradient accumulation
+  // Interleaved, 2 stages of 2 chunks, 4 micro-batches (micro-batch.chunk): Megatron's
+  // forward_backward_pipelining_with_interleaving takes micro-batches in groups of pp through each
+  // chunk; stage 0 warms up with 2·(2 − 0 − 1) + (2 − 1)·2 = 4 forwards, stage 1 with 2.
+  auto interleaved = [](int stage) {
+    std::string s;
+    for (const auto& p : one_f_one_b(stage, 2, 4, 2)) s += fmt::format("{}{}.{} ", p.backward ? 'B' : 'F', p.micro_batch, p.chunk);
+    return s;
+  };
+  CHECK(interleaved(0) == "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0 ");
+  CHECK(interleaved(1) == "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0 ");
 }
 
 TEST_CASE("pipeline stages split the blocks as evenly as they go, dense blocks first (DeepSeek-V3: 61 over 16)") {
@@ -153,63 +163,68 @@ TEST_CASE("pipeline stages split the blocks as evenly as they go, dense blocks f
   CHECK_THROWS_WITH(pipeline_stages(MoeModel(model), 4), Catch::Contains("only dense blocks"));
 }
 
-TEST_CASE("a 1F1B pipeline idles (p - 1)/(m + p - 1) of each stage's step, and sends each micro-batch's activations") {
-  // 4 stages of one DGX-A100 node each, one MoE layer a stage, 8 micro-batches. Every token stays
-  // on its GPU (source g sends all to expert g), so a pass is its compute: wide experts (d_ffn
-  // 524,288) make a stage's send (256 tokens × 256 × 2 B, 10 µs) a hundredth of a forward.
+TEST_CASE("a 1F1B pipeline idles (p - 1)/(v·m + p - 1) of each stage's step, and sends each micro-batch's activations") {
+  // 4 stages of one DGX-A100 node each, 8 micro-batches; v chunks a stage (1: plain 1F1B; 2:
+  // interleaved), one MoE layer a chunk. Every token stays on its GPU (source g sends all to expert
+  // g), so a pass is its compute: wide experts (d_ffn 524,288) make a stage's send (256 tokens × 256
+  // × 2 B, 10 µs) a hundredth of a layer's forward.
   const int p = 4, m = 8, tokens = 256;
   const Cluster cluster(test::platform("dgx-a100", p));
-  const MoeModel model(test::model_spec(p, 256, 524288, 8, 1, 256, tokens, 4));
-  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
-  spec::ParallelSpec parallel;
-  parallel.set_pp(p);
-  parallel.set_micro_batches(m);
-  const ParallelLayout layout = parallel_layout(parallel, cluster);
-  REQUIRE(layout.ep == 8);
-  REQUIRE(layout.stage_gpus() == 8);
-  std::vector<RoutingMatrix> routing;
-  for (int l = 0; l < p; ++l) {
-    RoutingMatrix R(8, 8);
-    for (int g = 0; g < 8; ++g) R.mutable_at(g, g) = tokens;
-    routing.push_back(R);
-  }
-  spec::PolicySpec ps;
-  ps.set_name("ep");
-  PolicyReport report;
-  LayoutIteration iteration(cluster.spec(), model, layout, ps);
-  const TaskGraph g = iteration.build_iteration({cluster, model, gpu, ps, routing, report});
-  int sends = 0;
-  for (const auto& op : g.ops())
-    if (op.phase == Phase::stage_send) {
-      ++sends;
-      const auto& t = std::get<Transfer>(op.body);
-      CHECK(t.bytes == tokens * 256.0 * 2);
-      CHECK(std::abs(t.dst - t.src) == 8);  // the same place in the next (or previous) stage
+  SimBackend sim(cluster, GpuModel(cluster.spec().gpu(), spec::FP16));
+  for (const int v : {1, 2}) {
+    INFO("chunks " << v);
+    const MoeModel model(test::model_spec(p * v, 256, 524288, 8, 1, 256, tokens, 4));
+    const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+    spec::ParallelSpec parallel;
+    parallel.set_pp(p);
+    parallel.set_micro_batches(m);
+    parallel.set_chunks(std::uint32_t(v));
+    const ParallelLayout layout = parallel_layout(parallel, cluster);
+    REQUIRE(layout.ep == 8);
+    REQUIRE(layout.stage_gpus() == 8);
+    std::vector<RoutingMatrix> routing;
+    for (int l = 0; l < p * v; ++l) {
+      RoutingMatrix R(8, 8);
+      for (int g = 0; g < 8; ++g) R.mutable_at(g, g) = tokens;
+      routing.push_back(R);
     }
-  CHECK(sends == 2 * (p - 1) * m * 8);
-  CHECK(test::forward_tokens(g) == long(p) * m * 8 * tokens);  // every layer's token-slots, once per micro-batch
-  SimBackend sim(cluster, gpu);
-  const Timing timing = sim.execute(g);
-  // The pipeline's step: from stage 0's first forward to its last backward. Per stage, on its first
-  // GPU: the time its passes' compute occupies it, over the step.
-  auto passes = [&](const auto& f) {  // f(rank, start, end) for each part of a pass's compute
-    for (const auto& op : g.ops()) {
-      if (op.label.find(".mb") == std::string::npos) continue;
-      if (const auto* c = std::get_if<Computes>(&op.body))
-        for (std::size_t i = 0; i < c->parts(); ++i) f(c->ranks[i], timing.part_start[c->first_part + i], timing.part_end[c->first_part + i]);
-      else if (std::holds_alternative<Compute>(op.body))
-        f(op.rank, timing.start[op.id], timing.end[op.id]);
+    spec::PolicySpec ps;
+    ps.set_name("ep");
+    PolicyReport report;
+    LayoutIteration iteration(cluster.spec(), model, layout, ps);
+    const TaskGraph g = iteration.build_iteration({cluster, model, gpu, ps, routing, report});
+    int sends = 0;
+    for (const auto& op : g.ops())
+      if (op.phase == Phase::stage_send) {
+        ++sends;
+        const auto& t = std::get<Transfer>(op.body);
+        CHECK(t.bytes == tokens * 256.0 * 2);
+        CHECK(std::abs(t.dst - t.src) % 8 == 0);  // the same place in the next (or previous) virtual stage
+      }
+    CHECK(sends == 2 * (p * v - 1) * m * 8);
+    CHECK(test::forward_tokens(g) == long(p) * v * m * 8 * tokens);  // every layer's token-slots, once per micro-batch
+    const Timing timing = sim.execute(g);
+    // The pipeline's step: from stage 0's first forward to its last backward. Per stage, on its first
+    // GPU: the time its passes' compute occupies it, over the step.
+    auto passes = [&](const auto& f) {  // f(rank, start, end) for each part of a pass's compute
+      for (const auto& op : g.ops()) {
+        if (op.label.find(".mb") == std::string::npos) continue;
+        if (const auto* c = std::get_if<Computes>(&op.body))
+          for (std::size_t i = 0; i < c->parts(); ++i) f(c->ranks[i], timing.part_start[c->first_part + i], timing.part_end[c->first_part + i]);
+        else if (std::holds_alternative<Compute>(op.body))
+          f(op.rank, timing.start[op.id], timing.end[op.id]);
+      }
+    };
+    double first = 1e30, last = 0;
+    passes([&](int, double start, double end) { first = std::min(first, start), last = std::max(last, end); });
+    for (int stage = 0; stage < p; ++stage) {
+      INFO("stage " << stage);
+      double busy = 0;
+      passes([&](int rank, double start, double end) {
+        if (rank == 8 * stage) busy += end - start;
+      });
+      CHECK(1 - busy / (last - first) == Approx(double(p - 1) / (v * m + p - 1)).margin(0.01));
     }
-  };
-  double first = 1e30, last = 0;
-  passes([&](int, double start, double end) { first = std::min(first, start), last = std::max(last, end); });
-  for (int stage = 0; stage < p; ++stage) {
-    INFO("stage " << stage);
-    double busy = 0;
-    passes([&](int rank, double start, double end) {
-      if (rank == 8 * stage) busy += end - start;
-    });
-    CHECK(1 - busy / (last - first) == Approx(double(p - 1) / (m + p - 1)).margin(0.01));
   }
 }
 
