@@ -170,11 +170,11 @@ TEST_CASE("a 1F1B pipeline idles (p - 1)/(v·m + p - 1) of each stage's step, an
   // × 2 B, 10 µs) a hundredth of a layer's forward.
   const int p = 4, m = 8, tokens = 256;
   const Cluster cluster(test::platform("dgx-a100", p));
-  SimBackend sim(cluster, GpuModel(cluster.spec().gpu(), spec::FP16));
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);  // the backend keeps a reference to it
+  SimBackend sim(cluster, gpu);
   for (const int v : {1, 2}) {
     INFO("chunks " << v);
     const MoeModel model(test::model_spec(p * v, 256, 524288, 8, 1, 256, tokens, 4));
-    const GpuModel gpu(cluster.spec().gpu(), model.dtype());
     spec::ParallelSpec parallel;
     parallel.set_pp(p);
     parallel.set_micro_batches(m);
