@@ -3,14 +3,16 @@
 // (docs/spec/modern.md). The cluster's G GPUs as pp pipeline stages of G/pp GPUs, each stage's GPUs
 // as D = G/(pp·ep) EP groups of ep consecutive GPUs (whole nodes), in RankLayout order.
 //
-// A cell is one EP group of one stage. It runs the policy on its own GPUs' tokens as if those GPUs
-// were the whole cluster and its stage's blocks the whole model: all E experts of each of its
-// layers, E/ep per GPU, its all-to-alls inside the group, its own replicas and decisions (a policy
-// instance per cell). Its graph is one micro-batch's forward and backward. The merged iteration has
-// a copy of each per micro-batch, in the order 1F1B runs them (one_f_one_b()). A stage's forward of
-// micro-batch k starts when the previous stage's activations of k have arrived (each GPU sends to
-// the GPU with the same place in the next stage), its backward when the next stage's gradients of k
-// have. After its last backward, each stage reduces its gradients:
+// A cell is one EP group of one stage (of one of its model chunks, with interleaving). It runs the
+// policy on its own GPUs' tokens as if those GPUs were the whole cluster and its blocks the whole
+// model: all E experts of each of its layers, E/ep per GPU, its all-to-alls inside the group, its
+// own replicas and decisions (a policy instance per cell). Its graph is one micro-batch's forward
+// and backward. The merged iteration has a copy of each per micro-batch, in the order 1F1B (or its
+// interleaved form) runs them (one_f_one_b()). A forward of micro-batch k starts when the previous
+// (virtual) stage's activations of k have arrived (each GPU sends to the GPU with the same place in
+// the next stage), a backward when the next stage's gradients of k have. Tensor parallelism is
+// inside a cell (MoeModel::tensor_parallel(), LayerOps). After its last backward, each stage
+// reduces its gradients:
 //   the dense part's, over the stage's GPUs (data parallelism);
 //   each GPU's experts', over the D GPUs of the stage that hold the same experts, one per place in
 //   a group (expert data parallelism);
