@@ -219,7 +219,9 @@ int timeline_stride(const ExperimentResult& result, std::size_t max_events) {
   for (const auto& r : result.runs)
     for (const auto& g : r.graphs)
       for (const auto& op : g.ops())
-        events += std::holds_alternative<Computes>(op.body) ? std::get<Computes>(op.body).parts() : op.ranks().size();
+        if (const auto* parts = std::get_if<Computes>(&op.body)) events += parts->parts();
+        else if (const auto* c = std::get_if<Collective>(&op.body)) events += c->group.size();
+        else ++events;
   return int(std::max<std::size_t>(1, (events + max_events - 1) / max_events));
 }
 

@@ -66,6 +66,11 @@ class CostModel {
   NcclTunerInput nccl_tuner_input(const std::vector<int>& group) const;
   /// The all-reduce algorithm NCCL would run for `bytes` over `group`: "ring" or "tree".
   std::string nccl_all_reduce(const std::vector<int>& group, double bytes) const;
+  /// The algorithm an all-reduce runs when the spec chose `chosen` (collective_algorithm()):
+  /// "nccl", the default, resolved per call by nccl_all_reduce(); any other as it is.
+  std::string all_reduce_algorithm(const std::string& chosen, const std::vector<int>& group, double bytes) const {
+    return chosen == "nccl" ? nccl_all_reduce(group, bytes) : chosen;
+  }
 
   /// Seconds of `tokens` tokens through one expert, one forward pass (2 GEMMs).
   double expert_time(const MoeModel& model, double tokens) const;

@@ -261,7 +261,7 @@ TaskGraph LayerOps::build() {
 
 std::vector<OpId> LayerOps::tp_collectives(const std::string& label, CollectiveType type, int tensors, std::vector<OpId> deps) {
   const int tp = in_.model.tp();
-  const double bytes = tensors * double(in_.model.tokens_per_gpu()) * tp * in_.model.token_bytes();  // the group's tokens
+  const double bytes = tensors * double(in_.model.group_tokens()) * in_.model.token_bytes();
   std::vector<OpId> ops;
   for (int first = 0; first < gpus_; first += tp) {
     std::vector<int> group(static_cast<std::size_t>(tp));
@@ -308,10 +308,9 @@ void LayerOps::shared_experts(int l, Pass pass) {
   every_gpu(label(l, pass, "shared_experts"), {ComputeKind::grouped_gemm, pass == Pass::backward ? backward_gemms(gemms) : gemms, 0});
 }
 
-// The spec's all-reduce algorithm; "nccl" (the default): the one NCCL's tuner would pick for these
-// bytes over this group (CostModel::nccl_all_reduce()).
+// The spec's all-reduce algorithm for these bytes over this group (CostModel::all_reduce_algorithm()).
 std::string LayerOps::all_reduce_algorithm(const std::vector<int>& group, double bytes) const {
-  return ar_ == "nccl" ? cost_.nccl_all_reduce(group, bytes) : ar_;
+  return cost_.all_reduce_algorithm(ar_, group, bytes);
 }
 
 // The group of a replica's broadcast / reduce: its owner (the root) first, then holders

@@ -214,7 +214,6 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
 
 TaskGraph LayoutIteration::merge(const IterationInput& in) {
   const int pp = layout_.pp, m = layout_.micro_batches, ep = layout_.ep, stages = int(stages_.size());
-  const bool relabel = pp > 1 || m > 1;
   TaskGraph out(in.cluster.num_gpus());
   std::size_t ops = 0;
   for (const Cell& cell : cells_) ops += cell.last.size() * std::size_t(m) + std::size_t(2 * m * ep);
@@ -222,9 +221,11 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
   // id[c][k][i]: cell c's op i of micro-batch k in the merged graph; its moves and what follows
   // its backward are once per iteration, under k = 0.
   std::vector<std::vector<std::vector<OpId>>> id(cells_.size());
-  auto merged = [&](std::size_t c, int k, OpId i) {
-    const Cell& cell = cells_[c];
-    return id[c][std::size_t(i >= cell.fwd && i < cell.reduce ? k : 0)][i];
+  auto per_micro_batch = [&](const Cell& cell, OpId i) { return i >= cell.fwd && i < cell.reduce; };
+  auto merged = [&](std::size_t c, int k, OpId i) { return id[c][std::size_t(per_micro_batch(cells_[c], i) ? k : 0)][i]; };
+  // Op i of cell c in the merged graph, each micro-batch's copy of it (once if it is once).
+  auto every_copy = [&](std::size_t c, OpId i, std::vector<OpId>& into) {
+    for (int k = 0; k < (per_micro_batch(cells_[c], i) ? m : 1); ++k) into.push_back(merged(c, k, i));
   };
   // Copies cell c's ops [from, to) as micro-batch k's (k < 0: once). `arrived`: the transfers its
   // first compute on each GPU waits for. Returns, per place, the last compute on that GPU.
@@ -242,8 +243,7 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
         deps.insert(deps.end(), arrived.begin(), arrived.end());
         for (int rank : ranks) waiting[std::size_t(rank)] = 0;
       }
-      const OpId to_id = out.add_shifted(op, cell.gpus.front(), std::move(deps),
-                                         relabel ? merged_label(op.label, first, k < 0 ? -1 : m > 1 ? k : -1) : op.label);
+      const OpId to_id = out.add_shifted(op, cell.gpus.front(), std::move(deps), merged_label(op.label, first, k < 0 || m == 1 ? -1 : k));
       id[c][std::size_t(std::max(k, 0))][i] = to_id;
       for (int rank : ranks) last[std::size_t(rank)] = to_id;
     }
@@ -298,16 +298,13 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
     for (int chunk = 0; chunk < layout_.chunks; ++chunk)
       for (int d = 0; d < layout_.dp; ++d) mine.push_back(cell_at(chunk * pp + s, d));
     std::vector<OpId> backward_done;
-    std::vector<int> gpus;
-    for (std::size_t c : mine) {
-      const Cell& cell = cells_[c];
-      for (OpId d : cell.last.op(cell.reduce).deps)
-        for (int k = 0; k < (d >= cell.fwd ? m : 1); ++k) backward_done.push_back(merged(c, k, d));
-      if (cell.stage < pp) gpus.insert(gpus.end(), cell.gpus.begin(), cell.gpus.end());
-    }
+    for (std::size_t c : mine)
+      for (OpId d : cells_[c].last.op(cells_[c].reduce).deps) every_copy(c, d, backward_done);
+    std::vector<int> gpus;  // the stage's: its EP groups'
+    for (int d = 0; d < layout_.dp; ++d) gpus.insert(gpus.end(), cells_[cell_at(s, d)].gpus.begin(), cells_[cell_at(s, d)].gpus.end());
     std::sort(gpus.begin(), gpus.end());
     auto all_reduce = [&](const std::string& label, std::vector<int> group, double bytes) {
-      const std::string algorithm = ar == "nccl" ? cost.nccl_all_reduce(group, bytes) : ar;
+      const std::string algorithm = cost.all_reduce_algorithm(ar, group, bytes);
       return out.add_collective(Stream::comm, label, {CollectiveType::all_reduce, std::move(group), {bytes}, algorithm}, backward_done);
     };
     // A GPU's dense gradients and its share of the experts': E/ep experts of each of the stage's
@@ -335,10 +332,10 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
         const Op& op = cell.last.op(i);
         std::vector<OpId> deps;
         for (OpId d : op.deps) {
-          for (int k = 0; k < (d >= cell.fwd && d < cell.reduce ? m : 1); ++k) deps.push_back(merged(c, k, d));
+          every_copy(c, d, deps);
           if (d == cell.reduce) deps.insert(deps.end(), gradients.begin(), gradients.end());
         }
-        id[c][0][i] = out.add_shifted(op, cell.gpus.front(), std::move(deps), relabel ? merged_label(op.label, first, -1) : op.label);
+        id[c][0][i] = out.add_shifted(op, cell.gpus.front(), std::move(deps), merged_label(op.label, first, -1));
       }
       cell.merged.resize(cell.last.size());
       for (OpId i = 0; i < cell.last.size(); ++i) cell.merged[i] = merged(c, m - 1, i);

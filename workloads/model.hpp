@@ -26,6 +26,8 @@ class MoeModel {
   /// the heads, the K/V heads or d_ffn.
   MoeModel tensor_parallel(int tp) const;
   int tp() const { return tp_; }
+  /// The tokens a tensor-parallel group's attention runs on: every GPU's of the group.
+  std::uint64_t group_tokens() const { return std::uint64_t(spec_.tokens_per_gpu()) * std::uint64_t(tp_); }
   int layers() const { return int(spec_.layers()); }
   int experts() const { return int(spec_.experts()); }
   int top_k() const { return int(spec_.top_k()); }
@@ -98,8 +100,6 @@ class MoeModel {
  private:
   double attention_params() const;
   std::vector<Gemm> ffn_gemms(std::uint64_t tokens, std::uint64_t f) const;
-  // The tokens a tensor-parallel group's attention runs on: every GPU's of the group.
-  std::uint64_t group_tokens() const { return std::uint64_t(spec_.tokens_per_gpu()) * std::uint64_t(tp_); }
   spec::ModelSpec spec_;
   int tp_ = 1;
 };
