@@ -92,8 +92,8 @@ std::string parameter_table(const std::vector<ReportEntry>& entries) {
       "platform file, `moesim platform show NAME`); per experiment, its model and gating are in its section's header "
       "and spec.\n\n"
       "| platform | GPU | peak FP16 / FP32 TFLOP/s | best GEMM efficiency | memory GB/s × efficiency | GPUs per "
-      "node | NICs × Gb/s | NIC latency µs | per-message µs | host sync µs | network transport | experiments |\n"
-      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+      "node | NICs × Gb/s | NIC latency µs | per-message µs | NCCL call µs | host sync µs | network transport | experiments |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
   for (const auto& [name, value] : platforms) {
     const auto& [c, used_by] = value;
     double fp16 = 0, fp32 = 0, best = 0;
@@ -107,15 +107,16 @@ std::string parameter_table(const std::vector<ReportEntry>& entries) {
       const auto& n = c.node().nics(0);
       nics = fmt::format("{} × {:g}", c.node().nics_size(), n.gbits_per_s());
       latency = fmt::format("{:g}", n.latency_us());
-      overhead = fmt::format("{:g}", n.has_message_overhead_us() ? n.message_overhead_us() : 1.0);
+      overhead = fmt::format("{:g}", Cluster(c).nics()[0].message_overhead * 1e6);  // with its default
       transport = n.staging_memory().empty() ? "GPUDirect RDMA" : "staged through " + n.staging_memory();
     }
     std::string users;
     for (const auto& u : used_by) users += (users.empty() ? "" : ", ") + u;
     const double host_sync = GpuModel(c.gpu(), c.gpu().peak(0).dtype()).host_sync_seconds() * 1e6;  // with its default
-    md += fmt::format("| {} | {} | {:g} / {:g} | {:g} | {:g} × {:g} | {} | {} | {} | {} | {:g} | {} | {} |\n", name,
+    md += fmt::format("| {} | {} | {:g} / {:g} | {:g} | {:g} × {:g} | {} | {} | {} | {} | {:g} | {:g} | {} | {} |\n", name,
                       c.gpu().model(), fp16, fp32, best, c.gpu().memory_gbytes_per_s(), c.gpu().memory_efficiency(),
-                      c.node().gpus(), nics, latency, overhead, host_sync, transport, users);
+                      c.node().gpus(), nics, latency, overhead, Cluster(c).nccl_call_latency() * 1e6, host_sync, transport,
+                      users);
   }
   return md;
 }

@@ -10,12 +10,16 @@
 #include <set>
 
 #include "errors.hpp"
+#include "nccl_constants.hpp"
 #include "gpu.hpp"
 
 namespace moesim {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A NIC's default per-message overhead: NCCL's proxy posting one operation with the Simple protocol.
+double nccl_message_overhead_us(const spec::NodeSpec& node) { return nccl::net_overhead_us(node.cpu_vendor() == "amd", true); }
 
 void require(bool ok, const std::string& field, const std::string& message) {
   if (!ok) throw FieldError(field, message);
@@ -140,6 +144,8 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
   require(node.gpus() >= 1 && node.gpus() <= kMaxGpusPerNode, "node.gpus", fmt::format("must be in [1, {}]", kMaxGpusPerNode));
   require(node.cpu_vendor().empty() || node.cpu_vendor() == "intel" || node.cpu_vendor() == "amd", "node.cpu_vendor",
           "'" + node.cpu_vendor() + "' is not \"intel\" or \"amd\"");
+  if (node.has_nccl_call_latency_us()) require_in(node.nccl_call_latency_us(), 0, kMaxLatencyUs, "node.nccl_call_latency_us", "µs");
+  nccl_call_latency_ = (node.has_nccl_call_latency_us() ? node.nccl_call_latency_us() : nccl::baseLat[1][nccl::kSimple]) * 1e-6;
 
   // Vertices: gpu0..gpuN-1 first, then every other name in link order.
   Graph g;
@@ -161,7 +167,8 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     require(nic_names.insert(nic.name()).second, fmt::format("node.nics[{}].name", i),
             "'" + nic.name() + "' is used by two NICs");
     nics_.push_back(Nic{nic.name(), nic.gbits_per_s() * 1e9 / 8, nic.latency_us() * 1e-6,
-                        (nic.has_message_overhead_us() ? nic.message_overhead_us() : 1.0) * 1e-6, nic.staging_memory()});
+                        (nic.has_message_overhead_us() ? nic.message_overhead_us() : nccl_message_overhead_us(node)) * 1e-6,
+                        nic.staging_memory()});
   }
   auto vertex = [&](const std::string& name, const std::string& field) {
     require(!name.empty(), field, "is empty; name a vertex such as gpu0, nvswitch or nic0");

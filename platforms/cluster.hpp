@@ -48,6 +48,9 @@ class Cluster {
   int local_of(int rank) const { return rank % gpus_per_node(); }
   /// Send/recv rounds NCCL keeps in flight (NodeSpec.p2p_peers).
   int p2p_peers() const { return spec_.node().p2p_peers() ? int(spec_.node().p2p_peers()) : 8; }
+  /// Seconds one NCCL call costs before its bytes move (NodeSpec.nccl_call_latency_us; NCCL's
+  /// baseLat for the Simple protocol by default).
+  double nccl_call_latency() const { return nccl_call_latency_; }
 
   /// The links of one node (every node has the same).
   const std::vector<NodeLink>& node_links() const { return links_; }
@@ -78,6 +81,7 @@ class Cluster {
 
  private:
   spec::ClusterSpec spec_;
+  double nccl_call_latency_ = 0;
   std::vector<NodeLink> links_;
   std::vector<std::vector<Route>> intra_;
   std::vector<int> nic_of_;

@@ -69,7 +69,10 @@ double CostModel::alltoall_time(const std::vector<double>& bytes) const {
   return max_time(load);
 }
 
-double CostModel::collective_time(const Collective& c) const { return lowering_time(lower(c, cluster_), true); }
+double CostModel::collective_time(const Collective& c) const {
+  const Lowering lowering = lower(c, cluster_);
+  return lowering.empty() ? 0 : cluster_.nccl_call_latency() + lowering_time(lowering, true);
+}
 
 double CostModel::lowering_time(const Lowering& lowering, bool floors) const {
   double longest = 0;
@@ -102,7 +105,7 @@ NcclTunerInput CostModel::nccl_tuner_input(const std::vector<int>& group) const 
   const double S = double(1 << 30), n = in.ranks, C = in.channels;
   // The links' bandwidth, as NCCL's search measures it: without the Tree kernels' cap, which the
   // tuner applies itself.
-  const double ring = collective_time({CollectiveType::all_reduce, group, {S}, "ring"});
+  const double ring = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "ring"}, cluster_), true);
   const double tree = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "tree"}, cluster_), false);
   in.ring_bw = ring > 0 ? 2 * (n - 1) / n * S / ring / 1e9 / C : 0;
   in.tree_bw = tree > 0 ? 2 * S / tree / 1e9 / C : 0;

@@ -51,8 +51,9 @@ class CostModel {
 
   /// Seconds of a set of concurrent messages: bytes[i·G + j] from GPU i to GPU j (Eq. 2).
   double alltoall_time(const std::vector<double>& bytes) const;
-  /// A collective as its algorithm lowers it: a step lasts as long as its most loaded directed link
-  /// takes (each transfer × its rounds), a lane its steps one after another, lanes side by side.
+  /// A collective as its algorithm lowers it: NCCL's per-call latency, then a step lasts as long as
+  /// its most loaded directed link takes (each transfer × its rounds), a lane its steps one after
+  /// another, lanes side by side.
   double collective_time(const Collective& c) const;
   /// All-reduce of S bytes over `group` with the algorithm NCCL would pick (nccl_all_reduce()), and
   /// ring broadcast from group[0]: collective_time().

@@ -2,6 +2,8 @@
 // at NVIDIA/nccl 5067397c). Symbols are NCCL's: busBw, latencies, intraLat, interLat, nsteps.
 #include "nccl_tuner.hpp"
 
+#include "nccl_constants.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -9,8 +11,8 @@ namespace moesim {
 namespace {
 
 constexpr int kTree = 0, kRing = 1;  // NCCL_ALGO_TREE, NCCL_ALGO_RING
-// tuning.cc:148-210, ncclTunerConstantsDefaults.
-constexpr double baseLat[2][3] = {{6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}};  // [Tree, Ring][LL, LL128, Simple]
+// tuning.cc:148-210, ncclTunerConstantsDefaults (baseLat: platforms/nccl_constants.hpp).
+using nccl::baseLat;
 constexpr double hwLatNvlink[2][3] = {{0.6, 1.25, 4.0}, {0.6, 1.9, 3.4}};
 constexpr double hwLatPci[2][3] = {{1.0, 1.9, 4.0}, {1.0, 2.5, 5.7}};
 constexpr double hwLatNet[2][3] = {{5.0, 8.5, 14}, {2.7, 4.0, 14.0}};
@@ -62,7 +64,7 @@ Model tune(const NcclTunerInput& in, int a, int p) {
   if (p == int(NcclProtocol::simple)) interLat += in.net_latency_us;  // "the flush extra latency"
   if (a == kRing) {
     double netOverhead = 0;  // "Inter-node rings still have to launch nsteps * net overhead"
-    if (in.nodes > 1) netOverhead = (in.amd_cpu ? 2.0 : 1.0) * (p == int(NcclProtocol::simple) ? 3 : 1);
+    if (in.nodes > 1) netOverhead = nccl::net_overhead_us(in.amd_cpu, p == int(NcclProtocol::simple));
     intraLat = std::max(intraLat, netOverhead);
     const int nInterSteps = in.nodes == 1 ? 0 : 2 * (in.nodes - 1);
     m.latency += (nsteps - nInterSteps) * intraLat + nInterSteps * interLat;

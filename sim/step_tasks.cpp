@@ -196,6 +196,13 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
     const auto& coll = std::get<Collective>(op.body);
     auto start = entry = keep(marker(op.rank));
     const Lowering lowering = options.aggregate ? lower_unlisted(coll, cluster) : lower(coll, cluster);
+    // NCCL's per-call latency: the lanes start that long after the call (a timer, as the floors).
+    if (!lowering.empty() && cluster.nccl_call_latency() > 0) {
+      auto gate = marker(op.rank);
+      all.push_back(gate);  // started by its timer
+      floors[start.get()].push_back({gate, cluster.nccl_call_latency()});
+      start = gate;
+    }
     sg4::ExecPtr finish = lowering.size() == 1 ? nullptr : keep(marker(op.rank));
     if (finish) exit = finish;
     if (lowering.empty()) start->add_successor(finish);

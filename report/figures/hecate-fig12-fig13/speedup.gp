@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p4d-a100 × 32 GPUs; BERT-MoE-Deep (24 layers, 64 experts, top-2); generator preset naive, se...' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:5.546]
+set yrange [0:5.385]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"fastermoe" 1.0998 0.0197
-"smartmoe" 0.9971 0.0863
-"flexmoe" 3.0274 0.7257
-"hecate" 3.8210 0.8790
-"hecate-rm" 3.8210 0.8790
+"fastermoe" 1.0926 0.0207
+"smartmoe" 0.9970 0.0856
+"flexmoe" 2.9722 0.7056
+"hecate" 3.7283 0.8356
+"hecate-rm" 3.7283 0.8356
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

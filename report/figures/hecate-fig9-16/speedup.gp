@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.434]
+set yrange [0:4.224]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0880 0.0337 1.0134 0.1426 1.9620 0.3552 3.1557 0.6022
-"gpt-l" 1.0000 0.0000 1.2624 0.0461 1.0199 0.1391 1.9591 0.3364 2.6728 0.5425
-"bert" 1.0000 0.0000 1.1642 0.0386 1.0176 0.1558 2.1501 0.4380 2.0087 0.4324
-"bert-deep" 1.0000 0.0000 1.1622 0.0183 1.0356 0.0354 2.0751 0.2382 1.9910 0.3020
+"gpt-s" 1.0000 0.0000 1.0833 0.0348 1.0121 0.1421 1.9337 0.3456 3.0318 0.5479
+"gpt-l" 1.0000 0.0000 1.2584 0.0450 1.0193 0.1390 1.9472 0.3327 2.6379 0.5263
+"bert" 1.0000 0.0000 1.1590 0.0384 1.0165 0.1553 2.1205 0.4271 1.9867 0.4194
+"bert-deep" 1.0000 0.0000 1.1573 0.0176 1.0344 0.0353 2.0483 0.2307 1.9671 0.2906
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:5.758]
+set yrange [0:5.254]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0722 0.0645 0.8827 0.2218 1.7686 0.3067 3.5919 1.2878
-"gpt-l" 1.0000 0.0000 1.2310 0.0628 0.9003 0.1999 1.8199 0.2803 2.9994 0.8957
-"bert" 1.0000 0.0000 1.1343 0.0663 0.8834 0.2250 1.8609 0.3157 2.0436 0.4401
-"bert-deep" 1.0000 0.0000 1.1405 0.0377 0.9372 0.0975 1.9342 0.1753 2.1397 0.5237
+"gpt-s" 1.0000 0.0000 1.0651 0.0609 0.8844 0.2170 1.7282 0.2968 3.3262 1.1267
+"gpt-l" 1.0000 0.0000 1.2247 0.0615 0.9008 0.1981 1.8001 0.2769 2.9286 0.8690
+"bert" 1.0000 0.0000 1.1268 0.0638 0.8846 0.2214 1.8241 0.3085 2.0176 0.4283
+"bert-deep" 1.0000 0.0000 1.1334 0.0361 0.9377 0.0949 1.8950 0.1677 2.1070 0.5020
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.659]
+set yrange [0:1.608]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1411 0.1320 1.2490 0.1081
-"M" 1.0000 0.0000 1.0826 0.1300 1.1420 0.1296
-"L" 1.0000 0.0000 1.0303 0.1058 1.0935 0.1790
-"DS" 1.0000 0.0000 1.1853 0.0681 1.3074 0.0988
-"DM" 1.0000 0.0000 1.1212 0.0241 1.1905 0.0816
+"S" 1.0000 0.0000 1.1217 0.1111 1.2212 0.0877
+"M" 1.0000 0.0000 1.0760 0.1219 1.1336 0.1214
+"L" 1.0000 0.0000 1.0286 0.1030 1.0911 0.1757
+"DS" 1.0000 0.0000 1.1615 0.0570 1.2736 0.0894
+"DM" 1.0000 0.0000 1.1132 0.0211 1.1803 0.0765
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

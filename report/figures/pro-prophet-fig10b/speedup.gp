@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.816]
+set yrange [0:1.718]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1614 0.1974 1.2706 0.2687
-"M" 1.0000 0.0000 1.1228 0.1713 1.1928 0.2051
-"L" 1.0000 0.0000 1.0712 0.1079 1.1370 0.1894
-"DS" 1.0000 0.0000 1.2295 0.1539 1.3397 0.1954
-"DM" 1.0000 0.0000 1.1893 0.1269 1.2586 0.1375
+"S" 1.0000 0.0000 1.1367 0.1659 1.2321 0.2241
+"M" 1.0000 0.0000 1.1131 0.1590 1.1785 0.1896
+"L" 1.0000 0.0000 1.0684 0.1052 1.1317 0.1845
+"DS" 1.0000 0.0000 1.1934 0.1301 1.2890 0.1619
+"DM" 1.0000 0.0000 1.1739 0.1211 1.2388 0.1319
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

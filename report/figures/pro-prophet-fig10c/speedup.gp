@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.083]
+set yrange [0:2.002]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.3045 0.2335 1.4641 0.1249
-"M" 1.0000 0.0000 1.2149 0.2315 1.3196 0.1798
-"L" 1.0000 0.0000 1.1243 0.1987 1.2490 0.2125
-"DS" 1.0000 0.0000 1.3621 0.1891 1.5559 0.2092
-"DM" 1.0000 0.0000 1.2637 0.1413 1.3840 0.1694
+"S" 1.0000 0.0000 1.2782 0.2124 1.4279 0.1126
+"M" 1.0000 0.0000 1.2065 0.2222 1.3086 0.1717
+"L" 1.0000 0.0000 1.1221 0.1958 1.2454 0.2091
+"DS" 1.0000 0.0000 1.3313 0.1700 1.5111 0.1859
+"DM" 1.0000 0.0000 1.2537 0.1352 1.3713 0.1627
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.193]
+set yrange [0:2.072]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.3171 0.3638 1.4819 0.3766
-"M" 1.0000 0.0000 1.2322 0.2618 1.3759 0.3637
-"L" 1.0000 0.0000 1.1570 0.1857 1.3294 0.2914
-"DS" 1.0000 0.0000 1.4119 0.2402 1.5740 0.2337
-"DM" 1.0000 0.0000 1.3278 0.1958 1.4606 0.2686
+"S" 1.0000 0.0000 1.2804 0.3179 1.4267 0.3289
+"M" 1.0000 0.0000 1.2196 0.2475 1.3562 0.3442
+"L" 1.0000 0.0000 1.1535 0.1824 1.3228 0.2860
+"DS" 1.0000 0.0000 1.3630 0.2136 1.5073 0.2128
+"DM" 1.0000 0.0000 1.3102 0.1873 1.4362 0.2564
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 2 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over baseline (x)'
-set yrange [0:1.791]
+set yrange [0:1.769]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" ci "planner" ci "scheduler" ci "full" ci
-"k1" 1.0000 0.0000 1.0551 0.0978 1.1405 0.1720 1.1420 0.1296
-"k2" 1.0000 0.0000 1.1571 0.1605 1.2962 0.2218 1.3196 0.1798
+"k1" 1.0000 0.0000 1.0506 0.0905 1.1334 0.1632 1.1336 0.1214
+"k2" 1.0000 0.0000 1.1506 0.1548 1.2862 0.2130 1.3086 0.1717
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

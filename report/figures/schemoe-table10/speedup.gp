@@ -23,9 +23,9 @@ set yrange [0:1.374]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "naive" 1.0000 0.0000
-"z" 1.1337 0.0000
-"zp" 1.1337 0.0000
-"full" 1.1644 0.0000
+"z" 1.1336 0.0000
+"zp" 1.1336 0.0000
+"full" 1.1643 0.0000
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7
