@@ -28,5 +28,6 @@ std::unique_ptr<Policy> make_tutel(Code code);
 std::unique_ptr<Policy> make_smartmoe();
 std::unique_ptr<Policy> make_flexmoe();
 std::unique_ptr<Policy> make_hecate();
+std::unique_ptr<Policy> make_eplb();
 
 }  // namespace moesim

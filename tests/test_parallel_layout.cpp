@@ -26,7 +26,7 @@ TEST_CASE("every policy inside EP groups computes each token-slot once, its all-
   CHECK(layout.replica == std::vector<int>{0, 1});
   CHECK(layout.stage == std::vector<int>{0, 0});
   const long slots = 2L * 16 * t.model.tokens_per_gpu() * 2;
-  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate"}) {
+  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate", "eplb"}) {
     INFO(name);
     spec::PolicySpec ps;
     ps.set_name(name);
@@ -87,10 +87,11 @@ TEST_CASE("every policy in a 2-stage pipeline of 2 micro-batches computes each t
   const long slots = 2L * 8 * t.model.tokens_per_gpu() * 2 * 2;  // layers × GPUs a stage × tokens × top-2 × micro-batches
   SimBackend sim(t.cluster, t.gpu);
   for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate",
-                           "pro-prophet", "tutel", "schemoe"}) {
+                           "pro-prophet", "tutel", "schemoe", "eplb"}) {
     INFO(name);
     spec::PolicySpec ps;
     ps.set_name(name);
+    ps.mutable_eplb()->set_interval(1);  // EPLB places from the first iteration's loads in the second
     LayoutIteration iteration(t.cluster.spec(), t.model, layout, ps);
     for (int it = 0; it < 2; ++it) {  // the second iteration after each cell observed the first
       PolicyReport report;

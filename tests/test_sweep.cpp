@@ -206,15 +206,15 @@ TEST_CASE("aggregated collectives and one flow per message agree within 2% for e
   test::write_file(dir + "/agg.textproto",
                    "name: \"agg\"\nbase: \"" + test::kBaseSpec +
                        "\"\nset: \"cluster.nodes=2\" set: \"model.layers=2\" set: \"model.experts=32\" set: \"iterations=2\"\n"
-                       "set: \"policy.smartmoe.interval=1\" set: \"policy.hecate.overlap_degree=2\"\n"
+                       "set: \"policy.smartmoe.interval=1\" set: \"policy.hecate.overlap_degree=2\" set: \"policy.eplb.interval=1\"\n"
                        "axis { field: \"policy.name\" values: [\"ep\", \"zero3\", \"fastermoe-shadow\", \"fastermoe-smart\", "
-                       "\"fastermoe\", \"replicate-top2\", \"pro-prophet\", \"schemoe\", \"tutel\", \"smartmoe\", \"flexmoe\", \"hecate\"] }\n"
+                       "\"fastermoe\", \"replicate-top2\", \"pro-prophet\", \"schemoe\", \"tutel\", \"smartmoe\", \"flexmoe\", \"hecate\", \"eplb\"] }\n"
                        "axis { field: \"gating.zipf.exponent\" values: [\"0\", \"1.2\"] }\n"
                        "axis { field: \"sim.aggregate\" values: [\"true\", \"false\"] }\n");
   std::string out;
   REQUIRE(test::run_command(std::string(MOESIM_BIN) + " sweep " + dir + "/agg.textproto -q --db " + dir + "/agg.db", out) == 0);
   const auto points = ResultsDb(dir + "/agg.db", false).points();
-  REQUIRE(points.size() == 12 * 2 * 2);
+  REQUIRE(points.size() == 13 * 2 * 2);
   for (std::size_t i = 0; i < points.size(); i += 2) {  // sim.aggregate is the fastest axis: true, false
     INFO(points[i].label << " vs " << points[i + 1].label);
     REQUIRE(points[i].overrides["sim.aggregate"] == "true");
