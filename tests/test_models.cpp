@@ -316,3 +316,48 @@ TEST_CASE("a 256-expert top-8 trace: generated, replayed on 64 GPUs, every row t
       CHECK(R.largest_count() <= 1024);
     }
 }
+
+namespace {
+double max_over_mean(const RoutingMatrix& R) {
+  double most = 0, sum = 0;
+  for (int e = 0; e < R.experts; ++e) {
+    most = std::max(most, double(R.expert_load(e)));
+    sum += double(R.expert_load(e));
+  }
+  return most / (sum / R.experts);
+}
+}  // namespace
+
+TEST_CASE("auxiliary-loss-free balancing flattens a skewed routing over the iterations, every row kept") {
+  // Zipf(1.2) popularity, the same every iteration: the bias of an overloaded expert falls by γ a
+  // step, so its share shrinks by exp(γ/τ) a step until the loads are about even. The first
+  // iteration is the source's own routing (b = 0).
+  auto ex = load_experiment(test::kBaseSpec, {"model.experts=16", "model.layers=1", "cluster.nodes=2"});
+  ex.spec.mutable_gating()->mutable_zipf()->set_exponent(1.2);
+  const MoeModel model(ex.spec.model());
+  auto plain = make_gating_source(ex.spec.gating(), model, 16, 5);
+  ex.spec.mutable_gating()->mutable_aux_free()->set_bias_update(0.001);
+  ex.spec.mutable_gating()->mutable_aux_free()->set_score_scale(0.005);  // a step moves the odds by e^0.2
+  auto balanced = make_gating_source(ex.spec.gating(), model, 16, 5);
+  const std::int64_t slots = std::int64_t(model.tokens_per_gpu()) * model.top_k();
+  std::vector<double> plain_skew, skew;
+  for (int it = 0; it < 30; ++it) {
+    const RoutingMatrix p = plain->next().front(), b = balanced->next().front();
+    if (it == 0) CHECK(p.counts() == b.counts());
+    for (int s = 0; s < 16; ++s) {
+      CHECK(b.row_sum(s) == slots);
+      for (int e = 0; e < 16; ++e) CHECK(b.at(s, e) <= model.tokens_per_gpu());  // a token picks an expert once
+    }
+    plain_skew.push_back(max_over_mean(p));
+    skew.push_back(max_over_mean(b));
+  }
+  CHECK(plain_skew.back() > 3);            // the source stays skewed
+  CHECK(skew[1] < plain_skew[1]);          // one step of bias already moves tokens off the hottest expert
+  CHECK(skew.back() < 1.3);                // and thirty bring it near even
+  CHECK(skew[10] < skew[2]);
+  // Refused: a bias that is no number, and group-limited routing, whose token spreads are drawn first.
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"gating.aux_free.bias_update=nan"}), Catch::Contains("bias_update"));
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"gating.aux_free.score_scale=0.01", "model.experts=64", "model.top_k=8",
+                                                      "model.expert_groups=8", "model.group_limit=2"}),
+                    Catch::Contains("gating.aux_free"));
+}

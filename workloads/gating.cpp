@@ -247,9 +247,60 @@ class TraceSource final : public GatingSource {
   std::uint64_t label_ = 0, first_ = 0;
 };
 
+// DeepSeek-V3's auxiliary-loss-free balancing over another source (AuxFreeBalancing): each
+// layer's rows re-weighted by exp(b_e / τ), then b_e -= γ · sign(load_e − mean load).
+class AuxFreeSource final : public GatingSource {
+ public:
+  AuxFreeSource(std::unique_ptr<GatingSource> inner, const spec::AuxFreeBalancing& a, const MoeModel& m)
+      : inner_(std::move(inner)),
+        gamma_(a.bias_update() > 0 ? a.bias_update() : 0.001),
+        tau_(a.score_scale() > 0 ? a.score_scale() : 0.01),
+        tokens_(m.tokens_per_gpu()),
+        bias_(std::size_t(m.layers()), std::vector<double>(std::size_t(m.experts()), 0.0)) {}
+
+  std::vector<RoutingMatrix> next() override {
+    auto layers = inner_->next();
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      RoutingMatrix& R = layers[l];
+      const auto& b = bias_[l];
+      // Relative odds, the largest 1 (only their ratios matter; no overflow however long b grows).
+      const double top = *std::max_element(b.begin(), b.end());
+      std::vector<double> odds(b.size());
+      for (std::size_t e = 0; e < b.size(); ++e) odds[e] = std::exp((b[e] - top) / tau_);
+      auto& counts = R.mutable_counts();
+      for (std::size_t s = 0; s < std::size_t(R.sources); ++s) {
+        std::int32_t* cells = counts.data() + s * b.size();
+        std::vector<std::int64_t> weighted(b.size());
+        std::int64_t total = 0;
+        for (std::size_t e = 0; e < b.size(); ++e) {
+          total += cells[e];
+          weighted[e] = std::llround(double(cells[e]) * odds[e] * 0x1p30);  // rescale_row takes integers: < 2^55
+        }
+        const auto row = rescale_row(weighted, total, tokens_);
+        for (std::size_t e = 0; e < b.size(); ++e) cells[e] = std::int32_t(row[e]);
+      }
+      double mean = 0;
+      for (std::size_t e = 0; e < b.size(); ++e) mean += double(R.expert_load(int(e))) / double(b.size());
+      for (std::size_t e = 0; e < b.size(); ++e) {
+        const double load = double(R.expert_load(int(e)));
+        bias_[l][e] += load > mean ? -gamma_ : load < mean ? gamma_ : 0.0;
+      }
+    }
+    return layers;
+  }
+  std::uint64_t label() const override { return inner_->label(); }
+
+ private:
+  std::unique_ptr<GatingSource> inner_;
+  double gamma_, tau_;
+  std::int64_t tokens_;
+  std::vector<std::vector<double>> bias_;  // per layer and expert
+};
+
 }  // namespace
 
-GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, int iterations, std::uint64_t seed) {
+// validate_gating() of the source alone.
+static GatingCheck validate_source(const spec::GatingSpec& g, const MoeModel& model, int iterations, std::uint64_t seed) {
   if (g.has_trace() && model.group_limit().on())
     throw FieldError("model.group_limit", "a replayed trace carries its own routing (recorded with whatever limit its "
                                           "gate had); leave expert_groups and group_limit out, or generate the routing");
@@ -327,11 +378,28 @@ GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, in
   return check;
 }
 
+GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, int iterations, std::uint64_t seed) {
+  if (!g.has_aux_free()) return validate_source(g, model, iterations, seed);
+  const auto& a = g.aux_free();
+  for (const auto& [v, field] : {std::pair{a.bias_update(), "gating.aux_free.bias_update"}, {a.score_scale(), "gating.aux_free.score_scale"}})
+    if (!(v >= 0 && v <= 1e3)) throw FieldError(field, fmt::format("must be in [0, 1000] (0: the default), got {}", v));
+  if (model.group_limit().on())
+    throw FieldError("gating.aux_free", "with group-limited routing the token spreads (DeepEP's bytes) are drawn before "
+                                        "the bias and would not follow it: not supported yet; leave group_limit out");
+  GatingCheck check = validate_source(g, model, iterations, seed);
+  check.description += fmt::format(", through auxiliary-loss-free balancing (bias update {:g}, score scale {:g})",
+                                   a.bias_update() > 0 ? a.bias_update() : 0.001, a.score_scale() > 0 ? a.score_scale() : 0.01);
+  return check;
+}
+
 std::unique_ptr<GatingSource> make_gating_source(const spec::GatingSpec& g, const MoeModel& model, int gpus,
                                                  std::uint64_t seed, const std::vector<int>& spread_blocks) {
-  if (g.has_trace()) return std::make_unique<TraceSource>(g.trace(), model, gpus);
-  if (g.has_generator()) return std::make_unique<GeneratorSource>(g.generator(), model, gpus, seed, spread_blocks);
-  return std::make_unique<DistributionSource>(g, model, gpus, seed, spread_blocks);
+  std::unique_ptr<GatingSource> source;
+  if (g.has_trace()) source = std::make_unique<TraceSource>(g.trace(), model, gpus);
+  else if (g.has_generator()) source = std::make_unique<GeneratorSource>(g.generator(), model, gpus, seed, spread_blocks);
+  else source = std::make_unique<DistributionSource>(g, model, gpus, seed, spread_blocks);
+  if (g.has_aux_free()) source = std::make_unique<AuxFreeSource>(std::move(source), g.aux_free(), model);
+  return source;
 }
 
 }  // namespace moesim
