@@ -35,8 +35,9 @@ TEST_CASE("every placement policy computes plain EP's outputs and gradients on t
            {"hecate-reshard", "policy.hecate.reshard_interval=2"},
            {"hecate-rm", "policy.hecate.rematerialize=true"},
            {"hecate-calibrate", "policy.hecate.calibrate=true"}}) {
-    spec::ExperimentSpec s = ex.variants.back().second;
-    REQUIRE(s.policy().name() == "hecate");
+    const auto hecate = std::find_if(ex.variants.begin(), ex.variants.end(), [](const auto& v) { return v.first == "hecate"; });
+    REQUIRE(hecate != ex.variants.end());
+    spec::ExperimentSpec s = hecate->second;
     apply_override(s, set);
     variants.emplace_back(name, s);
   }
@@ -60,9 +61,10 @@ TEST_CASE("every placement policy computes plain EP's outputs and gradients on t
     }
   }
   // The check is not vacuous: the skewed gate makes these policies place copies or move experts.
-  for (const char* p : {"zero2", "zero3", "fastermoe-shadow", "replicate-top2", "pro-prophet", "flexmoe", "hecate"})
+  for (const char* p : {"zero2", "zero3", "fastermoe-shadow", "replicate-top2", "pro-prophet", "flexmoe", "hecate", "eplb"})
     CHECK(copied.count(p) == 1);
   CHECK(migrated.count("smartmoe") == 1);
+  CHECK(migrated.count("eplb") == 1);
   CHECK(migrated.count("hecate-reshard") == 1);
   CHECK(copied.count("ep") == 0);
 }
