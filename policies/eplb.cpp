@@ -23,10 +23,14 @@
 // of ZeRO-less EP updates) is the replica on the GPU that owns fewest experts so far, keeping E/G
 // owners per GPU where it can; a source sends an expert's tokens to a copy on its own GPU, else
 // one on its node, else one of all, by its rank (moe_iteration.cpp replica_targets()). Two replicas
-// of one expert on one GPU are one copy there.
+// of one expert on one GPU, which eplb.py's packing gives now and then (17% of GPUs in random
+// skewed cases, 16 experts and 8 redundant on 2 nodes of 4), are spread first: one goes to another
+// GPU of its node for a replica of similar load (spread_duplicates()); where none can take it, they
+// are one copy there.
 #include "eplb.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <numeric>
 
@@ -138,6 +142,35 @@ Replication rebalance_experts(const std::vector<double>& weight, int num_replica
   return rebalance_experts_hierarchical(weight, num_replicas, 1, 1, num_gpus);  // the global policy
 }
 
+void spread_duplicates(std::vector<int>& phy2log, const std::vector<double>& load, int per_gpu, int domain) {
+  const int gpus = int(phy2log.size()) / per_gpu;
+  auto holds = [&](int g, int e) {
+    for (int q = g * per_gpu; q < (g + 1) * per_gpu; ++q)
+      if (phy2log[std::size_t(q)] == e) return true;
+    return false;
+  };
+  for (int g = 0; g < gpus; ++g)
+    for (int q = g * per_gpu; q < (g + 1) * per_gpu; ++q) {
+      const int e = phy2log[std::size_t(q)];
+      bool second = false;  // an earlier slot of g has e
+      for (int p = g * per_gpu; p < q; ++p) second = second || phy2log[std::size_t(p)] == e;
+      if (!second) continue;
+      int best = -1;
+      const int first = g / domain * domain;
+      for (int other = first; other < first + domain; ++other) {
+        if (other == g || holds(other, e)) continue;
+        for (int r = other * per_gpu; r < (other + 1) * per_gpu; ++r) {
+          const int f = phy2log[std::size_t(r)];
+          if (holds(g, f)) continue;
+          if (best < 0 || std::abs(load[std::size_t(f)] - load[std::size_t(e)]) <
+                              std::abs(load[std::size_t(phy2log[std::size_t(best)])] - load[std::size_t(e)]))
+            best = r;
+        }
+      }
+      if (best >= 0) std::swap(phy2log[std::size_t(q)], phy2log[std::size_t(best)]);
+    }
+}
+
 }  // namespace eplb
 
 namespace {
@@ -172,7 +205,11 @@ class Eplb final : public Policy {
         std::vector<double> weight(static_cast<std::size_t>(E), 0.0);
         for (const auto& past : history_)
           for (int e = 0; e < E; ++e) weight[std::size_t(e)] += past[l][std::size_t(e)] / double(history_.size());
-        const auto r = eplb::rebalance_experts(weight, P, groups, nodes, G);
+        auto r = eplb::rebalance_experts(weight, P, groups, nodes, G);
+        std::vector<double> per_replica(static_cast<std::size_t>(E));
+        for (int e = 0; e < E; ++e) per_replica[std::size_t(e)] = weight[std::size_t(e)] / r.logcnt[std::size_t(e)];
+        const bool hierarchical = groups % nodes == 0;  // eplb.py's choice: groups stay on their node
+        eplb::spread_duplicates(r.phy2log, per_replica, P / G, hierarchical ? G / nodes : G);
         place(l, r.phy2log, P / G, G, E, moves[l]);
       }
     }

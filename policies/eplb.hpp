@@ -30,4 +30,11 @@ Replication rebalance_experts_hierarchical(const std::vector<double>& weight, in
 /// (one group, one node).
 Replication rebalance_experts(const std::vector<double>& weight, int num_replicas, int num_groups, int num_nodes, int num_gpus);
 
+/// moesim's addition (eplb.py leaves it): a GPU that got two replicas of one expert gives one of
+/// them to another GPU of the same `domain` (consecutive GPUs: a node for the hierarchical policy,
+/// all for the global one) in exchange for a replica of an expert it lacks, the one whose load per
+/// replica is closest, so that the loads barely move and a slot holds something new. Where no GPU
+/// can take it, the pair stays. `load[e]`: expert e's load per replica.
+void spread_duplicates(std::vector<int>& phy2log, const std::vector<double>& load, int per_gpu, int domain);
+
 }  // namespace moesim::eplb
