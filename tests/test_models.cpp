@@ -355,9 +355,43 @@ TEST_CASE("auxiliary-loss-free balancing flattens a skewed routing over the iter
   CHECK(skew[1] < plain_skew[1]);          // one step of bias already moves tokens off the hottest expert
   CHECK(skew.back() < 1.3);                // and thirty bring it near even
   CHECK(skew[10] < skew[2]);
-  // Refused: a bias that is no number, and group-limited routing, whose token spreads are drawn first.
+  // Refused: a bias that is no number, and group-limited routing from a source of counts, whose token
+  // spreads are drawn before any bias (the generator takes it into its logits: the next test).
   CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"gating.aux_free.bias_update=nan"}), Catch::Contains("bias_update"));
-  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"gating.aux_free.score_scale=0.01", "model.experts=64", "model.top_k=8",
-                                                      "model.expert_groups=8", "model.group_limit=2"}),
+  CHECK_THROWS_WITH(load_experiment(test::kBaseSpec, {"gating.aux_free.score_scale=0.01", "gating.zipf.exponent=1", "model.experts=64",
+                                                      "model.top_k=8", "model.expert_groups=8", "model.group_limit=2"}),
                     Catch::Contains("gating.aux_free"));
+}
+
+TEST_CASE("auxiliary-loss-free balancing enters the generator's logits: group-limited draws and their spreads follow it") {
+  // DeepSeek-V3-like routing: 64 experts in 8 groups, top-8 within 2 groups, the naive preset's skew.
+  const std::vector<std::string> sets = {"model.experts=64", "model.top_k=8", "model.layers=1", "model.tokens_per_gpu=1024",
+                                         "model.seq_len=1024", "model.expert_groups=8", "model.group_limit=2"};
+  auto ex = load_experiment(test::kBaseSpec, sets);
+  ex.spec.mutable_gating()->mutable_generator()->set_preset("naive");
+  const MoeModel model(ex.spec.model());
+  auto plain = make_gating_source(ex.spec.gating(), model, 16, 2, {8});
+  ex.spec.mutable_gating()->mutable_aux_free()->set_score_scale(0.005);
+  REQUIRE_NOTHROW(validate_gating(ex.spec.gating(), model, 1, 2));
+  auto balanced = make_gating_source(ex.spec.gating(), model, 16, 2, {8});
+  double first = 0, last = 0, plain_last = 0;
+  for (int it = 0; it < 25; ++it) {
+    const RoutingMatrix p = plain->next().front(), b = balanced->next().front();
+    if (it == 0) CHECK(p.counts() == b.counts());  // no bias yet: the same draws
+    for (int s = 0; s < 16; ++s) CHECK(b.row_sum(s) == 1024 * 8);
+    const TokenSpread* spread = b.spread(8);  // drawn with the bias: a token counts once per block of 8
+    REQUIRE(spread);
+    for (int s = 0; s < 16; ++s)
+      for (int blk = 0; blk < 8; ++blk) {
+        std::int64_t slots = 0;
+        for (int e = 8 * blk; e < 8 * blk + 8; ++e) slots += b.at(s, e);
+        CHECK(spread->at(s, blk) <= std::min<std::int64_t>(slots, 1024));
+        CHECK(spread->at(s, blk) * 8 >= slots);
+      }
+    if (it == 0) first = max_over_mean(b);
+    last = max_over_mean(b);
+    plain_last = max_over_mean(p);
+  }
+  CHECK(last < 0.6 * first);
+  CHECK(last < 0.6 * plain_last);
 }

@@ -182,6 +182,10 @@ class GeneratorSource final : public GatingSource {
     return out;
   }
   std::uint64_t label() const override { return iteration_ - 1; }
+  bool bias_logits(const std::vector<std::vector<double>>& bias) override {
+    for (int l = 0; l < layers_; ++l) gen_.set_logit_bias(l, bias[std::size_t(l)]);
+    return true;
+  }
 
  private:
   int layers_;
@@ -247,8 +251,10 @@ class TraceSource final : public GatingSource {
   std::uint64_t label_ = 0, first_ = 0;
 };
 
-// DeepSeek-V3's auxiliary-loss-free balancing over another source (AuxFreeBalancing): each
-// layer's rows re-weighted by exp(b_e / τ), then b_e -= γ · sign(load_e − mean load).
+// DeepSeek-V3's auxiliary-loss-free balancing over another source (AuxFreeBalancing): b_e / τ
+// added to the generator's logits before it draws (so group-limited draws and their token spreads
+// follow it), or each layer's rows of given counts re-weighted by exp(b_e / τ); then
+// b_e -= γ · sign(load_e − mean load).
 class AuxFreeSource final : public GatingSource {
  public:
   AuxFreeSource(std::unique_ptr<GatingSource> inner, const spec::AuxFreeBalancing& a, const MoeModel& m)
@@ -259,26 +265,15 @@ class AuxFreeSource final : public GatingSource {
         bias_(std::size_t(m.layers()), std::vector<double>(std::size_t(m.experts()), 0.0)) {}
 
   std::vector<RoutingMatrix> next() override {
+    std::vector<std::vector<double>> logits(bias_.size());
+    for (std::size_t l = 0; l < bias_.size(); ++l)
+      for (double b : bias_[l]) logits[l].push_back(b / tau_);
+    const bool drawn = inner_->bias_logits(logits);
     auto layers = inner_->next();
     for (std::size_t l = 0; l < layers.size(); ++l) {
       RoutingMatrix& R = layers[l];
       const auto& b = bias_[l];
-      // Relative odds, the largest 1 (only their ratios matter; no overflow however long b grows).
-      const double top = *std::max_element(b.begin(), b.end());
-      std::vector<double> odds(b.size());
-      for (std::size_t e = 0; e < b.size(); ++e) odds[e] = std::exp((b[e] - top) / tau_);
-      auto& counts = R.mutable_counts();
-      for (std::size_t s = 0; s < std::size_t(R.sources); ++s) {
-        std::int32_t* cells = counts.data() + s * b.size();
-        std::vector<std::int64_t> weighted(b.size());
-        std::int64_t total = 0;
-        for (std::size_t e = 0; e < b.size(); ++e) {
-          total += cells[e];
-          weighted[e] = std::llround(double(cells[e]) * odds[e] * 0x1p30);  // rescale_row takes integers: < 2^55
-        }
-        const auto row = rescale_row(weighted, total, tokens_);
-        for (std::size_t e = 0; e < b.size(); ++e) cells[e] = std::int32_t(row[e]);
-      }
+      if (!drawn) reweight(R, b);
       double mean = 0;
       for (std::size_t e = 0; e < b.size(); ++e) mean += double(R.expert_load(int(e))) / double(b.size());
       for (std::size_t e = 0; e < b.size(); ++e) {
@@ -291,6 +286,26 @@ class AuxFreeSource final : public GatingSource {
   std::uint64_t label() const override { return inner_->label(); }
 
  private:
+  // Given counts: each row re-weighted by the odds exp(b_e / τ), scaled back to its token-slots.
+  void reweight(RoutingMatrix& R, const std::vector<double>& b) const {
+    // Relative odds, the largest 1 (only their ratios matter; no overflow however long b grows).
+    const double top = *std::max_element(b.begin(), b.end());
+    std::vector<double> odds(b.size());
+    for (std::size_t e = 0; e < b.size(); ++e) odds[e] = std::exp((b[e] - top) / tau_);
+    auto& counts = R.mutable_counts();
+    for (std::size_t s = 0; s < std::size_t(R.sources); ++s) {
+      std::int32_t* cells = counts.data() + s * b.size();
+      std::vector<std::int64_t> weighted(b.size());
+      std::int64_t total = 0;
+      for (std::size_t e = 0; e < b.size(); ++e) {
+        total += cells[e];
+        weighted[e] = std::llround(double(cells[e]) * odds[e] * 0x1p30);  // rescale_row takes integers: < 2^55
+      }
+      const auto row = rescale_row(weighted, total, tokens_);
+      for (std::size_t e = 0; e < b.size(); ++e) cells[e] = std::int32_t(row[e]);
+    }
+  }
+
   std::unique_ptr<GatingSource> inner_;
   double gamma_, tau_;
   std::int64_t tokens_;
@@ -383,9 +398,9 @@ GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, in
   const auto& a = g.aux_free();
   for (const auto& [v, field] : {std::pair{a.bias_update(), "gating.aux_free.bias_update"}, {a.score_scale(), "gating.aux_free.score_scale"}})
     if (!(v >= 0 && v <= 1e3)) throw FieldError(field, fmt::format("must be in [0, 1000] (0: the default), got {}", v));
-  if (model.group_limit().on())
-    throw FieldError("gating.aux_free", "with group-limited routing the token spreads (DeepEP's bytes) are drawn before "
-                                        "the bias and would not follow it: not supported yet; leave group_limit out");
+  if (model.group_limit().on() && !g.has_generator())
+    throw FieldError("gating.aux_free", "with group-limited routing only the generator takes the bias before it draws (the "
+                                        "token spreads DeepEP's bytes follow); use gating.generator");
   GatingCheck check = validate_source(g, model, iterations, seed);
   check.description += fmt::format(", through auxiliary-loss-free balancing (bias update {:g}, score scale {:g})",
                                    a.bias_update() > 0 ? a.bias_update() : 0.001, a.score_scale() > 0 ? a.score_scale() : 0.01);

@@ -21,6 +21,9 @@ class GatingSource {
   virtual std::vector<RoutingMatrix> next() = 0;
   /// The iteration number this routing stands for (the trace's own numbering when replaying).
   virtual std::uint64_t label() const = 0;
+  /// Adds bias[l][e] to the gate's logits of expert e in layer l for the next draws, if this source
+  /// draws tokens from logits (the generator); false if it cannot (counts are given).
+  virtual bool bias_logits(const std::vector<std::vector<double>>& /*bias*/) { return false; }
 };
 
 /// Checks the gating spec against the model before any work starts (FieldError with a path

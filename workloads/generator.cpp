@@ -427,6 +427,7 @@ struct GatingGenerator::Layer {
   std::vector<int> live;      // experts with finite mu
   std::vector<double> d;      // slow OU drift
   std::vector<float> delta;   // sources × experts source offsets (float: half the memory)
+  std::vector<double> bias;   // added to every source's logits (set_logit_bias); empty: none
 };
 
 namespace {
@@ -505,6 +506,8 @@ GatingGenerator::~GatingGenerator() = default;
 GatingGenerator::GatingGenerator(GatingGenerator&&) noexcept = default;
 GatingGenerator& GatingGenerator::operator=(GatingGenerator&&) noexcept = default;
 
+void GatingGenerator::set_logit_bias(int layer, std::vector<double> bias) { layers_.at(std::size_t(layer)).bias = std::move(bias); }
+
 RoutingMatrix GatingGenerator::next(int layer) {
   Layer& L = layers_.at(std::size_t(layer));
   const std::int64_t t = L.iteration++;
@@ -532,6 +535,8 @@ RoutingMatrix GatingGenerator::next(int layer) {
     fill_normal(L.sampling, p);  // eps / sigma_fast
     const float* delta = &L.delta[std::size_t(s) * experts_];
     for (int e = 0; e < experts_; ++e) p[e] = scale * (common[e] + P.sigma_fast * p[e] + delta[e]);
+    if (!L.bias.empty())
+      for (int e = 0; e < experts_; ++e) p[e] += L.bias[std::size_t(e)];
     softmax(p);
     if (!hot.empty()) apply_hot_spot(p, hot, P.hot_fraction, top_k_);
     if (limit_.on()) {  // token by token, each within its groups

@@ -75,6 +75,9 @@ class GatingGenerator {
   /// With a group limit on, also count each matrix's token spreads of these blocks
   /// (RoutingMatrix::spread(): DeepEP's dispatch); the same draws.
   void count_spreads(std::vector<int> blocks) { spread_blocks_ = std::move(blocks); }
+  /// Adds bias[e] to every source's logit of expert e in `layer` from the next draw on (a gate's
+  /// per-expert bias: auxiliary-loss-free balancing, gating.cpp); the draws stay the same.
+  void set_logit_bias(int layer, std::vector<double> bias);
 
  private:
   struct Layer;
