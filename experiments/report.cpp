@@ -102,12 +102,13 @@ std::string parameter_table(const std::vector<ReportEntry>& entries) {
       peak = std::max(peak, p.tflops());
     }
     for (const auto& e : c.gpu().gemm_efficiency()) best = std::max(best, e.efficiency());
+    const Cluster cluster(c);  // the defaults the platform file leaves out
     std::string nics = "—", latency = "—", overhead = "—", transport = "—";
     if (c.node().nics_size()) {
       const auto& n = c.node().nics(0);
       nics = fmt::format("{} × {:g}", c.node().nics_size(), n.gbits_per_s());
       latency = fmt::format("{:g}", n.latency_us());
-      overhead = fmt::format("{:g}", Cluster(c).nics()[0].message_overhead * 1e6);  // with its default
+      overhead = fmt::format("{:g}", cluster.nics()[0].message_overhead * 1e6);
       transport = n.staging_memory().empty() ? "GPUDirect RDMA" : "staged through " + n.staging_memory();
     }
     std::string users;
@@ -115,7 +116,7 @@ std::string parameter_table(const std::vector<ReportEntry>& entries) {
     const double host_sync = GpuModel(c.gpu(), c.gpu().peak(0).dtype()).host_sync_seconds() * 1e6;  // with its default
     md += fmt::format("| {} | {} | {:g} / {:g} | {:g} | {:g} × {:g} | {} | {} | {} | {} | {:g} | {:g} | {} | {} |\n", name,
                       c.gpu().model(), fp16, fp32, best, c.gpu().memory_gbytes_per_s(), c.gpu().memory_efficiency(),
-                      c.node().gpus(), nics, latency, overhead, Cluster(c).nccl_call_latency() * 1e6, host_sync, transport,
+                      c.node().gpus(), nics, latency, overhead, cluster.nccl_call_latency() * 1e6, host_sync, transport,
                       users);
   }
   return md;

@@ -138,7 +138,7 @@ Replication rebalance_experts_hierarchical(const std::vector<double>& weight, in
 }
 
 Replication rebalance_experts(const std::vector<double>& weight, int num_replicas, int num_groups, int num_nodes, int num_gpus) {
-  if (num_groups % num_nodes == 0) return rebalance_experts_hierarchical(weight, num_replicas, num_groups, num_nodes, num_gpus);
+  if (hierarchical(num_groups, num_nodes)) return rebalance_experts_hierarchical(weight, num_replicas, num_groups, num_nodes, num_gpus);
   return rebalance_experts_hierarchical(weight, num_replicas, 1, 1, num_gpus);  // the global policy
 }
 
@@ -201,6 +201,7 @@ class Eplb final : public Policy {
     if (seen_ % interval == 0 && !history_.empty()) {
       const int groups = in.model.spec().expert_groups() ? int(in.model.spec().expert_groups()) : 1;
       const int nodes = s.global() ? 1 : in.cluster.nodes();
+      const int domain = eplb::hierarchical(groups, nodes) ? G / nodes : G;  // where a replica may move: its node, or anywhere
       for (std::size_t l = 0; l < L; ++l) {
         std::vector<double> weight(static_cast<std::size_t>(E), 0.0);
         for (const auto& past : history_)
@@ -208,8 +209,7 @@ class Eplb final : public Policy {
         auto r = eplb::rebalance_experts(weight, P, groups, nodes, G);
         std::vector<double> per_replica(static_cast<std::size_t>(E));
         for (int e = 0; e < E; ++e) per_replica[std::size_t(e)] = weight[std::size_t(e)] / r.logcnt[std::size_t(e)];
-        const bool hierarchical = groups % nodes == 0;  // eplb.py's choice: groups stay on their node
-        eplb::spread_duplicates(r.phy2log, per_replica, P / G, hierarchical ? G / nodes : G);
+        eplb::spread_duplicates(r.phy2log, per_replica, P / G, domain);
         place(l, r.phy2log, P / G, G, E, moves[l]);
       }
     }

@@ -26,8 +26,9 @@ Replication replicate_experts(const std::vector<double>& weight, int num_phy);
 /// its GPUs; physical expert p lands on GPU p / (num_physical_experts / num_gpus).
 Replication rebalance_experts_hierarchical(const std::vector<double>& weight, int num_physical_experts, int num_groups,
                                            int num_nodes, int num_gpus);
-/// eplb.py's entry point: hierarchical when the nodes divide the groups, else the global policy
-/// (one group, one node).
+/// eplb.py's choice between its policies: hierarchical when the nodes divide the expert groups.
+inline bool hierarchical(int num_groups, int num_nodes) { return num_groups % num_nodes == 0; }
+/// eplb.py's entry point: hierarchical() or else the global policy (one group, one node).
 Replication rebalance_experts(const std::vector<double>& weight, int num_replicas, int num_groups, int num_nodes, int num_gpus);
 
 /// moesim's addition (eplb.py leaves it): a GPU that got two replicas of one expert gives one of

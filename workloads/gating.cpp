@@ -255,12 +255,16 @@ class TraceSource final : public GatingSource {
 // added to the generator's logits before it draws (so group-limited draws and their token spreads
 // follow it), or each layer's rows of given counts re-weighted by exp(b_e / τ); then
 // b_e -= γ · sign(load_e − mean load).
+// γ and τ as set, or their defaults (AuxFreeBalancing).
+double bias_update(const spec::AuxFreeBalancing& a) { return a.bias_update() > 0 ? a.bias_update() : 0.001; }
+double score_scale(const spec::AuxFreeBalancing& a) { return a.score_scale() > 0 ? a.score_scale() : 0.01; }
+
 class AuxFreeSource final : public GatingSource {
  public:
   AuxFreeSource(std::unique_ptr<GatingSource> inner, const spec::AuxFreeBalancing& a, const MoeModel& m)
       : inner_(std::move(inner)),
-        gamma_(a.bias_update() > 0 ? a.bias_update() : 0.001),
-        tau_(a.score_scale() > 0 ? a.score_scale() : 0.01),
+        gamma_(bias_update(a)),
+        tau_(score_scale(a)),
         tokens_(m.tokens_per_gpu()),
         bias_(std::size_t(m.layers()), std::vector<double>(std::size_t(m.experts()), 0.0)) {}
 
@@ -274,12 +278,10 @@ class AuxFreeSource final : public GatingSource {
       RoutingMatrix& R = layers[l];
       const auto& b = bias_[l];
       if (!drawn) reweight(R, b);
-      double mean = 0;
-      for (std::size_t e = 0; e < b.size(); ++e) mean += double(R.expert_load(int(e))) / double(b.size());
-      for (std::size_t e = 0; e < b.size(); ++e) {
-        const double load = double(R.expert_load(int(e)));
-        bias_[l][e] += load > mean ? -gamma_ : load < mean ? gamma_ : 0.0;
-      }
+      std::vector<double> load(b.size());
+      for (std::size_t e = 0; e < b.size(); ++e) load[e] = double(R.expert_load(int(e)));
+      const double mean = std::accumulate(load.begin(), load.end(), 0.0) / double(load.size());
+      for (std::size_t e = 0; e < b.size(); ++e) bias_[l][e] += load[e] > mean ? -gamma_ : load[e] < mean ? gamma_ : 0.0;
     }
     return layers;
   }
@@ -402,8 +404,8 @@ GatingCheck validate_gating(const spec::GatingSpec& g, const MoeModel& model, in
     throw FieldError("gating.aux_free", "with group-limited routing only the generator takes the bias before it draws (the "
                                         "token spreads DeepEP's bytes follow); use gating.generator");
   GatingCheck check = validate_source(g, model, iterations, seed);
-  check.description += fmt::format(", through auxiliary-loss-free balancing (bias update {:g}, score scale {:g})",
-                                   a.bias_update() > 0 ? a.bias_update() : 0.001, a.score_scale() > 0 ? a.score_scale() : 0.01);
+  check.description +=
+      fmt::format(", through auxiliary-loss-free balancing (bias update {:g}, score scale {:g})", bias_update(a), score_scale(a));
   return check;
 }
 
