@@ -51,6 +51,10 @@ struct Inputs {
   std::vector<std::vector<Run>> summaries;  // one list of runs per summary.json
   std::vector<std::string> summary_names;
   std::vector<std::string> series_suffix;   // scaling: what else a sweep point varies (results.db)
+  // A sweep point's short name (results.db): the values of what else it varies, one field of those
+  // zipped together ("gb200-nvl72"); it prefixes the groups of its GROUP/NAME variants in a speedup
+  // figure.
+  std::vector<std::string> point_names;
   std::vector<json> collectives;            // collective.json files
   std::string timeline;                     // a timeline.json
   std::string trace;                        // a gating trace
@@ -114,6 +118,7 @@ void add_summary(const json& j, const std::string& name, const std::string& wher
     in.summaries.push_back(std::move(runs));
     in.summary_names.push_back(name);
     in.series_suffix.emplace_back();
+    in.point_names.emplace_back();
     if (j.contains("platform") && j.contains("model")) {
       in.platforms.insert(j.value("platform", "?"));
       in.gpus.insert(gpus);
@@ -129,15 +134,21 @@ void add_summary(const json& j, const std::string& name, const std::string& wher
       if (spec_model_run) add_model(m);
       // The routing in a few words: a trace's file name (not where it lies, nor which iterations),
       // a generator's preset and seed (its parameters are in summary.json).
-      std::string routing = j.value("routing", j.value("gating", std::string("?")));
-      if (routing.rfind("trace ", 0) == 0) {
-        routing = routing.substr(6, routing.find(": ") == std::string::npos ? std::string::npos : routing.find(": ") - 6);
-        const fs::path path = routing;  // its folder and name: "smartmoe-gpt-e32-k2-r16/trace.csv"
-        routing = "trace " + (path.parent_path().filename() / path.filename()).string();
-      } else if (const auto open = routing.find(" ("), close = routing.find("), "); open != std::string::npos && close != std::string::npos) {
-        routing = routing.substr(0, open) + routing.substr(close + 1);
-      }
-      in.routings.insert(routing);
+      auto add_routing = [&](std::string routing) {
+        if (routing.rfind("trace ", 0) == 0) {
+          routing = routing.substr(6, routing.find(": ") == std::string::npos ? std::string::npos : routing.find(": ") - 6);
+          const fs::path path = routing;  // its folder and name: "smartmoe-gpt-e32-k2-r16/trace.csv"
+          routing = "trace " + (path.parent_path().filename() / path.filename()).string();
+        } else if (const auto open = routing.find(" ("), close = routing.find("), "); open != std::string::npos && close != std::string::npos) {
+          routing = routing.substr(0, open) + routing.substr(close + 1);
+        }
+        in.routings.insert(routing);
+      };
+      bool spec_routing_run = !j.contains("variants");  // variants of their own routing, or the spec's
+      for (const auto& v : j.value("variants", json::array()))
+        if (v.contains("routing")) add_routing(v.value("routing", "?"));
+        else spec_routing_run = true;
+      if (spec_routing_run) add_routing(j.value("routing", j.value("gating", std::string("?"))));
       in.tokens_per_gpu.insert(m.value("tokens_per_gpu", 0L));
     }
   } catch (const json::exception& e) {
@@ -180,12 +191,41 @@ void read_input(const fs::path& path, Inputs& in) {
     auto follows_gpus = [&](const std::string& field) {
       return std::all_of(by_gpus[field].begin(), by_gpus[field].end(), [](const auto& kv) { return kv.second.size() == 1; });
     };
+    // The fields that name a point: those that vary but the policy, and of fields that vary
+    // together (a zip) one.
+    auto value_of = [](const StoredPoint& p, const std::string& field) {
+      return p.overrides.contains(field) ? p.overrides[field].get<std::string>() : std::string();
+    };
+    // Fields of words before fields of numbers: "gb200-nvl72" names a point better than its "64".
+    std::vector<std::string> fields;
+    for (const auto& kv : by_gpus) fields.push_back(kv.first);
+    auto numeric = [&](const std::string& field) {
+      return std::all_of(points.begin(), points.end(), [&](const auto& p) {
+        const std::string v = value_of(p, field);
+        return !v.empty() && v.find_first_not_of("0123456789.eE+-") == std::string::npos;
+      });
+    };
+    std::stable_partition(fields.begin(), fields.end(), [&](const std::string& f) { return !numeric(f); });
+    std::vector<std::string> naming;
+    for (const auto& field : fields) {
+      if (field == "policy.name") continue;
+      auto same_partition = [&](const std::string& other) {
+        for (const auto& a : points)
+          for (const auto& b : points)
+            if ((value_of(a, field) == value_of(b, field)) != (value_of(a, other) == value_of(b, other))) return false;
+        return true;
+      };
+      const bool varies = std::any_of(points.begin(), points.end(), [&](const auto& p) { return value_of(p, field) != value_of(points.front(), field); });
+      if (varies && std::none_of(naming.begin(), naming.end(), same_partition)) naming.push_back(field);
+    }
     for (const auto& p : points) {
       add_summary(p.summary, p.label, fmt::format("{} point {}", path.string(), p.id), in);
-      std::string suffix;
+      std::string suffix, name;
       for (const auto& [field, value] : p.overrides.items())
         if (field != "policy.name" && !follows_gpus(field)) suffix += (suffix.empty() ? "" : " ") + field + "=" + value.get<std::string>();
+      for (const auto& field : naming) name += (name.empty() ? "" : " ") + value_of(p, field);
       in.series_suffix.back() = suffix;
+      in.point_names.back() = name;
     }
     if (in.summaries.empty()) throw InputError(path.string() + ": no finished points yet");
     return;
@@ -294,12 +334,14 @@ std::string render(const Figure& f, const std::string& format, const fs::path& o
 // The figures.
 
 // All runs of all summaries, each with its group: its own GROUP/ prefix, else the summary's name
-// when there are several summaries.
-std::vector<Run> all_runs(const Inputs& in) {
+// when there are several summaries. `by_point`: a sweep point's GROUP/NAME variants in groups of
+// their own, "POINT GROUP" (a bar chart's; a scaling line runs across points).
+std::vector<Run> all_runs(const Inputs& in, bool by_point = false) {
   std::vector<Run> runs;
   for (std::size_t s = 0; s < in.summaries.size(); ++s)
     for (Run r : in.summaries[s]) {
       if (r.group.empty() && in.summaries.size() > 1) r.group = in.summary_names[s];
+      else if (by_point && !r.group.empty() && !in.point_names[s].empty()) r.group = in.point_names[s] + " " + r.group;
       runs.push_back(std::move(r));
     }
   return runs;
@@ -326,7 +368,7 @@ std::pair<double, double> paired_speedup(const Run& base, const Run& run) {
 }
 
 Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
-  const auto runs = all_runs(in);
+  const auto runs = all_runs(in, true);
   const auto groups = ordered_unique(runs, &Run::group);
   const auto names = ordered_unique(runs, &Run::name);
   const std::string baseline = o.baseline.empty() ? names.front() : o.baseline;
@@ -383,8 +425,11 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
     body += "\n";
   }
   body += fmt::format("EOD\nset style data histograms\nset style histogram {} gap 1\nset boxwidth 0.9\n"
-                      "set key top left horizontal\nset xtics rotate by 20 right\n",
-                      seeds ? "errorbars lw 1" : "clustered");
+                      "set key {}\nset xtics rotate by {}\n",
+                      seeds ? "errorbars lw 1" : "clustered",
+                      // Many runs: a column of names right of the plot, where no bar runs into it.
+                      names.size() > 4 ? "outside right top vertical Left reverse samplen 1 font ',7'" : "top left horizontal",
+                      groups.size() > 4 ? "30 right font ',7'" : "20 right");
   body += seeds ? fmt::format("plot for [i=0:{}] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)\n",
                               names.size() - 1)
                 : fmt::format("plot for [i=0:{}] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)\n", names.size() - 1);

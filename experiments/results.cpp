@@ -180,6 +180,8 @@ nlohmann::json summary_json(const Experiment& ex, const ExperimentResult& result
     variants.push_back(run(result.runs[v]));
     if (v < ex.variants.size() && ex.variants[v].second.model().SerializeAsString() != s.model().SerializeAsString())
       variants.back()["model"] = model_json(ex.variants[v].second.model());  // a variant's own model
+    if (v < ex.variant_gating.size() && ex.variant_gating[v] != ex.gating)
+      variants.back()["routing"] = ex.variant_gating[v];  // a variant's own routing
   }
   auto& paper = j["paper"] = nlohmann::json::array();
   for (const auto& c : result.paper) {

@@ -170,6 +170,13 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     throw in_spec("cluster.platform", e.what());
   }
   if (s.cluster().nodes() > 0) ex.cluster_spec.set_nodes(s.cluster().nodes());
+  if (s.cluster().gpus_per_node() > 0) {
+    try {
+      *ex.cluster_spec.mutable_node() = first_gpus(ex.cluster_spec.node(), int(std::min(s.cluster().gpus_per_node(), 1u << 20)));
+    } catch (const FieldError& e) {
+      throw in_spec("cluster.gpus_per_node", e.message());
+    }
+  }
   if (!s.cluster().gpu_profile().empty()) {  // a measured GPU in place of the catalog's
     relative_to_spec(s.mutable_cluster()->mutable_gpu_profile(), "cluster.gpu_profile");
     try {
@@ -226,6 +233,7 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       for (const auto& stage : pipeline_stages(per_gpu, layout.pp * layout.chunks))
         make_policy(run.policy())->validate(Cluster(ep_group_cluster(ex.cluster_spec, layout.ep)), stage_model(per_gpu, stage), run.policy());
       const auto gating = validate_gating(run.gating(), *model, int(run.iterations()), run.seed());
+      if (&run != &s) ex.variant_gating.push_back(gating.description);
       if (&run == &s) {
         ex.gating_source = gating.source;
         ex.gating = gating.description;
@@ -270,6 +278,10 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       } catch (const InputError& e) {
         throw in_spec(fmt::format("{}.set[{}]", where, j), e.what());
       }
+      // A trace a variant names is, as the spec's, relative to the spec file.
+      if (v.set(j).rfind("gating.trace.path=", 0) == 0 && path && !fs::path(run.gating().trace().path()).is_absolute())
+        if (const auto candidate = fs::path(*path).parent_path() / run.gating().trace().path(); fs::exists(candidate))
+          run.mutable_gating()->mutable_trace()->set_path(candidate.lexically_normal().string());
     }
     validate_run(run, [&](const std::string& field, const std::string& message) {
       return in_spec(where, "variant '" + v.name() + "': field '" + field + "': " + message);

@@ -33,8 +33,9 @@ struct Experiment {
   /// --set that replaced the spec's gating source, a trace deeper than the model.
   std::vector<std::string> notes;
   /// What the routing is (GatingCheck: "trace PATH: iterations ...", "generator preset ..."); of the
-  /// spec itself (variants may set their own: summary.json names each variant's).
+  /// spec itself, and of each variant (variants may set their own: summary.json names it there).
   std::string gating_source, gating;
+  std::vector<std::string> variant_gating;
 };
 
 /// The real gating trace the demo replays when it is found (shared/traces/smartmoe-gpt-e32-k2-r16,

@@ -135,6 +135,41 @@ Route staged_route(const Graph& g, int gpu, int nic, const std::vector<Nic>& nic
 
 }  // namespace
 
+spec::NodeSpec first_gpus(const spec::NodeSpec& node, int gpus) {
+  require(gpus >= 1 && gpus <= int(node.gpus()), "node.gpus",
+          fmt::format("a job can hold 1 to the node's {} GPUs, not {}", node.gpus(), gpus));
+  if (gpus == int(node.gpus())) return node;
+  auto gpu_index = [](const std::string& name) {  // "gpu12" -> 12; -1 for any other vertex
+    if (name.size() < 4 || name.rfind("gpu", 0) != 0 ||
+        !std::all_of(name.begin() + 3, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return -1;
+    return name.size() > 9 ? std::numeric_limits<int>::max() : std::stoi(name.substr(3));
+  };
+  std::set<std::string> nics;
+  for (const auto& nic : node.nics()) nics.insert(nic.name());
+  // Breadth-first from the kept GPUs: a route may pass through switches only (as Cluster's routes).
+  std::set<std::string> reached;
+  std::queue<std::string> todo;
+  for (int i = 0; i < gpus; ++i) reached.insert("gpu" + std::to_string(i)), todo.push("gpu" + std::to_string(i));
+  while (!todo.empty()) {
+    const std::string v = todo.front();
+    todo.pop();
+    if (nics.count(v)) continue;  // a NIC ends a route inside the node
+    for (const auto& l : node.links())
+      for (const auto& [from, to] : {std::pair(l.a(), l.b()), std::pair(l.b(), l.a())})
+        if (from == v && gpu_index(to) < gpus && reached.insert(to).second && gpu_index(to) < 0) todo.push(to);
+  }
+  spec::NodeSpec out = node;
+  out.set_gpus(std::uint32_t(gpus));
+  out.clear_links();
+  out.clear_nics();
+  for (const auto& l : node.links())
+    if (reached.count(l.a()) && reached.count(l.b())) *out.add_links() = l;
+  for (const auto& nic : node.nics())
+    if (reached.count(nic.name())) *out.add_nics() = nic;
+  return out;
+}
+
 Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
   require(!spec_.name().empty(), "name", "is empty; name the cluster");
   require(spec_.nodes() >= 1 && spec_.nodes() <= kMaxNodes, "nodes", fmt::format("must be in [1, {}]", kMaxNodes));

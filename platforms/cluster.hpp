@@ -34,6 +34,12 @@ struct Nic {
   std::string staging_memory;   // the host-memory vertex NCCL stages its bytes through; empty: GPUDirect RDMA
 };
 
+/// The node as a job holding only its first `gpus` GPUs sees it (an allocation of part of a node or
+/// rack, e.g. 64 of a GB200 NVL72's 72 GPUs): GPUs gpu0..gpu{gpus-1}, the switches and NICs they
+/// reach without passing through another GPU or a NIC, and the links among those. Throws
+/// FieldError("node.gpus") unless 1 <= gpus <= the node's GPUs.
+spec::NodeSpec first_gpus(const spec::NodeSpec& node, int gpus);
+
 class Cluster {
  public:
   /// Validates `spec` (FieldError with the field path on any problem) and computes the routes.

@@ -363,6 +363,30 @@ TEST_CASE("auxiliary-loss-free balancing flattens a skewed routing over the iter
                     Catch::Contains("gating.aux_free"));
 }
 
+TEST_CASE("auxiliary-loss-free balancing revives the naive preset's dead experts and flattens its routing") {
+  // The naive preset kills about 15% of the experts (a gate that has stopped picking them: no token
+  // ever); under a bias they are the coldest live expert less σ_pop, which the bias raises like any
+  // other: a step moves a logit by γ/τ = 0.1, and 2.2 + the live spread takes under 120 steps.
+  auto ex = load_experiment(test::kBaseSpec, {"model.experts=16", "model.layers=1", "cluster.nodes=2"});
+  ex.spec.mutable_gating()->mutable_generator()->set_preset("naive");
+  const MoeModel model(ex.spec.model());
+  auto plain = make_gating_source(ex.spec.gating(), model, 16, 3);
+  ex.spec.mutable_gating()->mutable_aux_free()->set_bias_update(0.001);
+  auto balanced = make_gating_source(ex.spec.gating(), model, 16, 3);
+  std::vector<int> dead;
+  RoutingMatrix p = plain->next().front(), b = balanced->next().front();
+  for (int e = 0; e < 16; ++e)
+    if (p.expert_load(e) == 0) dead.push_back(e);
+  REQUIRE_FALSE(dead.empty());
+  for (int it = 1; it < 120; ++it) p = plain->next().front(), b = balanced->next().front();
+  for (int e : dead) {
+    CHECK(p.expert_load(e) == 0);  // without the bias, still never picked
+    CHECK(double(b.expert_load(e)) > 0.5 * 16 * double(model.tokens_per_gpu() * model.top_k()) / 16);
+  }
+  CHECK(max_over_mean(p) > 3);
+  CHECK(max_over_mean(b) < 1.3);
+}
+
 TEST_CASE("auxiliary-loss-free balancing enters the generator's logits: group-limited draws and their spreads follow it") {
   // DeepSeek-V3-like routing: 64 experts in 8 groups, top-8 within 2 groups, the naive preset's skew.
   const std::vector<std::string> sets = {"model.experts=64", "model.top_k=8", "model.layers=1", "model.tokens_per_gpu=1024",

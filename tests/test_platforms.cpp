@@ -24,6 +24,37 @@ TEST_CASE("every catalog platform parses and validates") {
   }
 }
 
+TEST_CASE("a job's share of a node keeps its first GPUs and what they reach") {
+  // 64 of a GB200 NVL72's 72 GPUs: the NVSwitch, the 64 GPUs' NICs and their links; no other.
+  const auto rack = test::platform("gb200-nvl72", 1);
+  const spec::NodeSpec part = first_gpus(rack.node(), 64);
+  CHECK(part.gpus() == 64);
+  CHECK(part.nics_size() == 64);
+  CHECK(part.links_size() == 2 * 64);  // a GPU to the NVSwitch, a GPU to its NIC
+  for (const auto& l : part.links()) CHECK_FALSE((l.a() == "gpu64" || l.a() == "gpu71" || l.b() == "nic70"));
+  spec::ClusterSpec s = rack;
+  *s.mutable_node() = part;
+  const Cluster c(s);
+  CHECK(c.num_gpus() == 64);
+  CHECK(c.route_bandwidth(c.intra_route(0, 63)) == Approx(900e9));
+  // DGX-1: GPUs 0 and 1 keep their NVLink, their PCIe switch and, through the CPUs, every PCIe
+  // switch and NIC (switches only on the way); the other GPUs' links go: 1 + 2 + 4 + 1 + 4 links.
+  const auto dgx = test::platform("dgx1-v100", 2);
+  const spec::NodeSpec two = first_gpus(dgx.node(), 2);
+  CHECK(two.gpus() == 2);
+  CHECK(two.nics_size() == 4);
+  CHECK(two.links_size() == 12);
+  spec::ClusterSpec s2 = dgx;
+  *s2.mutable_node() = two;
+  const Cluster c2(s2);  // still routes GPU to GPU and out of the node
+  CHECK(c2.num_gpus() == 4);
+  CHECK(c2.route_bandwidth(c2.intra_route(0, 1)) == Approx(25e9));
+  CHECK(c2.node_uplink_bandwidth() > 0);
+  CHECK(first_gpus(dgx.node(), 8).SerializeAsString() == dgx.node().SerializeAsString());  // all of it: the node as it is
+  CHECK_THROWS_WITH(first_gpus(dgx.node(), 9), Contains("1 to the node's 8 GPUs, not 9"));
+  CHECK_THROWS_WITH(first_gpus(dgx.node(), 0), Contains("not 0"));
+}
+
 TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve") {
   spec::GpuSpec gpu;
   gpu.set_model("test");

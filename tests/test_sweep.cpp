@@ -223,3 +223,34 @@ TEST_CASE("aggregated collectives and one flow per message agree within 2% for e
     CHECK(aggregated == Approx(per_pair).epsilon(0.02));
   }
 }
+
+TEST_CASE("sweep: a speedup figure groups each point's GROUP/NAME variants under the point's name") {
+  // Two platforms of 16 GPUs (the node count zipped with them), each with two skews × two policies
+  // as variants: four groups, each point named by its platform, not by its node count.
+  if (gnuplot_path().empty()) return;
+  const auto dir = test::temp_dir("sweep-groups");
+  std::string base = test::read_file(test::kBaseSpec);
+  base = base.substr(0, base.find("cluster {")) + "cluster { platform: \"dgx-a100\" nodes: 2 }\n" +
+         base.substr(base.find("model {"));
+  for (const char* skew : {"z05", "z15"})
+    for (const char* p : {"ep", "fastermoe-shadow"})
+      base += fmt::format("variants {{ name: \"{}/{}\" set: \"gating.zipf.exponent={}\" set: \"policy.name={}\" }}\n", skew, p,
+                          skew[1] == '0' ? "0.5" : "1.5", p);
+  test::write_file(dir + "/base.textproto", base);
+  test::write_file(dir + "/sweep.textproto",
+                   "name: \"groups\"\nbase: \"base.textproto\"\nset: \"model.layers=1\" set: \"model.experts=16\" set: \"iterations=1\"\n"
+                   "zip { axis { field: \"cluster.platform\" values: [\"dgx-a100\", \"rtx3090-nvlink\"] }\n"
+                   "      axis { field: \"cluster.nodes\" values: [\"2\", \"4\"] } }\n");
+  std::string out;
+  REQUIRE(test::run_command(std::string(MOESIM_BIN) + " sweep " + dir + "/sweep.textproto -q --db " + dir + "/g.db", out) == 0);
+  PlotOptions o;
+  o.figures = {"speedup"};
+  o.baseline = "ep";
+  o.out = dir;
+  plot({dir + "/g.db"}, o);
+  const std::string gp = test::read_file(dir + "/speedup.gp");
+  for (const char* group : {"\"dgx-a100 z05\" 1.0000", "\"dgx-a100 z15\" 1.0000", "\"rtx3090-nvlink z05\" 1.0000",
+                            "\"rtx3090-nvlink z15\" 1.0000"})
+    CHECK_THAT(gp, Contains(group));  // each group over its own ep
+  CHECK_THAT(gp, !Contains("\"2 z05\"") && !Contains("cluster.nodes"));
+}

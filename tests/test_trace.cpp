@@ -380,6 +380,65 @@ TEST_CASE("a trace that does not match the model is rejected before any work") {
           "holds 3 iteration(s)");
 }
 
+TEST_CASE("a trace's experts merge into coarser ones, or split into finer ones with a larger top-k") {
+  // merge_experts by hand: 4 experts into 2, runs of 2 summed.
+  RoutingMatrix t(2, 4);
+  t.mutable_at(0, 0) = 3, t.mutable_at(0, 1) = 2, t.mutable_at(0, 3) = 5;
+  t.mutable_at(1, 2) = 4, t.mutable_at(1, 3) = 6;
+  const auto merged = merge_experts(t, 2);
+  CHECK(merged.at(0, 0) == 5);
+  CHECK(merged.at(0, 1) == 5);
+  CHECK(merged.at(1, 0) == 0);
+  CHECK(merged.at(1, 1) == 10);
+
+  const auto dir = test::temp_dir("replay-resize");
+  const auto path = write_small_trace(dir + "/t.trace", 3);  // 3 sources, 4 experts, top-2, 5 tokens a source
+  const std::vector<std::string> small = {"cluster.platform=rtx2080ti-pcie", "cluster.nodes=1", "model.layers=2",
+                                          "iterations=2", "gating.trace.path=" + path};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), small.begin(), small.end());
+    return load_experiment(test::kBaseSpec, more);
+  };
+  // Coarser: 2 experts of the trace's 4, top-2 kept. Source 0 of iteration 0 chose experts 0 and 1
+  // (5 tokens each): both are expert 0 now, 10 slots for 5 tokens, so the row is capped at 5 a cell
+  // and the excess goes to the other expert.
+  auto ex = with({"model.experts=2", "cluster.gpus_per_node=2", "gating.trace.merge_experts=true"});
+  {
+    auto source = make_gating_source(ex.spec.gating(), MoeModel(ex.spec.model()), 2, 1);
+    const RoutingMatrix R = source->next().front();
+    for (int g = 0; g < 2; ++g) CHECK(R.row_sum(g) == ex.spec.model().tokens_per_gpu() * 2);
+    for (int g = 0; g < 2; ++g)
+      for (int e = 0; e < 2; ++e) CHECK(R.at(g, e) <= ex.spec.model().tokens_per_gpu());
+  }
+  // Finer: 16 experts (each split 4 ways), top-8 = 4 × the trace's 2: each GPU's slots scale to
+  // tokens × 8, none above its tokens. GPU 0 replays source 0, whose tokens all chose trace experts
+  // 0 and 1: their 8 parts take (nearly: the rounding of 5 slots over 4 parts spills a few) every
+  // token each.
+  ex = with({"model.experts=16", "model.top_k=8", "gating.trace.split_experts=true"});
+  {
+    auto source = make_gating_source(ex.spec.gating(), MoeModel(ex.spec.model()), 2, 1);
+    const RoutingMatrix R = source->next().front();
+    const std::int64_t T = ex.spec.model().tokens_per_gpu();
+    for (int g = 0; g < 2; ++g) CHECK(R.row_sum(g) == T * 8);
+    std::int64_t parts = 0;
+    for (int e = 0; e < 16; ++e) {
+      CHECK(R.at(0, e) <= T);
+      if (e < 8) parts += R.at(0, e);
+    }
+    CHECK(double(parts) > 0.999 * double(T * 8));
+  }
+  // Refused: a top-k beyond m·k, or not a multiple of k; top-k changed without a split; both flags.
+  CHECK_THROWS_WITH(with({"model.experts=16", "model.top_k=10", "gating.trace.split_experts=true"}),
+                    Contains("the trace is top-2, the model top-10") && Contains("a multiple of 2 up to 8"));
+  CHECK_THROWS_WITH(with({"model.experts=16", "model.top_k=3", "gating.trace.split_experts=true"}), Contains("top-3"));
+  CHECK_THROWS_WITH(with({"model.experts=2", "cluster.gpus_per_node=2", "model.top_k=1", "gating.trace.merge_experts=true"}),
+                    Contains("the model top-1"));
+  CHECK_THROWS_WITH(with({"model.experts=2", "cluster.gpus_per_node=2"}), Contains("set gating.trace.merge_experts"));
+  CHECK_THROWS_WITH(with({"model.experts=2", "cluster.gpus_per_node=2", "gating.trace.merge_experts=true",
+                          "gating.trace.split_experts=true"}),
+                    Contains("gating.trace.merge_experts") && Contains("both"));
+}
+
 TEST_CASE("what the routing is, and what a replay or a --set leaves out, is said before the run") {
   const auto dir = test::temp_dir("replay-notes");
   const auto path = write_small_trace(dir + "/t.trace", 3);  // 2 layers, 4 experts, iterations 0-2

@@ -74,6 +74,15 @@ RoutingMatrix split_experts(const RoutingMatrix& trace, int experts) {
   return out;
 }
 
+RoutingMatrix merge_experts(const RoutingMatrix& trace, int experts) {
+  if (experts == trace.experts) return trace;
+  const int m = trace.experts / experts;
+  RoutingMatrix out(trace.sources, experts);
+  for (int s = 0; s < trace.sources; ++s)
+    for (int e = 0; e < trace.experts; ++e) out.mutable_at(s, e / m) += trace.at(s, e);
+  return out;
+}
+
 RoutingMatrix map_sources(const RoutingMatrix& trace, int gpus, std::int64_t tokens, int top_k) {
   RoutingMatrix out(gpus, trace.experts);
   const int S = trace.sources;
@@ -209,7 +218,9 @@ class TraceSource final : public GatingSource {
       if ((label_ - first_) / h.iteration_stride() % stride != 0) continue;
       std::vector<RoutingMatrix> out;  // a deeper trace gives its first model.layers() layers
       for (int l = 0; l < model_.layers(); ++l)
-        out.push_back(map_sources(split_experts(layers[l], model_.experts()), gpus_, model_.tokens_per_gpu(), model_.top_k()));
+        out.push_back(map_sources(layers[l].experts < model_.experts() ? split_experts(layers[l], model_.experts())
+                                                                       : merge_experts(layers[l], model_.experts()),
+                                  gpus_, model_.tokens_per_gpu(), model_.top_k()));
       return out;
     }
   }
@@ -349,17 +360,28 @@ static GatingCheck validate_source(const spec::GatingSpec& g, const MoeModel& mo
   }
   const auto& h = reader->header();
   const std::string hint = "; make a matching trace with `moesim trace rescale`";
-  const bool splits = t.split_experts() && model.experts() % int(h.experts()) == 0;
-  if (int(h.experts()) != model.experts() && !splits)
+  const int E = int(h.experts()), k = int(h.top_k());
+  const bool splits = t.split_experts() && model.experts() % E == 0;
+  const bool merges = t.merge_experts() && E % model.experts() == 0;
+  if (t.split_experts() && t.merge_experts())
+    throw FieldError("gating.trace.merge_experts", "and split_experts both set: the model has more experts than the trace, or fewer");
+  if (E != model.experts() && !splits && !merges)
     throw FieldError("gating.trace.path",
-                     fmt::format("the trace has {} experts, the model {}{}{}", h.experts(), model.experts(),
-                                 model.experts() % int(h.experts()) == 0 ? " (set gating.trace.split_experts)" : "",
+                     fmt::format("the trace has {} experts, the model {}{}{}", E, model.experts(),
+                                 model.experts() % E == 0   ? " (set gating.trace.split_experts)"
+                                 : E % model.experts() == 0 ? " (set gating.trace.merge_experts)"
+                                                            : "",
                                  hint));
   if (int(h.layers()) < model.layers())
     throw FieldError("gating.trace.path",
                      fmt::format("the trace has {} layers, the model {} (set model.layers){}", h.layers(), model.layers(), hint));
-  if (int(h.top_k()) != model.top_k())
-    throw FieldError("gating.trace.path", fmt::format("the trace is top-{}, the model top-{} (set model.top_k)", h.top_k(), model.top_k()));
+  // Split m ways, a token's k choices may become up to m·k finer ones (fine-grained segmentation).
+  const int m = splits ? model.experts() / E : 1;
+  if (model.top_k() != k && !(splits && model.top_k() % k == 0 && model.top_k() <= m * k))
+    throw FieldError("gating.trace.path",
+                     fmt::format("the trace is top-{}, the model top-{} (set model.top_k{})", k, model.top_k(),
+                                 splits ? fmt::format(", or to a multiple of {} up to {} with the experts split {} ways", k, m * k, m)
+                                        : ""));
   if (t.last_iteration() && t.last_iteration() < t.first_iteration())
     throw FieldError("gating.trace.last_iteration", "is before first_iteration");
   // Enough recorded iterations in the range? Count them without holding them.
@@ -384,9 +406,11 @@ static GatingCheck validate_source(const spec::GatingSpec& g, const MoeModel& mo
   GatingCheck check{"trace",
                     fmt::format("trace {}: iterations {}-{}{} of its {}-layer, {}-expert records{}", t.path(), first, last,
                                 stride > 1 ? fmt::format(" (every {}th)", stride) : "", h.layers(), h.experts(),
-                                splits && int(h.experts()) != model.experts()
-                                    ? fmt::format(", each expert split over {}", model.experts() / int(h.experts()))
-                                    : ""),
+                                splits && E != model.experts()
+                                    ? fmt::format(", each expert split over {}{}", model.experts() / E,
+                                                  model.top_k() != k ? fmt::format(", top-{} as top-{}", k, model.top_k()) : "")
+                                : merges && E != model.experts() ? fmt::format(", each {} experts merged into one", E / model.experts())
+                                                                 : ""),
                     ""};
   if (int(h.layers()) > model.layers())
     check.note = fmt::format("gating.trace: the trace has {} layers, the model {}: its first {} are replayed (set "

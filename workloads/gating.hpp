@@ -28,7 +28,8 @@ class GatingSource {
 
 /// Checks the gating spec against the model before any work starts (FieldError with a path
 /// relative to the experiment: "gating.trace.path", ...): a trace must exist, match the model's
-/// experts (or divide them, with split_experts) and top-k, have at least its layers (a deeper
+/// experts (or divide them, with split_experts; or be divided by them, with merge_experts) and
+/// top-k (a multiple of it, split), have at least its layers (a deeper
 /// trace gives its first layers), and hold records in the selected range.
 /// Returns what the run replays, for the console and summary.json, and what the user should know
 /// (a deeper trace of which only the first layers are replayed).
@@ -55,6 +56,9 @@ std::string replay_trace_path(const std::string& path);
 
 /// Splits each expert's counts evenly over experts / trace.experts new experts (remainder first).
 RoutingMatrix split_experts(const RoutingMatrix& trace, int experts);
+
+/// Sums each run of trace.experts / experts consecutive experts into one.
+RoutingMatrix merge_experts(const RoutingMatrix& trace, int experts);
 
 /// Maps a trace's S sources onto G GPUs and scales each row to `tokens` × `top_k`: when S is a
 /// multiple of G, GPU g replays the sum of sources g·S/G .. (g+1)·S/G − 1; otherwise GPU g

@@ -522,6 +522,15 @@ RoutingMatrix GatingGenerator::next(int layer) {
   const double growth = P.pop_growth == 0 ? 1 : 1 + P.pop_growth * std::min(1.0, double(t) / P.growth_iterations);
   std::vector<double> common(experts_);
   for (int e = 0; e < experts_; ++e) common[e] = growth * L.mu[e] + L.d[e];
+  // A dead expert whose bias has risen (auxiliary-loss-free balancing) is the coldest live one less
+  // max(σ_pop, 1): its −inf stands for a gate that has stopped picking it, which is what the bias
+  // corrects; finite, the bias can raise it (choice: docs/gating.md).
+  if (!L.bias.empty() && int(L.live.size()) < experts_) {
+    double coldest = std::numeric_limits<double>::infinity();
+    for (int e : L.live) coldest = std::min(coldest, common[e]);
+    for (int e = 0; e < experts_; ++e)
+      if (std::isinf(common[e]) && L.bias[std::size_t(e)] > 0) common[e] = coldest - std::max(P.sigma_pop, 1.0);
+  }
   const auto hot = P.hot_fraction > 0 ? hottest(common, P.hot_experts, int(L.live.size())) : std::vector<int>{};
   const double scale = t < P.warmup_iterations ? kWarmupScale : 1;
 

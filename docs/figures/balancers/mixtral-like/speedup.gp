@@ -1,0 +1,38 @@
+# moesim plot: speedup (run `gnuplot speedup.gp` to render it again)
+set terminal pngcairo noenhanced color font 'Helvetica,9' size 1050,720 fontscale 3.125 linewidth 4
+set output (exists('outfile') ? outfile : 'speedup.png')
+set border 3 lw 1
+set tics nomirror out scale 0.5
+set grid ytics lc rgb '#d9d9d9' lw 0.5 dt 1
+set key noautotitle samplen 1.5 spacing 1.1 font ',8'
+set style fill solid 0.85 border rgb '#333333'
+set datafile separator whitespace
+set datafile missing '?'
+set linetype 1 lc rgb '#0072B2' lw 1 pt 5 ps 0.6
+set linetype 2 lc rgb '#E69F00' lw 1 pt 7 ps 0.6
+set linetype 3 lc rgb '#009E73' lw 1 pt 9 ps 0.6
+set linetype 4 lc rgb '#D55E00' lw 1 pt 11 ps 0.6
+set linetype 5 lc rgb '#56B4E9' lw 1 pt 5 ps 0.6
+set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
+set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
+set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
+set linetype cycle 8
+set title '2 platforms × 8 GPUs; mixtral-like (4 layers, 8 experts, top-2); 3 routings' font ',5' noenhanced
+set ylabel 'Speedup over ep (x)'
+set yrange [0:3.133]
+set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
+$data << EOD
+group "ep" ci "fastermoe" ci "pro-prophet" ci "hecate" ci "smartmoe" ci "flexmoe" ci "eplb" ci
+"hgx-h800 naive" 1.0000 0.0000 1.9325 0.0000 2.2822 0.0000 0.9740 0.0000 0.9967 0.0000 1.7247 0.0000 1.7195 0.0000
+"hgx-h800 aux-free" 1.0000 0.0000 1.0388 0.0000 0.9970 0.0000 0.9654 0.0000 0.9027 0.0000 0.6656 0.0000 0.7881 0.0000
+"hgx-h800 trace" 1.0000 0.0000 1.6819 0.0000 1.7782 0.0000 0.9782 0.0000 0.9818 0.0000 1.7227 0.0000 1.6617 0.0000
+"gb200-nvl72 naive" 1.0000 0.0000 2.3569 0.0000 2.6552 0.0000 1.1730 0.0000 0.9985 0.0000 1.9223 0.0000 1.9329 0.0000
+"gb200-nvl72 aux-free" 1.0000 0.0000 1.0172 0.0000 0.9981 0.0000 0.9188 0.0000 0.9536 0.0000 0.7900 0.0000 0.9212 0.0000
+"gb200-nvl72 trace" 1.0000 0.0000 1.8987 0.0000 2.1890 0.0000 1.6575 0.0000 0.9916 0.0000 1.9550 0.0000 1.8825 0.0000
+EOD
+set style data histograms
+set style histogram clustered gap 1
+set boxwidth 0.9
+set key outside right top vertical Left reverse samplen 1 font ',7'
+set xtics rotate by 30 right font ',7'
+plot for [i=0:6] $data using (column(2+2*i)):xtic(1) title columnheader(2+2*i)
