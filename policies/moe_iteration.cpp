@@ -638,6 +638,7 @@ Collective LayerOps::exchange(int l, bool transpose, int step, int group_size) {
   }
   Collective c{CollectiveType::all_to_all, everyone_, exchanges_.at(key), a2a_};
   c.combine = transpose;  // the way back (DeepEP forwards inside the sender's node first)
+  if (a2a_ == "deepep") c.sm_share = deepep_sm_share(in_.spec, in_.cluster.spec().gpu());  // its SMs, taken from overlapped compute
   if (const auto it = network_.find({l, transpose}); it != network_.end() && step < 0) c.network_bytes = it->second;
   if (step < 0) c.gathered = in_.model.tokens_per_gpu() * token_bytes_;  // every token, for the all-gather dispatcher
   return c;

@@ -69,6 +69,13 @@ std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType ty
   return name;
 }
 
+double deepep_sm_share(const spec::PolicySpec& spec, const spec::GpuSpec& gpu) {
+  const std::uint32_t sms = spec.deepep().has_sms() ? spec.deepep().sms() : 20;  // DeepEP's Buffer.num_sms
+  if (spec.deepep().has_sms() && (sms == 0 || (gpu.sms() > 0 && sms > gpu.sms())))
+    throw FieldError("policy.deepep.sms", fmt::format("{} SMs: give 1 to the GPU's {}", sms, gpu.sms()));
+  return gpu.sms() == 0 ? 0 : double(sms) / double(gpu.sms());
+}
+
 std::vector<int> spread_blocks(const std::string& algorithm, int experts, int gpus, int gpus_per_node) {
   if (algorithm != "deepep" || gpus < 1 || experts < gpus || experts % gpus != 0) return {};
   return {experts / gpus, experts / gpus * gpus_per_node};

@@ -104,4 +104,9 @@ std::vector<int> spread_blocks(const std::string& algorithm, int experts, int gp
 /// "policy.all_reduce" for an unknown one.
 std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType type);
 
+/// The share of a GPU's compute DeepEP's kernels hold while they run (Collective::sm_share):
+/// policy.deepep.sms (default 20) over gpu.sms; 0 for a GPU whose SMs are unknown. FieldError
+/// "policy.deepep.sms" for 0 or more than the GPU has.
+double deepep_sm_share(const spec::PolicySpec& spec, const spec::GpuSpec& gpu);
+
 }  // namespace moesim

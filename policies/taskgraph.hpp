@@ -190,6 +190,9 @@ struct Collective {
   /// Megatron's all-gather dispatcher (collectives/allgather_alltoall.cpp): the bytes of each
   /// rank's tokens, which every other rank gathers whatever the routing (0: not known).
   double gathered = 0;
+  /// The share of each member GPU's compute its kernels hold while it runs (DeepEP's normal
+  /// kernels: their SMs over the GPU's), which compute overlapping it on that GPU goes without.
+  double sm_share = 0;
   double total_bytes() const;
   /// Every byte count × factor (a pipeline's part, a compressed payload): `bytes`, `network_bytes`
   /// and `gathered`.

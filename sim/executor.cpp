@@ -23,6 +23,7 @@ void SimBackend::Impl::issue_op(OpId id) {
   }
   const sg4::ExecPtr exit = issue(op, run->activities[id]);
   run->exit_of[exit.get()] = id;
+  if (const auto* c = std::get_if<Collective>(&op.body); c && c->sm_share > 0) reserve_sms(id, *c);
 }
 
 void SimBackend::Impl::alone_done(int rank) {
@@ -157,14 +158,19 @@ void SimBackend::Impl::unchain(int rank) {
 void SimBackend::Impl::started(const sg4::Exec& e) {
   const auto it = loads.find(&e);
   if (it == loads.end()) return;
-  const auto rank = std::size_t(it->second);
-  ++loading[rank];
-  if (run) unchain(int(rank));
-  Alone& a = alone[rank];
+  ++loading[std::size_t(it->second)];
+  share_gpu(it->second);
+}
+
+// Something else now computes on `rank` (an exec, or SMs held): what ran there alone, a timer or a
+// chain, becomes an exec of what is left, sharing the GPU from this instant.
+void SimBackend::Impl::share_gpu(int rank) {
+  if (run) unchain(rank);
+  Alone& a = alone[std::size_t(rank)];
   if (!a.timer) return;
   a.timer->remove();
   a.timer = nullptr;
-  rest_as_exec(int(rank), a.end, a.op, a.op)->vetoable_start();
+  rest_as_exec(rank, a.end, a.op, a.op)->vetoable_start();
 }
 
 void SimBackend::Impl::completed(const sg4::Activity& a) {
@@ -208,6 +214,16 @@ void SimBackend::Impl::op_done(OpId done) {
   run->timing.end[done] = sg4::Engine::get_clock();
   run->ended[done] = 1;
   run->activities[done].clear();
+  if (const auto r = run->reserved.find(done); r != run->reserved.end()) {  // its kernels leave the GPUs
+    const int sms = int(cluster.spec().gpu().sms());
+    for (const auto& [rank, k] : r->second) {
+      auto& total = sms_held[std::size_t(rank)];
+      total -= k;
+      hosts[std::size_t(rank)]->set_pstate(std::min(total, sms - 1));
+      --loading[std::size_t(rank)];
+    }
+    run->reserved.erase(r);
+  }
   if (const auto* parts = std::get_if<Computes>(&run->graph->op(done).body)) {  // it started with its first part
     double first = std::numeric_limits<double>::infinity();
     for (std::size_t i = parts->first_part; i < parts->first_part + parts->parts(); ++i) first = std::min(first, run->timing.part_start[i]);

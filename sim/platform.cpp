@@ -40,6 +40,7 @@ SimBackend::Impl::Impl(const Cluster& c, const GpuModel& g, SimOptions o) : clus
   alone.resize(hosts.size());
   chain.resize(hosts.size());
   loading.assign(hosts.size(), 0);
+  sms_held.assign(hosts.size(), 0);
 }
 
 // One node: a Full zone with the GPUs as hosts, the node's links, explicit routes between GPUs
@@ -49,8 +50,12 @@ std::pair<NetPoint*, NetPoint*> SimBackend::Impl::build_node(const sg4::NetZone*
   auto* zone = sg4::create_full_zone(prefix);
   zone->set_parent(parent);
   const int g = cluster.gpus_per_node();
+  // A GPU's speed with k of its SMs held by a communication kernel (reserve_sms()): pstate k.
+  const int sms = int(cluster.spec().gpu().sms());
+  std::vector<double> speeds{gpu.peak_flops()};
+  for (int k = 1; k < sms; ++k) speeds.push_back(gpu.peak_flops() * double(sms - k) / sms);
   for (int i = 0; i < g; ++i)
-    hosts[n * g + i] = zone->create_host(fmt::format("{}-gpu{}", prefix, i), gpu.peak_flops())->seal();
+    hosts[n * g + i] = zone->create_host(fmt::format("{}-gpu{}", prefix, i), speeds)->seal();
   auto& links = node_links[std::size_t(n)];
   for (const auto& l : cluster.node_links())
     links.push_back(zone->create_split_duplex_link(prefix + "-" + l.name, l.bandwidth)->set_latency(l.latency)->seal());

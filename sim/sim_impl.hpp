@@ -136,6 +136,9 @@ struct SimBackend::Impl {
     Timing timing;                                           // absolute times until the end
     std::vector<char> ended;
     std::vector<sg4::ActivityPtr> deferred;                  // the last exit, released at the next
+    // A collective whose kernels hold SMs of each member GPU (Collective::sm_share): per op, its
+    // ranks and the SMs it holds on each, from the op's issue to its end (reserve_sms()).
+    std::unordered_map<OpId, std::vector<std::pair<int, int>>> reserved;
   };
   Run* run = nullptr;
   // GPU compute that runs alone is not an activity of the solver. A compute op issued on a GPU
@@ -161,7 +164,8 @@ struct SimBackend::Impl {
   // start on a GPU whose chain holds a part not over, the part running becomes an exec of its
   // remaining flops (as an Alone op would) and the parts after it wait again, as if never chained.
   std::vector<std::deque<Node>> chain;                   // by rank
-  std::vector<int> loading;                              // by rank: execs that compute, running
+  std::vector<int> loading;                              // by rank: execs that compute (or SMs held), running
+  std::vector<int> sms_held;                             // by rank: SMs that communication kernels hold
   std::unordered_map<const sg4::Activity*, int> loads;   // such an exec -> its rank, until it ends
   // A step's start activity -> the gates of its min_seconds, each with its delay (issue()).
   std::unordered_map<const sg4::Activity*, std::vector<std::pair<sg4::ExecPtr, double>>> floors;
@@ -186,11 +190,13 @@ struct SimBackend::Impl {
   bool latency_bound(const Step& step, const StepBytes& s) const;
   sg4::ExecPtr marker(int rank);
   sg4::ExecPtr issue(const Op& op, std::vector<sg4::ActivityPtr>& all);
+  void reserve_sms(OpId id, const Collective& coll);
 
   // executor.cpp
   void issue_op(OpId id);
   void alone_done(int rank);
   void started(const sg4::Exec& e);
+  void share_gpu(int rank);
   void completed(const sg4::Activity& a);
   void op_done(OpId done);
   void release(Node n);

@@ -164,6 +164,42 @@ TEST_CASE("copies that join a running compute op share the GPU with it") {
   CHECK(t.end[compute] == Approx(w + 2 * copy).epsilon(1e-9));
 }
 
+// DeepEP's kernels hold 20 of an H800's 132 SMs while they run: a GEMM overlapping a dispatch on
+// one of its GPUs runs at 112/132 of the GPU meanwhile, so it ends s·D later (s = 20/132, D the
+// dispatch's time); on a GPU outside the dispatch, and with no share, it ends on time.
+TEST_CASE("DeepEP's SMs are taken from compute that overlaps its kernels on their GPUs") {
+  Bench b("hgx-h800", 2);
+  const Compute work{ComputeKind::gemm, {{16384, 16384, 16384, 1}}, 0};
+  const double w = work.seconds(b.gpu), s = 20.0 / 132;
+  TaskGraph g(b.cluster.num_gpus());
+  auto dispatch_on = [&](int first, double share) {  // ranks first..first+3, as DeepEP
+    Collective d{CollectiveType::all_to_all, {first, first + 1, first + 2, first + 3}, std::vector<double>(16, 4e6), "deepep"};
+    d.sm_share = share;
+    return g.add_collective(Stream::comm, "dispatch", d);
+  };
+  const OpId with = dispatch_on(0, s), without = dispatch_on(4, 0);
+  const OpId shared = g.add_compute(0, "shared", work), unshared = g.add_compute(4, "unshared", work),
+             outside = g.add_compute(12, "outside", work);
+  const Timing t = b.sim.execute(g);
+  const double D = duration(t, with);
+  INFO("GEMM " << w << " s, dispatch " << D << " s");
+  REQUIRE(D < w / 2);  // the dispatch ends inside the GEMM
+  REQUIRE(duration(t, without) > 0);
+  CHECK(t.end[shared] == Approx(w + s * D).epsilon(1e-9));
+  CHECK(t.end[unshared] == Approx(w).epsilon(1e-12));
+  CHECK(t.end[outside] == Approx(w).epsilon(1e-12));
+  // From the spec: DeepEP's 20 SMs (or policy.deepep.sms) over the GPU's.
+  spec::PolicySpec p;
+  spec::GpuSpec h800 = test::platform("hgx-h800", 1).gpu();
+  CHECK(deepep_sm_share(p, h800) == Approx(20.0 / 132));
+  p.mutable_deepep()->set_sms(24);
+  CHECK(deepep_sm_share(p, h800) == Approx(24.0 / 132));
+  h800.set_sms(0);
+  CHECK(deepep_sm_share(p, h800) == 0);  // unknown SMs: nothing taken
+  p.mutable_deepep()->set_sms(200);
+  CHECK_THROWS_WITH(deepep_sm_share(p, test::platform("hgx-h800", 1).gpu()), Catch::Contains("give 1 to the GPU's 132"));
+}
+
 TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded GPU") {
   auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1", "model.experts=16"});
   const Cluster cluster(ex.cluster_spec);
