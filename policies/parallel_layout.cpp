@@ -92,8 +92,9 @@ ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster
   out.ep = parallel.ep() == 0 ? stage : int(std::min<std::uint32_t>(parallel.ep(), 1u << 20));
   if (out.ep > stage || stage % out.ep != 0)
     throw FieldError("parallel.ep", fmt::format("{} GPUs per EP group do not divide a stage's {} GPUs", out.ep, stage));
-  if (out.ep % n != 0)
-    throw FieldError("parallel.ep", fmt::format("an EP group is whole nodes for now: a multiple of the {} GPUs per node", n));
+  if (out.ep % n != 0 && n % out.ep != 0)
+    throw FieldError("parallel.ep", fmt::format("an EP group is whole nodes or a part of one: a multiple or a divisor of the {} GPUs "
+                                                "per node, not {}", n, out.ep));
   out.dp = stage / out.ep;
   out.tp = std::max(1, int(std::min<std::uint32_t>(parallel.tp(), 1u << 20)));
   if (n % out.tp != 0)
@@ -115,13 +116,19 @@ ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster
     for (std::size_t i = 1; i < g.size(); ++i)
       if (g[i] != g[0] + int(i))
         throw FieldError("parallel.order", "'" + order + "' makes EP groups of GPUs that are not consecutive; for now an "
-                                           "EP group is whole nodes in order (ep before dp, as tp-cp-ep-dp-pp)");
+                                           "EP group is consecutive GPUs (ep before dp, as tp-cp-ep-dp-pp)");
   return out;
 }
 
 spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep) {
   spec::ClusterSpec s = whole;
-  s.set_nodes(std::uint32_t(ep / int(whole.node().gpus())));
+  const int n = int(whole.node().gpus());
+  if (ep >= n) {
+    s.set_nodes(std::uint32_t(ep / n));
+  } else {  // part of a node: its first ep GPUs, as every group of the node is alike
+    *s.mutable_node() = first_gpus(whole.node(), ep);
+    s.set_nodes(1);
+  }
   return s;
 }
 

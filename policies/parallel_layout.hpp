@@ -1,7 +1,8 @@
 // Expert parallelism inside data and pipeline parallelism: Megatron-Core's expert-data-parallel
 // groups and 1F1B pipeline, DeepSeek-V3's PP 16 × EP 64 × ZeRO-1 DP on 2,048 H800s
 // (docs/spec/modern.md). The cluster's G GPUs as pp pipeline stages of G/pp GPUs, each stage's GPUs
-// as D = G/(pp·ep) EP groups of ep consecutive GPUs (whole nodes), in RankLayout order.
+// as D = G/(pp·ep) EP groups of ep consecutive GPUs (whole nodes, or a part of one: 8 GPUs of a
+// 72-GPU NVL72 rack), in RankLayout order.
 //
 // A cell is one EP group of one stage (of one of its model chunks, with interleaving). It runs the
 // policy on its own GPUs' tokens as if those GPUs were the whole cluster and its blocks the whole
@@ -73,12 +74,13 @@ struct ParallelLayout {
   int stage_gpus() const { return dp * ep; }
 };
 /// FieldError ("parallel.ep", "parallel.pp", "parallel.tp", "parallel.micro_batches",
-/// "parallel.order") where tp does not divide a node's GPUs, ep
-/// does not divide a stage's GPUs into whole nodes, pp does not divide the GPUs, or the order makes
+/// "parallel.order") where tp does not divide a node's GPUs, ep does not divide a stage's GPUs into
+/// whole nodes or parts of one, pp does not divide the GPUs, or the order makes
 /// an EP group other than consecutive GPUs. ep 0: one group per stage.
 ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster& cluster);
 
-/// The cluster one EP group sees: the platform with ep / (GPUs per node) nodes.
+/// The cluster one EP group sees: the platform with ep / (GPUs per node) nodes, or one node of its
+/// first ep GPUs (first_gpus()) for a group inside a node.
 spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep);
 
 class LayoutIteration {

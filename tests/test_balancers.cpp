@@ -25,7 +25,7 @@ TEST_CASE("balancers: 7 balancers x 3 skews on each model, both clusters of each
     WARN("skipped: " << kTrace << " is absent (the trace variants replay it)");
     return;
   }
-  for (const auto& [model, gpus] : {std::pair<std::string, int>{"deepseek-v3-like", 64}, {"mixtral-like", 8}}) {
+  for (const auto& [model, gpus] : {std::pair<std::string, int>{"deepseek-v3-like", 64}, {"mixtral-like", 64}}) {
     INFO(model);
     const auto ex = load_experiment(kDir + model + ".textproto", {});
     std::set<std::string> names;
@@ -70,4 +70,32 @@ TEST_CASE("balancers: Hecate moves no expert under Mixtral's attention on an H80
   REQUIRE(time.size() == 3);
   CHECK(time["hecate"] == Approx(time["ep"]).epsilon(1e-9));
   CHECK(time["fastermoe"] < time["ep"]);  // a balancer that can act does
+}
+
+TEST_CASE("balancers: Mixtral-like EP 8 inside DP 8 on 64 GPUs of an NVL72 rack, groups inside the rack") {
+  // parallel.ep = 8 on a 64-GPU part of one 72-GPU node: 8 EP groups of 8 consecutive GPUs, each
+  // group's all-to-alls among its own GPUs, every token-slot computed once, simulated.
+  std::string text, line;
+  std::istringstream in(test::read_file(kDir + "mixtral-like.textproto"));
+  while (std::getline(in, line))
+    if (line.rfind("variants", 0) != 0) text += line + "\n";
+  const auto dir = test::temp_dir("balancers-nvl72-dp");
+  test::write_file(dir + "/mixtral.textproto", text);
+  const auto result = run_experiment(load_experiment(
+      dir + "/mixtral.textproto", {"cluster.platform=gb200-nvl72", "cluster.gpus_per_node=64", "parallel.ep=8", "iterations=2",
+                                   "warmup_iterations=1", "model.layers=1", "policy.name=fastermoe", "sim.timeline_iterations=1"}));
+  const RunResult& r = result.runs.front();
+  CHECK(r.gpus == 64);
+  REQUIRE(r.graphs.size() == 1u);
+  CHECK(test::forward_tokens(r.graphs[0]) == 64L * 4096 * 2);
+  int exchanges = 0;
+  for (const auto& op : r.graphs[0].ops())
+    if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::all_to_all) {
+      ++exchanges;
+      REQUIRE(c->group.size() == 8u);
+      CHECK(c->group.front() % 8 == 0);
+      CHECK(c->group.back() == c->group.front() + 7);
+    }
+  CHECK(exchanges >= 8 * 4);  // each group's dispatch and combine, forward and backward
+  CHECK(r.mean_time() > 0);
 }

@@ -14,56 +14,69 @@
 using namespace moesim;
 
 TEST_CASE("every policy inside EP groups computes each token-slot once, its all-to-alls inside its group") {
-  // 2 DGX-A100 nodes as 2 EP groups of 8 GPUs (parallel.ep = 8): each group runs the policy on its
-  // own 8 GPUs' tokens with all 32 experts; the dense gradients are all-reduced over the 16 GPUs,
-  // GPU j's experts over {j, 8 + j}, and each GPU's optimizer waits for both.
+  // 2 DGX-A100 nodes as 2 EP groups of 8 GPUs (parallel.ep = 8), then as 4 groups of 4 GPUs, half a
+  // node each (parallel.ep = 4): each group runs the policy on its own GPUs' tokens with all 32
+  // experts; the dense gradients are all-reduced over the 16 GPUs, GPU j's experts over the GPUs
+  // with its place in the other groups, and each GPU's optimizer waits for both.
   const test::SmallSetup t;
   const auto routing = t.routing(11);
-  spec::ParallelSpec parallel;
-  parallel.set_ep(8);
-  const ParallelLayout layout = parallel_layout(parallel, t.cluster);
-  REQUIRE(layout.groups == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
-  CHECK(layout.replica == std::vector<int>{0, 1});
-  CHECK(layout.stage == std::vector<int>{0, 0});
-  const long slots = 2L * 16 * t.model.tokens_per_gpu() * 2;
-  for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate", "eplb"}) {
-    INFO(name);
-    spec::PolicySpec ps;
-    ps.set_name(name);
-    PolicyReport report;
-    LayoutIteration iteration(t.cluster.spec(), t.model, layout, ps);
-    const TaskGraph g = iteration.build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
-    CHECK(test::forward_tokens(g) == slots);
-    CHECK(report.gpu_load.size() == 16u);
-    CHECK(report.gpu_memory.size() == 16u);  // every GPU's, in GPU order
-    int dense = 0, experts = 0;
-    std::set<OpId> gradients;
-    for (const auto& op : g.ops()) {
-      const auto* c = std::get_if<Collective>(&op.body);
-      if (c && c->type == CollectiveType::all_to_all) {
-        CHECK(c->group.size() == 8u);  // one group's GPUs, 0-7 or 8-15
-        CHECK(c->group.front() % 8 == 0);
-      }
-      if (op.label == "allreduce.dense") {
-        ++dense, gradients.insert(op.id);
-        CHECK(c->group.size() == 16u);
-      }
-      if (op.label.rfind("expert_allreduce", 0) == 0) {
-        ++experts, gradients.insert(op.id);
-        REQUIRE(c->group.size() == 2u);
-        CHECK(c->group[1] == c->group[0] + 8);
-        CHECK(op.phase == Phase::replica_reduce);
-      }
-      if (op.label == "optimizer")
-        for (OpId gr : gradients) CHECK(std::count(op.deps.begin(), op.deps.end(), gr) == 1);
+  for (const int ep : {8, 4}) {
+    const int groups = 16 / ep;
+    spec::ParallelSpec parallel;
+    parallel.set_ep(std::uint32_t(ep));
+    const ParallelLayout layout = parallel_layout(parallel, t.cluster);
+    REQUIRE(layout.groups.size() == std::size_t(groups));
+    for (int g = 0; g < groups; ++g) {
+      CHECK(layout.groups[std::size_t(g)].front() == g * ep);
+      CHECK(layout.groups[std::size_t(g)].back() == g * ep + ep - 1);
+      CHECK(layout.replica[std::size_t(g)] == g);
+      CHECK(layout.stage[std::size_t(g)] == 0);
     }
-    CHECK(dense == 1);
-    CHECK(experts == 8);
+    const Cluster group(ep_group_cluster(t.cluster.spec(), ep));  // what a group's policy sees
+    CHECK(group.num_gpus() == ep);
+    CHECK(group.nodes() == std::max(1, ep / 8));
+    const long slots = 2L * 16 * t.model.tokens_per_gpu() * 2;
+    for (const char* name : {"ep", "fastermoe-shadow", "fastermoe-smart", "fastermoe", "zero2", "zero3", "smartmoe", "flexmoe", "hecate", "eplb"}) {
+      INFO(name << ", EP " << ep);
+      spec::PolicySpec ps;
+      ps.set_name(name);
+      PolicyReport report;
+      LayoutIteration iteration(t.cluster.spec(), t.model, layout, ps);
+      const TaskGraph g = iteration.build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+      CHECK(test::forward_tokens(g) == slots);
+      CHECK(report.gpu_load.size() == 16u);
+      CHECK(report.gpu_memory.size() == 16u);  // every GPU's, in GPU order
+      int dense = 0, experts = 0;
+      std::set<OpId> gradients;
+      for (const auto& op : g.ops()) {
+        const auto* c = std::get_if<Collective>(&op.body);
+        if (c && c->type == CollectiveType::all_to_all) {
+          CHECK(c->group.size() == std::size_t(ep));  // one group's GPUs
+          CHECK(c->group.front() % ep == 0);
+        }
+        if (op.label == "allreduce.dense") {
+          ++dense, gradients.insert(op.id);
+          CHECK(c->group.size() == 16u);
+        }
+        if (op.label.rfind("expert_allreduce", 0) == 0) {
+          ++experts, gradients.insert(op.id);
+          REQUIRE(c->group.size() == std::size_t(groups));
+          CHECK(c->group[1] == c->group[0] + ep);
+          CHECK(op.phase == Phase::replica_reduce);
+        }
+        if (op.label == "optimizer")
+          for (OpId gr : gradients) CHECK(std::count(op.deps.begin(), op.deps.end(), gr) == 1);
+      }
+      CHECK(dense == 1);
+      CHECK(experts == ep);
+    }
   }
-  // Refused: groups that are not whole nodes, or not consecutive GPUs; stages that do not divide
-  // the GPUs.
-  parallel.set_ep(4);
-  CHECK_THROWS_WITH(parallel_layout(parallel, t.cluster), Catch::Contains("whole nodes"));
+  // Refused: groups that are neither whole nodes nor a divisor of a node, or not consecutive GPUs;
+  // stages that do not divide the GPUs.
+  spec::ParallelSpec parallel;
+  parallel.set_ep(48);  // of 2 NVL72 racks: divides the 144 GPUs, but neither whole racks nor a part of one
+  CHECK_THROWS_WITH(parallel_layout(parallel, Cluster(test::platform("gb200-nvl72", 2))),
+                    Catch::Contains("whole nodes or a part of one"));
   parallel.set_ep(8);
   parallel.set_order("tp-cp-dp-ep-pp");
   CHECK_THROWS_WITH(parallel_layout(parallel, t.cluster), Catch::Contains("not consecutive"));

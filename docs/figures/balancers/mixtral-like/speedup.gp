@@ -17,18 +17,18 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-set title '2 platforms × 8 GPUs; mixtral-like (4 layers, 8 experts, top-2); 3 routings' font ',5' noenhanced
+set title '2 platforms × 64 GPUs; mixtral-like (4 layers, 8 experts, top-2); 3 routings' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.133]
+set yrange [0:2.977]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "pro-prophet" ci "hecate" ci "smartmoe" ci "flexmoe" ci "eplb" ci
-"hgx-h800 naive" 1.0000 0.0000 1.9325 0.0000 2.2822 0.0000 0.9740 0.0000 0.9967 0.0000 1.7247 0.0000 1.7195 0.0000
-"hgx-h800 aux-free" 1.0000 0.0000 1.0388 0.0000 0.9970 0.0000 0.9654 0.0000 0.9027 0.0000 0.6656 0.0000 0.7881 0.0000
-"hgx-h800 trace" 1.0000 0.0000 1.6819 0.0000 1.7782 0.0000 0.9782 0.0000 0.9818 0.0000 1.7227 0.0000 1.6617 0.0000
-"gb200-nvl72 naive" 1.0000 0.0000 2.3569 0.0000 2.6552 0.0000 1.1730 0.0000 0.9985 0.0000 1.9223 0.0000 1.9329 0.0000
-"gb200-nvl72 aux-free" 1.0000 0.0000 1.0172 0.0000 0.9981 0.0000 0.9188 0.0000 0.9536 0.0000 0.7900 0.0000 0.9212 0.0000
-"gb200-nvl72 trace" 1.0000 0.0000 1.8987 0.0000 2.1890 0.0000 1.6575 0.0000 0.9916 0.0000 1.9550 0.0000 1.8825 0.0000
+"hgx-h800 naive" 1.0000 0.0000 1.6539 0.0000 1.8569 0.0000 0.9785 0.0000 0.9945 0.0000 1.5242 0.0000 1.4976 0.0000
+"hgx-h800 aux-free" 1.0000 0.0000 1.0245 0.0000 0.9983 0.0000 0.9620 0.0000 0.9206 0.0000 0.7566 0.0000 0.8186 0.0000
+"hgx-h800 trace" 1.0000 0.0000 1.4823 0.0000 1.5431 0.0000 0.9823 0.0000 0.9823 0.0000 1.4671 0.0000 1.4315 0.0000
+"gb200-nvl72 naive" 1.0000 0.0000 2.2571 0.0000 2.5227 0.0000 1.1631 0.0000 0.9971 0.0000 1.8617 0.0000 1.8541 0.0000
+"gb200-nvl72 aux-free" 1.0000 0.0000 1.0159 0.0000 0.9919 0.0000 0.9193 0.0000 0.9465 0.0000 0.8086 0.0000 0.8982 0.0000
+"gb200-nvl72 trace" 1.0000 0.0000 1.8391 0.0000 2.1054 0.0000 1.6161 0.0000 0.9903 0.0000 1.8094 0.0000 1.7877 0.0000
 EOD
 set style data histograms
 set style histogram clustered gap 1
