@@ -82,7 +82,7 @@ TEST_CASE("balancers: Mixtral-like EP 8 inside DP 8 on 64 GPUs of an NVL72 rack,
   const auto dir = test::temp_dir("balancers-nvl72-dp");
   test::write_file(dir + "/mixtral.textproto", text);
   const auto result = run_experiment(load_experiment(
-      dir + "/mixtral.textproto", {"cluster.platform=gb200-nvl72", "cluster.gpus_per_node=64", "parallel.ep=8", "iterations=2",
+      dir + "/mixtral.textproto", {"cluster.platform=gb200-nvl72", "cluster.nodes=1", "cluster.gpus_per_node=64", "parallel.ep=8", "iterations=2",
                                    "warmup_iterations=1", "model.layers=1", "policy.name=fastermoe", "sim.timeline_iterations=1"}));
   const RunResult& r = result.runs.front();
   CHECK(r.gpus == 64);
