@@ -404,7 +404,8 @@ TEST_CASE("a trace's experts merge into coarser ones, or split into finer ones w
   // and the excess goes to the other expert.
   auto ex = with({"model.experts=2", "cluster.gpus_per_node=2", "gating.trace.merge_experts=true"});
   {
-    auto source = make_gating_source(ex.spec.gating(), MoeModel(ex.spec.model()), 2, 1);
+    const MoeModel model(ex.spec.model());  // the source keeps a reference to it
+    auto source = make_gating_source(ex.spec.gating(), model, 2, 1);
     const RoutingMatrix R = source->next().front();
     for (int g = 0; g < 2; ++g) CHECK(R.row_sum(g) == ex.spec.model().tokens_per_gpu() * 2);
     for (int g = 0; g < 2; ++g)
@@ -416,7 +417,8 @@ TEST_CASE("a trace's experts merge into coarser ones, or split into finer ones w
   // token each.
   ex = with({"model.experts=16", "model.top_k=8", "gating.trace.split_experts=true"});
   {
-    auto source = make_gating_source(ex.spec.gating(), MoeModel(ex.spec.model()), 2, 1);
+    const MoeModel model(ex.spec.model());  // the source keeps a reference to it
+    auto source = make_gating_source(ex.spec.gating(), model, 2, 1);
     const RoutingMatrix R = source->next().front();
     const std::int64_t T = ex.spec.model().tokens_per_gpu();
     for (int g = 0; g < 2; ++g) CHECK(R.row_sum(g) == T * 8);
