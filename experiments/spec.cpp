@@ -145,12 +145,14 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   if (!valid_utf8(s.description())) throw in_spec("description", "is not valid UTF-8");
   // Paths written in a spec file are relative to it; paths given with --set to overrides_dir (a
   // sweep's directory) if the file is there, else to the current directory.
-  auto relative_to_spec = [&](std::string* value, const std::string& field) {
+  auto resolve_in = [](std::string* value, const fs::path& dir) {  // a relative path that exists there
     if (value->empty() || fs::path(*value).is_absolute()) return;
+    if (const auto candidate = dir / *value; fs::exists(candidate)) *value = candidate.lexically_normal().string();
+  };
+  auto relative_to_spec = [&](std::string* value, const std::string& field) {
     const bool overridden = bool(override_of(overrides, field));
     if (overridden ? overrides_dir.empty() : !path) return;
-    const auto candidate = (overridden ? fs::path(overrides_dir) : fs::path(*path).parent_path()) / *value;
-    if (fs::exists(candidate)) *value = candidate.lexically_normal().string();
+    resolve_in(value, overridden ? fs::path(overrides_dir) : fs::path(*path).parent_path());
   };
   if (s.gating().has_trace()) relative_to_spec(s.mutable_gating()->mutable_trace()->mutable_path(), "gating.trace.path");
   if (const auto& p = s.cluster().platform();  // a file, not a catalog name: beside the spec
@@ -200,8 +202,10 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     throw InputError(cluster_file.describe(e.field(), e.message()));
   }
 
-  // The iterations, model, policy and gating of one run (the spec itself, or one of its variants).
+  // The iterations, model, policy and gating of one run (the spec itself, or one of its variants);
+  // returns what its routing is (GatingCheck::description).
   auto validate_run = [&](spec::ExperimentSpec& run, const std::function<InputError(std::string, std::string)>& error) {
+    std::string routing;
     if (run.iterations() == 0) run.set_iterations(1);
     if (run.iterations() > kMaxIterations)
       throw error("iterations", fmt::format("{} is more than {} (a simulated iteration takes milliseconds to seconds of "
@@ -234,7 +238,7 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
         make_policy(run.policy())->validate(Cluster(ep_group_cluster(ex.cluster_spec, layout.ep)), stage_model(per_gpu, stage), run.policy());
       deepep_sm_share(run.policy(), ex.cluster_spec.gpu());  // policy.deepep.sms within the GPU's
       const auto gating = validate_gating(run.gating(), *model, int(run.iterations()), run.seed());
-      if (&run != &s) ex.variant_gating.push_back(gating.description);
+      routing = gating.description;
       if (&run == &s) {
         ex.gating_source = gating.source;
         ex.gating = gating.description;
@@ -255,6 +259,7 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
     } catch (const FieldError& e) {
       throw error(e.field(), e.message());
     }
+    return routing;
   };
   validate_run(s, in_spec);
 
@@ -280,13 +285,12 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
         throw in_spec(fmt::format("{}.set[{}]", where, j), e.what());
       }
       // A trace a variant names is, as the spec's, relative to the spec file.
-      if (v.set(j).rfind("gating.trace.path=", 0) == 0 && path && !fs::path(run.gating().trace().path()).is_absolute())
-        if (const auto candidate = fs::path(*path).parent_path() / run.gating().trace().path(); fs::exists(candidate))
-          run.mutable_gating()->mutable_trace()->set_path(candidate.lexically_normal().string());
+      if (v.set(j).rfind("gating.trace.path=", 0) == 0 && path)
+        resolve_in(run.mutable_gating()->mutable_trace()->mutable_path(), fs::path(*path).parent_path());
     }
-    validate_run(run, [&](const std::string& field, const std::string& message) {
+    ex.variant_gating.push_back(validate_run(run, [&](const std::string& field, const std::string& message) {
       return in_spec(where, "variant '" + v.name() + "': field '" + field + "': " + message);
-    });
+    }));
     ex.variants.emplace_back(v.name(), std::move(run));
   }
   // An override that every variant, or some, sets again: the variant's wins. Said, not silent.

@@ -215,13 +215,7 @@ void SimBackend::Impl::op_done(OpId done) {
   run->ended[done] = 1;
   run->activities[done].clear();
   if (const auto r = run->reserved.find(done); r != run->reserved.end()) {  // its kernels leave the GPUs
-    const int sms = int(cluster.spec().gpu().sms());
-    for (const auto& [rank, k] : r->second) {
-      auto& total = sms_held[std::size_t(rank)];
-      total -= k;
-      hosts[std::size_t(rank)]->set_pstate(std::min(total, sms - 1));
-      --loading[std::size_t(rank)];
-    }
+    for (const auto& [rank, k] : r->second) hold_sms(rank, -k);
     run->reserved.erase(r);
   }
   if (const auto* parts = std::get_if<Computes>(&run->graph->op(done).body)) {  // it started with its first part

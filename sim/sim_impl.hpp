@@ -191,6 +191,7 @@ struct SimBackend::Impl {
   sg4::ExecPtr marker(int rank);
   sg4::ExecPtr issue(const Op& op, std::vector<sg4::ActivityPtr>& all);
   void reserve_sms(OpId id, const Collective& coll);
+  void hold_sms(int rank, int k);
 
   // executor.cpp
   void issue_op(OpId id);

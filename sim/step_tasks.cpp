@@ -171,14 +171,10 @@ sg4::ExecPtr SimBackend::Impl::marker(int rank) {
   return exec;
 }
 
-// Issues an op: creates its activities (the op's own sub-graph: a collective's lanes and steps)
-// and starts them; the entry activity starts now, the others when their dependencies inside
-// the op are done. Returns the activity whose end is the op's end; `all` keeps every one alive
-// until then (probe pitfall P2).
 // A collective whose kernels hold a share of each member GPU's SMs for as long as it runs
 // (DeepEP's normal kernels: 20 of an H800's 132): the GPU runs at the speed of the SMs left (its
 // host's pstate k, k SMs held), so compute overlapping the collective there slows; op_done() gives
-// them back. Held SMs count as load, so that compute on that GPU runs as execs meanwhile.
+// them back (hold_sms()).
 void SimBackend::Impl::reserve_sms(OpId id, const Collective& coll) {
   const int sms = int(cluster.spec().gpu().sms());
   const int k = std::clamp(int(std::lround(coll.sm_share * sms)), 0, sms - 1);
@@ -186,14 +182,24 @@ void SimBackend::Impl::reserve_sms(OpId id, const Collective& coll) {
   auto& held = run->reserved[id];
   for (const int rank : coll.group) {
     held.emplace_back(rank, k);
-    auto& total = sms_held[std::size_t(rank)];
-    total += k;
-    hosts[std::size_t(rank)]->set_pstate(std::min(total, sms - 1));
-    ++loading[std::size_t(rank)];
-    share_gpu(rank);
+    hold_sms(rank, k);
   }
 }
 
+// `k` more SMs of `rank` held (k < 0: given back): its host at the pstate of the SMs left. Held SMs
+// count as load, so that compute on that GPU runs as execs meanwhile.
+void SimBackend::Impl::hold_sms(int rank, int k) {
+  auto& total = sms_held[std::size_t(rank)];
+  total += k;
+  hosts[std::size_t(rank)]->set_pstate(std::min(total, int(cluster.spec().gpu().sms()) - 1));
+  loading[std::size_t(rank)] += k > 0 ? 1 : -1;
+  if (k > 0) share_gpu(rank);
+}
+
+// Issues an op: creates its activities (the op's own sub-graph: a collective's lanes and steps)
+// and starts them; the entry activity starts now, the others when their dependencies inside
+// the op are done. Returns the activity whose end is the op's end; `all` keeps every one alive
+// until then (probe pitfall P2).
 sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>& all) {
   sg4::ExecPtr entry;
   std::vector<sg4::ExecPtr> created;
