@@ -76,6 +76,58 @@ std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches, 
   return passes;
 }
 
+std::vector<PipelinePass> dualpipe_v(int stage, int stages, int micro_batches) {
+  const int rank = stage, ranks = stages, m = micro_batches;
+  const bool last_rank = rank == ranks - 1;
+  std::vector<PipelinePass> passes;
+  int next[2][2] = {{0, 0}, {0, 0}};  // [backward][phase]: the next micro-batch of each
+  auto pass = [&](bool backward, int phase, bool overlapped = false) {
+    passes.push_back({backward, next[backward][phase]++, phase, overlapped});
+  };
+  auto F = [&](int phase) { pass(false, phase); };
+  auto B = [&](int phase) { pass(true, phase); };
+  auto FB = [&](int f, int b) { F(f), pass(true, b, true); };  // _forward_backward_chunk(f, b)
+  for (int i = 0; i < (ranks - rank - 1) * 2; ++i) F(0);      // step 1: nF0
+  for (int i = 0; i < rank + 1; ++i) F(0), F(1);              // step 2: nF0F1
+  for (int i = 0; i < ranks - rank - 1; ++i) B(1), F(1);      // step 3: nB1W1F1 (W inside B)
+  for (int i = 0; i < m - ranks * 2 + rank + 1; ++i) {       // step 4 (main): nF0B1F1B0
+    if (i == 0 && last_rank) F(0), B(1);                      // "we don't overlap these two chunks"
+    else FB(0, 1);
+    FB(1, 0);
+  }
+  for (int i = 0; i < ranks - rank - 1; ++i) B(1), FB(1, 0);  // step 5: nB1F1B0
+  for (int i = 0; i < rank + 1; ++i) B(1), B(0);              // step 6: nB1B0
+  for (int i = 0; i < ranks - rank - 1; ++i) B(0);            // step 7: nWB0 (W inside B)
+  return passes;                                               // step 8: nW, nothing left
+}
+
+std::vector<PipelinePass> dualpipe(int stage, int stages, int micro_batches) {
+  const int ranks = stages, rank = stage, half_ranks = ranks / 2, half_rank = std::min(rank, ranks - 1 - rank);
+  const int half_chunks = micro_batches / 2;
+  const bool second_half = rank >= half_ranks, middle = rank == half_ranks - 1 || rank == half_ranks;
+  std::vector<PipelinePass> passes;
+  int next[2][2] = {{0, 0}, {0, 0}};  // [backward][direction]: the next micro-batch of each
+  auto pass = [&](bool backward, int phase, bool overlapped = false) {
+    const int direction = phase ^ int(second_half);  // "phase 0 means forward direction" in the first half
+    passes.push_back({backward, next[backward][direction]++, direction, overlapped});
+  };
+  auto F = [&](int phase) { pass(false, phase); };
+  auto B = [&](int phase) { pass(true, phase); };
+  auto FB = [&](int f, int b) { F(f), pass(true, b, true); };    // _forward_backward_chunk(f, b)
+  for (int i = 0; i < (half_ranks - half_rank - 1) * 2; ++i) F(0);  // step 1: nF0
+  for (int i = 0; i < half_rank + 1; ++i) F(0), F(1);                // step 2: nF0F1
+  for (int i = 0; i < half_ranks - half_rank - 1; ++i) B(1), F(1);   // step 3: nB1W1F1 (W inside B)
+  for (int i = 0; i < half_chunks - ranks + half_rank + 1; ++i) {   // step 4 (main): nF0B1F1B0
+    if (i == 0 && middle) F(0), B(1);                                // "we don't overlap these two chunks"
+    else FB(0, 1);
+    FB(1, 0);
+  }
+  for (int i = 0; i < half_ranks - half_rank - 1; ++i) B(1), FB(1, 0);  // step 5: nB1F1B0
+  for (int i = 0; i < half_rank + 1; ++i) B(1), B(0);                   // step 6: nB1B0
+  for (int i = 0; i < half_ranks - half_rank - 1; ++i) B(0);            // step 7: nWB0 (W inside B)
+  return passes;                                                         // step 8: nW, nothing left
+}
+
 ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster& cluster) {
   const int G = cluster.num_gpus(), n = cluster.gpus_per_node();
   ParallelLayout out;
@@ -85,7 +137,22 @@ ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster
     throw FieldError("parallel.micro_batches", fmt::format("{} micro-batches: at most {}", parallel.micro_batches(), kMaxMicroBatches));
   out.micro_batches = std::max(1, int(parallel.micro_batches()));
   out.chunks = std::max(1, int(std::min<std::uint32_t>(parallel.chunks(), 1u << 20)));
-  if (out.chunks > 1 && out.micro_batches % out.pp != 0)
+  if (const std::string& order = parallel.schedule(); order == "dualpipe" || order == "dualpipev") {
+    const char* name = order == "dualpipe" ? "DualPipe" : "DualPipeV";
+    if (out.chunks > 2) throw FieldError("parallel.chunks", fmt::format("{} holds 2 chunks a stage, not {}", name, out.chunks));
+    if (out.micro_batches < 2 * out.pp)
+      throw FieldError("parallel.micro_batches", fmt::format("{} needs at least 2 micro-batches a stage: {} for {} stages, not {}", name,
+                                                             2 * out.pp, out.pp, out.micro_batches));
+    if (order == "dualpipe" && (out.pp % 2 != 0 || out.micro_batches % 2 != 0))
+      throw FieldError(out.pp % 2 ? "parallel.pp" : "parallel.micro_batches",
+                       fmt::format("DualPipe feeds half the micro-batches from each end: pp ({}) and micro_batches ({}) even", out.pp,
+                                   out.micro_batches));
+    out.order = order == "dualpipe" ? ParallelLayout::Order::dualpipe : ParallelLayout::Order::dualpipe_v;
+    out.chunks = 2;
+  } else if (!order.empty() && order != "1f1b") {
+    throw FieldError("parallel.schedule", "'" + order + "' is not a pipeline order: 1f1b (the default), dualpipe or dualpipev");
+  }
+  if (out.chunks > 1 && !out.dual() && out.micro_batches % out.pp != 0)
     throw FieldError("parallel.chunks", fmt::format("the interleaved order needs micro_batches ({}) a multiple of pp ({})",
                                                     out.micro_batches, out.pp));
   const int stage = G / out.pp;
@@ -134,16 +201,21 @@ spec::ClusterSpec ep_group_cluster(const spec::ClusterSpec& whole, int ep) {
 
 LayoutIteration::LayoutIteration(const spec::ClusterSpec& whole, const MoeModel& model, ParallelLayout layout,
                                  const spec::PolicySpec& policy)
-    : layout_(std::move(layout)), stages_(pipeline_stages(model, layout_.pp * layout_.chunks)) {
+    : layout_(std::move(layout)) {
+  const auto parts = pipeline_stages(model, layout_.model_parts());
+  for (int v = 0; v < layout_.pp * layout_.chunks; ++v) stages_.push_back(parts[std::size_t(layout_.part_of(v))]);
   for (const auto& st : stages_) stage_models_.push_back(stage_model(model, st));
   if (layout_.groups.size() > 1 || layout_.micro_batches > 1) cell_cluster_.emplace(ep_group_cluster(whole, layout_.ep));
   cells_.resize(stages_.size() * std::size_t(layout_.dp));
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    orders_.push_back(one_f_one_b(layout_.stage[g], layout_.pp, layout_.micro_batches, layout_.chunks));
+    const int s = layout_.stage[g], p = layout_.pp, m = layout_.micro_batches;
+    orders_.push_back(layout_.order == ParallelLayout::Order::dualpipe     ? dualpipe(s, p, m)
+                      : layout_.order == ParallelLayout::Order::dualpipe_v ? dualpipe_v(s, p, m)
+                                                                           : one_f_one_b(s, p, m, layout_.chunks));
     std::vector<int> live(std::size_t(layout_.chunks), 0);  // per chunk: forwards not yet backward
     for (int chunk = 0; chunk < layout_.chunks; ++chunk) {
-      Cell& cell = cells_[cell_at(chunk * layout_.pp + layout_.stage[g], layout_.replica[g])];
-      cell.stage = chunk * layout_.pp + layout_.stage[g];
+      Cell& cell = cells_[cell_at(layout_.virtual_stage(chunk, layout_.stage[g]), layout_.replica[g])];
+      cell.stage = layout_.virtual_stage(chunk, layout_.stage[g]);
       cell.replica = layout_.replica[g];
       cell.gpus = layout_.groups[g];
       cell.policy = make_policy(policy);
@@ -151,7 +223,7 @@ LayoutIteration::LayoutIteration(const spec::ClusterSpec& whole, const MoeModel&
     for (const auto& pass : orders_.back()) {
       int& n = live[std::size_t(pass.chunk)];
       n += pass.backward ? -1 : 1;
-      Cell& cell = cells_[cell_at(pass.chunk * layout_.pp + layout_.stage[g], layout_.replica[g])];
+      Cell& cell = cells_[cell_at(layout_.virtual_stage(pass.chunk, layout_.stage[g]), layout_.replica[g])];
       cell.in_flight = std::max(cell.in_flight, n);
     }
   }
@@ -204,7 +276,7 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
       if (i < sub.gpu_load.size()) r.gpu_load[std::size_t(cell.gpus[i])] += sub.gpu_load[i];
       if (i < sub.gpu_memory.size()) r.gpu_memory[std::size_t(cell.gpus[i])] += sub.gpu_memory[i];
     }
-    MemoryUse& mine = group_memory[std::size_t((cell.stage % layout_.pp) * layout_.dp + cell.replica)];
+    MemoryUse& mine = group_memory[std::size_t(layout_.stage_of(cell.stage) * layout_.dp + cell.replica)];
     mine += sub.memory;
     if (mine.total() > r.memory.total()) r.memory = mine;
     r.parallel_r = std::max(r.parallel_r, sub.parallel_r);
@@ -220,7 +292,17 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
 }
 
 TaskGraph LayoutIteration::merge(const IterationInput& in) {
-  const int pp = layout_.pp, m = layout_.micro_batches, ep = layout_.ep, stages = int(stages_.size());
+  // m: the micro-batches through each virtual stage (DualPipe's: half of them each way, its way
+  // back's numbered after the way down's in the labels).
+  const int pp = layout_.pp, m = layout_.pipeline_micro_batches(), ep = layout_.ep;
+  const bool dualpipe = layout_.order == ParallelLayout::Order::dualpipe;
+  auto label_of = [&](const Cell& cell, int k) { return k < 0 || layout_.micro_batches == 1 ? -1 : dualpipe && cell.stage >= pp ? k + m : k; };
+  // A virtual stage's neighbour in its pipeline, the way of a forward or a backward; -1: none (its
+  // pipeline's end: DualPipe's two pipelines are virtual stages [0, pp) and [pp, 2·pp)).
+  auto neighbour = [&](int s, bool backward) {
+    const int parts = layout_.model_parts(), to = backward ? s - 1 : s + 1;
+    return to < 0 || to >= int(stages_.size()) || to / parts != s / parts ? -1 : to;
+  };
   TaskGraph out(in.cluster.num_gpus());
   std::size_t ops = 0;
   for (const Cell& cell : cells_) ops += cell.last.size() * std::size_t(m) + std::size_t(2 * m * ep);
@@ -234,37 +316,68 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
   auto every_copy = [&](std::size_t c, OpId i, std::vector<OpId>& into) {
     for (int k = 0; k < (per_micro_batch(cells_[c], i) ? m : 1); ++k) into.push_back(merged(c, k, i));
   };
-  // Copies cell c's ops [from, to) as micro-batch k's (k < 0: once). `arrived`: the transfers its
-  // first compute on each GPU waits for. Returns, per place, the last compute on that GPU.
-  auto copy = [&](std::size_t c, int k, OpId from, OpId to, const std::vector<OpId>& arrived) {
-    const Cell& cell = cells_[c];
-    const int first = stages_[std::size_t(cell.stage)].first_layer;
-    std::vector<char> waiting(std::size_t(ep), !arrived.empty());
-    std::vector<OpId> last(std::size_t(ep), kNoNode);
-    for (OpId i = from; i < to; ++i) {
-      const Op& op = cell.last.op(i);
-      std::vector<OpId> deps;
-      for (OpId d : op.deps) deps.push_back(merged(c, k, d));
-      const std::vector<int> ranks = op.stream == Stream::compute ? op.ranks() : std::vector<int>{};
-      if (std::any_of(ranks.begin(), ranks.end(), [&](int rank) { return waiting[std::size_t(rank)]; })) {
-        deps.insert(deps.end(), arrived.begin(), arrived.end());
-        for (int rank : ranks) waiting[std::size_t(rank)] = 0;
-      }
-      const OpId to_id = out.add_shifted(op, cell.gpus.front(), std::move(deps), merged_label(op.label, first, k < 0 || m == 1 ? -1 : k));
-      id[c][std::size_t(std::max(k, 0))][i] = to_id;
-      for (int rank : ranks) last[std::size_t(rank)] = to_id;
+  // A pass to copy: cell c's ops [from, to) as micro-batch k's (k < 0: once). `arrived`: what its
+  // first compute on each GPU waits for (the activations or gradients sent to it). `swap_comm`:
+  // its communication on the other stream (TaskGraph::add_shifted()). Copied, `last` has per place
+  // the last compute on that GPU.
+  struct Piece {
+    std::size_t c;
+    int k;
+    OpId from, to;
+    const std::vector<OpId>* arrived;
+    bool swap_comm = false;
+    std::vector<OpId> last;
+  };
+  // Copies the pieces side by side (one, or DualPipe's F&B pair): each in turn up to and with its
+  // next op off the compute stream, so that one's compute runs while the other communicates (on
+  // each GPU's streams, ops run in the order they are added).
+  auto copy = [&](std::vector<Piece>& pieces) {
+    struct At {
+      OpId i;
+      std::vector<char> waiting;
+    };
+    std::vector<At> at;
+    for (auto& p : pieces) {
+      at.push_back({p.from, std::vector<char>(std::size_t(ep), !p.arrived->empty())});
+      p.last.assign(std::size_t(ep), kNoNode);
     }
-    return last;
+    for (bool left = true; left;) {
+      left = false;
+      for (std::size_t n = 0; n < pieces.size(); ++n) {
+        Piece& p = pieces[n];
+        const Cell& cell = cells_[p.c];
+        const int first = stages_[std::size_t(cell.stage)].first_layer;
+        for (auto& [i, waiting] = at[n]; i < p.to;) {
+          const Op& op = cell.last.op(i);
+          std::vector<OpId> deps;
+          for (OpId d : op.deps) deps.push_back(merged(p.c, p.k, d));
+          const std::vector<int> ranks = op.stream == Stream::compute ? op.ranks() : std::vector<int>{};
+          if (std::any_of(ranks.begin(), ranks.end(), [&](int rank) { return waiting[std::size_t(rank)]; })) {
+            deps.insert(deps.end(), p.arrived->begin(), p.arrived->end());
+            for (int rank : ranks) waiting[std::size_t(rank)] = 0;
+          }
+          const OpId to_id = out.add_shifted(op, cell.gpus.front(), std::move(deps),
+                                             merged_label(op.label, first, label_of(cell, p.k)), p.swap_comm);
+          id[p.c][std::size_t(std::max(p.k, 0))][i++] = to_id;
+          for (int rank : ranks) p.last[std::size_t(rank)] = to_id;
+          if (op.stream != Stream::compute && pieces.size() > 1) break;  // the other piece's turn
+        }
+        left |= at[n].i < p.to;
+      }
+    }
   };
   for (std::size_t c = 0; c < cells_.size(); ++c) {
     id[c].assign(std::size_t(m), std::vector<OpId>(cells_[c].last.size(), 0));
-    copy(c, -1, 0, cells_[c].fwd, {});  // its expert moves
+    const std::vector<OpId> none;
+    std::vector<Piece> moves{{c, -1, 0, cells_[c].fwd, &none, false, {}}};
+    copy(moves);  // its expert moves
   }
   // The passes in an order that has every EP group's in its stage's order (orders_) and every
   // transfer before the pass that waits for it. A virtual stage's forward sends to the next one
-  // (the next stage, or from the last stage to the first stage's next chunk), its backward to the
-  // one before. Activations (and their gradients) of a micro-batch: a token's hidden vector per
-  // token on each GPU.
+  // (the next stage, or from the last stage to the first stage's next chunk; at DualPipeV's turn
+  // the same GPUs, which send nothing: the next part waits for their last computes), its backward
+  // to the one before. Activations (and their gradients) of a micro-batch: a token's hidden vector
+  // per token on each GPU.
   const double activation_bytes = double(in.model.tokens_per_gpu()) * in.model.token_bytes();
   std::vector<std::vector<std::vector<OpId>>> arrived_fwd(cells_.size(), std::vector<std::vector<OpId>>(std::size_t(m))),
       arrived_bwd = arrived_fwd;
@@ -272,24 +385,44 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
   for (bool progress = true; progress;) {
     progress = false;
     for (std::size_t g = 0; g < orders_.size(); ++g) {
-      for (; next[g] < orders_[g].size(); ++next[g], progress = true) {
-        const auto [backward, k, chunk] = orders_[g][next[g]];
-        const int s = chunk * pp + layout_.stage[g];
-        const std::size_t c = cell_at(s, layout_.replica[g]);
-        const Cell& cell = cells_[c];
-        auto& arrived = (backward ? arrived_bwd : arrived_fwd)[c][std::size_t(k)];
-        const int to_stage = backward ? s - 1 : s + 1;
-        if (arrived.empty() && (backward ? s < stages - 1 : s > 0)) break;  // not yet sent
-        const auto last = backward ? copy(c, k, cell.bwd, cell.reduce, arrived) : copy(c, k, cell.fwd, cell.bwd, arrived);
-        if (to_stage < 0 || to_stage >= stages) continue;
-        const std::size_t to = cell_at(to_stage, cell.replica);
-        for (int place = 0; place < ep; ++place) {
-          std::vector<OpId> deps;
-          if (last[std::size_t(place)] != kNoNode) deps.push_back(last[std::size_t(place)]);
-          (backward ? arrived_bwd : arrived_fwd)[to][std::size_t(k)].push_back(out.add_transfer(
-              Stream::comm2, fmt::format("stage_send.{}.s{}.mb{}.p{}", backward ? "bwd" : "fwd", s, k, place),
-              {cell.gpus[std::size_t(place)], cells_[to].gpus[std::size_t(place)], activation_bytes}, std::move(deps)));
+      while (next[g] < orders_[g].size()) {
+        // The pass, and the one overlapped with it.
+        const std::size_t passes = next[g] + 1 < orders_[g].size() && orders_[g][next[g] + 1].overlapped ? 2 : 1;
+        std::vector<Piece> pieces;
+        bool ready = true;
+        for (std::size_t j = 0; j < passes; ++j) {
+          const auto [backward, k, chunk, overlapped] = orders_[g][next[g] + j];
+          const int s = layout_.virtual_stage(chunk, layout_.stage[g]);
+          const std::size_t c = cell_at(s, layout_.replica[g]);
+          const Cell& cell = cells_[c];
+          const auto& arrived = (backward ? arrived_bwd : arrived_fwd)[c][std::size_t(k)];
+          ready &= !arrived.empty() || neighbour(s, !backward) < 0;  // or not yet sent
+          pieces.push_back({c, k, backward ? cell.bwd : cell.fwd, backward ? cell.reduce : cell.bwd, &arrived, overlapped, {}});
         }
+        if (!ready) break;
+        copy(pieces);
+        for (std::size_t j = 0; j < passes; ++j) {
+          const bool backward = orders_[g][next[g] + j].backward;
+          const Piece& p = pieces[j];
+          const Cell& cell = cells_[p.c];
+          const int s = cell.stage, to_stage = neighbour(s, backward);
+          if (to_stage < 0) continue;
+          const std::size_t to = cell_at(to_stage, cell.replica);
+          auto& into = (backward ? arrived_bwd : arrived_fwd)[to][std::size_t(p.k)];
+          for (int place = 0; place < ep; ++place) {
+            std::vector<OpId> deps;
+            if (p.last[std::size_t(place)] != kNoNode) deps.push_back(p.last[std::size_t(place)]);
+            if (cells_[to].gpus == cell.gpus) {  // DualPipeV's turn: nothing to send
+              into.insert(into.end(), deps.begin(), deps.end());
+              continue;
+            }
+            into.push_back(out.add_transfer(Stream::comm2, fmt::format("stage_send.{}.s{}.mb{}.p{}", backward ? "bwd" : "fwd", s, p.k, place),
+                                            {cell.gpus[std::size_t(place)], cells_[to].gpus[std::size_t(place)], activation_bytes},
+                                            std::move(deps)));
+          }
+        }
+        next[g] += passes;
+        progress = true;
       }
     }
   }
@@ -297,18 +430,22 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
     if (next[g] != orders_[g].size()) throw std::logic_error("LayoutIteration: the pipeline's passes do not all run");
   // Each stage's gradients, once its cells' last backwards are done: the dense part's all-reduce
   // over the stage's GPUs and each place's experts' over the stage's groups, its chunks' together;
-  // then each cell's optimizer and what follows it.
+  // then each cell's optimizer and what follows it. DualPipe's stages s and pp − 1 − s hold the
+  // same two parts (each the other's copy): they reduce together, as twice the groups.
   const CostModel cost(in.cluster, in.gpu);
   const std::string ar = collective_algorithm(in.spec, CollectiveType::all_reduce);
-  for (int s = 0; s < pp; ++s) {
-    std::vector<std::size_t> mine;  // the stage's cells, chunk by chunk
-    for (int chunk = 0; chunk < layout_.chunks; ++chunk)
-      for (int d = 0; d < layout_.dp; ++d) mine.push_back(cell_at(chunk * pp + s, d));
+  for (int s = 0; s < (dualpipe ? pp / 2 : pp); ++s) {
+    const std::vector<int> twins = dualpipe ? std::vector<int>{s, pp - 1 - s} : std::vector<int>{s};
+    std::vector<std::size_t> mine;  // the stage's cells (and its twin's), chunk by chunk
+    for (int t : twins)
+      for (int chunk = 0; chunk < layout_.chunks; ++chunk)
+        for (int d = 0; d < layout_.dp; ++d) mine.push_back(cell_at(layout_.virtual_stage(chunk, t), d));
     std::vector<OpId> backward_done;
     for (std::size_t c : mine)
       for (OpId d : cells_[c].last.op(cells_[c].reduce).deps) every_copy(c, d, backward_done);
     std::vector<int> gpus;  // the stage's: its EP groups'
-    for (int d = 0; d < layout_.dp; ++d) gpus.insert(gpus.end(), cells_[cell_at(s, d)].gpus.begin(), cells_[cell_at(s, d)].gpus.end());
+    for (int t : twins)
+      for (int d = 0; d < layout_.dp; ++d) gpus.insert(gpus.end(), cells_[cell_at(t, d)].gpus.begin(), cells_[cell_at(t, d)].gpus.end());
     std::sort(gpus.begin(), gpus.end());
     auto all_reduce = [&](const std::string& label, std::vector<int> group, double bytes) {
       const std::string algorithm = cost.all_reduce_algorithm(ar, group, bytes);
@@ -318,16 +455,18 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
     // MoE layers, every chunk's.
     double dense_bytes = 0, expert_bytes = 0;
     for (int chunk = 0; chunk < layout_.chunks; ++chunk) {
-      const Cell& cell = cells_[cell_at(chunk * pp + s, 0)];
+      const Cell& cell = cells_[cell_at(layout_.virtual_stage(chunk, s), 0)];
       dense_bytes += std::get<Collective>(cell.last.op(cell.reduce).body).total_bytes();
-      const MoeModel& model = stage_models_[std::size_t(chunk * pp + s)];
+      const MoeModel& model = stage_models_[std::size_t(layout_.virtual_stage(chunk, s))];
       expert_bytes += double(model.experts()) / ep * model.layers() * model.expert_params() * model.dtype_bytes();
     }
     const OpId dense_ar = all_reduce(kDenseAllReduce, gpus, dense_bytes);
     std::vector<OpId> gradients;
-    for (int place = 0; place < ep && layout_.dp > 1; ++place) {
+    for (int place = 0; place < ep && layout_.dp * int(twins.size()) > 1; ++place) {
       std::vector<int> copies;
-      for (int d = 0; d < layout_.dp; ++d) copies.push_back(cells_[cell_at(s, d)].gpus[std::size_t(place)]);
+      for (int t : twins)
+        for (int d = 0; d < layout_.dp; ++d) copies.push_back(cells_[cell_at(t, d)].gpus[std::size_t(place)]);
+      std::sort(copies.begin(), copies.end());
       gradients.push_back(all_reduce(pp > 1 ? fmt::format("expert_allreduce.s{}.p{}", s, place) : fmt::format("expert_allreduce.p{}", place),
                                      std::move(copies), expert_bytes));
     }

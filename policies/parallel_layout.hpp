@@ -9,7 +9,8 @@
 // model: all E experts of each of its layers, E/ep per GPU, its all-to-alls inside the group, its
 // own replicas and decisions (a policy instance per cell). Its graph is one micro-batch's forward
 // and backward. The merged iteration has a copy of each per micro-batch, in the order 1F1B (or its
-// interleaved form) runs them (one_f_one_b()). A forward of micro-batch k starts when the previous
+// interleaved form) runs them (one_f_one_b()), or DualPipe (dualpipe(), dualpipe_v()) with each
+// F&B pair's ops interleaved. A forward of micro-batch k starts when the previous
 // (virtual) stage's activations of k have arrived (each GPU sends to the GPU with the same place in
 // the next stage), a backward when the next stage's gradients of k have. Tensor parallelism is
 // inside a cell (MoeModel::tensor_parallel(), LayerOps). After its last backward, each stage
@@ -53,6 +54,9 @@ struct PipelinePass {
   bool backward = false;
   int micro_batch = 0;
   int chunk = 0;
+  /// Runs beside the pass before it, each one's compute while the other communicates (DualPipe's
+  /// F&B pair: a forward, then this backward).
+  bool overlapped = false;
   friend bool operator==(const PipelinePass&, const PipelinePass&) = default;
 };
 /// The order 1F1B (PipeDream-Flush, Narayanan et al., SC'21; Megatron-LM's
@@ -63,11 +67,40 @@ struct PipelinePass {
 /// k-th forward of chunk (k mod p·v) / p on micro-batch (k / p·v)·p + k mod p (the backwards'
 /// chunks the other way round), w = min(2·(stages − s − 1) + (v − 1)·stages, m·v) forwards first.
 std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches, int chunks = 1);
+/// The order DualPipeV (deepseek-ai/DualPipe, dualpipe/dualpipev.py, DualPipeV.step()) runs stage s
+/// of `stages` in, m ≥ 2·stages micro-batches, chunk 0 the V's way down (part s), chunk 1 its way
+/// back (part 2·stages − 1 − s): its eight steps, each F&B pair a forward and an overlapped
+/// backward, with every W ("backward for weights" deferred by zero bubble) inside its B.
+std::vector<PipelinePass> dualpipe_v(int stage, int stages, int micro_batches);
+/// The order DualPipe (DeepSeek-V3 §3.2.1; deepseek-ai/DualPipe, dualpipe/dualpipe.py,
+/// DualPipe.step()) runs stage s of an even number of `stages` in: m ≥ 2·stages micro-batches (even),
+/// half of them fed from each end; chunk 0 the way down (part s, micro-batches entering at stage 0),
+/// chunk 1 the way back (part stages − 1 − s, entering at the last stage), each micro-batch
+/// numbered within its direction. W in B, as dualpipe_v().
+std::vector<PipelinePass> dualpipe(int stage, int stages, int micro_batches);
 
 /// Who is where: the EP groups (cells) of a ParallelSpec on a cluster.
 struct ParallelLayout {
   int pp = 1, dp = 1, ep = 1, micro_batches = 1, tp = 1, chunks = 1;
   bool distributed_optimizer = false;  // ZeRO-1: Adam's states sharded (IterationInput's shards)
+  /// The pipeline's order (parallel.schedule): 1F1B (interleaved with chunks > 1), DualPipe (two
+  /// pipelines the opposite ways, each stage holding a part of each: chunks = 2) or DualPipeV (one
+  /// pipeline of 2·pp parts in a V: chunks = 2).
+  enum class Order { one_f_one_b, dualpipe, dualpipe_v } order = Order::one_f_one_b;
+  bool dual() const { return order != Order::one_f_one_b; }
+  /// The virtual stages, pp · chunks, each a cell's part of the model. Virtual stage `chunk` · pp +
+  /// stage of Megatron's interleaving; in DualPipe's and DualPipeV's V, chunk 1 of stage s is
+  /// 2·pp − 1 − s, so that the way back runs from the last stage to the first.
+  int virtual_stage(int chunk, int stage) const { return dual() && chunk == 1 ? 2 * pp - 1 - stage : chunk * pp + stage; }
+  /// The stage that holds a virtual stage.
+  int stage_of(int virtual_stage) const { return dual() && virtual_stage >= pp ? 2 * pp - 1 - virtual_stage : virtual_stage % pp; }
+  /// The parts the model's blocks split into: DualPipe's two pipelines each run all of it in pp
+  /// parts (two copies of the parameters); otherwise one part a virtual stage.
+  int model_parts() const { return order == Order::dualpipe ? pp : pp * chunks; }
+  /// The model part of a virtual stage.
+  int part_of(int virtual_stage) const { return virtual_stage % model_parts(); }
+  /// Micro-batches through each virtual stage: DualPipe's each way, half of them.
+  int pipeline_micro_batches() const { return order == Order::dualpipe ? micro_batches / 2 : micro_batches; }
   std::vector<std::vector<int>> groups;  // the EP groups, each its GPUs in place order
   std::vector<int> stage, replica;       // per group: its pipeline stage and DP coordinate
   /// A stage's GPUs: the routing's sources (a GPU's index in its stage is replica · ep + place).

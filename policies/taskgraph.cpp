@@ -231,10 +231,10 @@ void TaskGraph::drop_collective_matrices() {
     }
 }
 
-OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps, std::string label) {
+OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps, std::string label, bool swap_comm) {
   Op copy;
   copy.rank = op.rank + rank_offset;
-  copy.stream = op.stream;
+  copy.stream = !swap_comm || op.stream == Stream::compute ? op.stream : op.stream == Stream::comm ? Stream::comm2 : Stream::comm;
   copy.label = std::move(label);
   copy.deps = std::move(deps);
   copy.body = op.body;

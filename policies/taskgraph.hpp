@@ -283,8 +283,9 @@ class TaskGraph {
   OpId add_computes(std::string label, Computes c, std::vector<OpId> deps = {});
   /// A copy of another graph's op with every rank it names shifted by `rank_offset`, these deps
   /// (ids in this graph) and this label: an EP group's iteration placed on its GPUs
-  /// (parallel_layout.cpp).
-  OpId add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps, std::string label);
+  /// (parallel_layout.cpp). `swap_comm`: on comm2 what was on comm and the other way round (one of
+  /// two passes that run side by side, each on its own communication stream).
+  OpId add_shifted(const Op& op, int rank_offset, std::vector<OpId> deps, std::string label, bool swap_comm = false);
   /// Parts of the graph's Computes ops, all together.
   std::size_t num_parts() const { return parts_; }
 

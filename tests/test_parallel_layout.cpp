@@ -151,6 +151,68 @@ TEST_CASE("1F1B runs each stage's passes in Megatron's order") {
   CHECK(interleaved(1) == "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0 ");
 }
 
+TEST_CASE("DualPipe and DualPipeV run each stage's passes in DualPipe's order, F&B pairs overlapped") {
+  // Stage s of 4, 10 micro-batches: the figure of deepseek-ai/DualPipe's README
+  // (images/dualpipev.png, "4 PP ranks (8 PP stages) and 10 micro-batches"), read off device by
+  // device with each W (backward for weights) folded into its B: micro-batch.chunk, chunk 0 the V's
+  // way down, "F&B" a forward overlapped with a backward.
+  auto order = [](int stage) {
+    std::string s;
+    for (const auto& p : dualpipe_v(stage, 4, 10))
+      s += fmt::format("{}{}{}.{}", p.overlapped ? "&" : s.empty() ? "" : " ", p.backward ? 'B' : 'F', p.micro_batch, p.chunk);
+    return s;
+  };
+  CHECK(order(0) ==
+        "F0.0 F1.0 F2.0 F3.0 F4.0 F5.0 F6.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 F7.0&B3.1 F4.1&B0.0 F8.0&B4.1 F5.1&B1.0 "
+        "F9.0&B5.1 F6.1&B2.0 B6.1 F7.1&B3.0 B7.1 F8.1&B4.0 B8.1 F9.1&B5.0 B9.1 B6.0 B7.0 B8.0 B9.0");
+  // The last stage turns the V: its first forward of chunk 0 in the main step is not overlapped
+  // with the backward after it ("we don't overlap these two chunks to further reduce bubble size").
+  CHECK(order(3) ==
+        "F0.0 F0.1 F1.0 F1.1 F2.0 F2.1 F3.0 F3.1 F4.0 B0.1 F4.1&B0.0 F5.0&B1.1 F5.1&B1.0 F6.0&B2.1 F6.1&B2.0 F7.0&B3.1 "
+        "F7.1&B3.0 F8.0&B4.1 F8.1&B4.0 F9.0&B5.1 F9.1&B5.0 B6.1 B6.0 B7.1 B7.0 B8.1 B8.0 B9.1 B9.0");
+  for (int stage = 0; stage < 4; ++stage) {  // every micro-batch's forward and backward of each chunk once
+    std::set<std::tuple<bool, int, int>> seen;
+    for (const auto& p : dualpipe_v(stage, 4, 10)) CHECK(seen.insert({p.backward, p.micro_batch, p.chunk}).second);
+    CHECK(seen.size() == 40u);
+  }
+  // DualPipe, 8 stages and 20 micro-batches, 10 each way (chunk 0 the way down, chunk 1 back, each
+  // way's micro-batches numbered from 0): the README's figure (images/dualpipe.png, which numbers
+  // the way down's), device 0 and the middle device 3.
+  auto dual = [](int stage) {
+    std::string s;
+    for (const auto& p : dualpipe(stage, 8, 20))
+      s += fmt::format("{}{}{}.{}", p.overlapped ? "&" : s.empty() ? "" : " ", p.backward ? 'B' : 'F', p.micro_batch, p.chunk);
+    return s;
+  };
+  CHECK(dual(0) ==
+        "F0.0 F1.0 F2.0 F3.0 F4.0 F5.0 F6.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 F7.0&B3.1 F4.1&B0.0 F8.0&B4.1 F5.1&B1.0 "
+        "F9.0&B5.1 F6.1&B2.0 B6.1 F7.1&B3.0 B7.1 F8.1&B4.0 B8.1 F9.1&B5.0 B9.1 B6.0 B7.0 B8.0 B9.0");
+  CHECK(dual(3) ==
+        "F0.0 F0.1 F1.0 F1.1 F2.0 F2.1 F3.0 F3.1 F4.0 B0.1 F4.1&B0.0 F5.0&B1.1 F5.1&B1.0 F6.0&B2.1 F6.1&B2.0 F7.0&B3.1 "
+        "F7.1&B3.0 F8.0&B4.1 F8.1&B4.0 F9.0&B5.1 F9.1&B5.0 B6.1 B6.0 B7.1 B7.0 B8.1 B8.0 B9.1 B9.0");
+  // The second half mirrors the first, the ways swapped (stage 7 is stage 0 fed from the other end).
+  for (int stage = 0; stage < 4; ++stage) {
+    auto mirrored = dualpipe(7 - stage, 8, 20);
+    for (auto& p : mirrored) p.chunk = 1 - p.chunk;
+    CHECK(mirrored == dualpipe(stage, 8, 20));
+  }
+  // The layout: chunks 2 in a V, at least 2 micro-batches a stage.
+  const Cluster cluster(test::platform("dgx-a100", 4));
+  spec::ParallelSpec parallel;
+  parallel.set_pp(4);
+  parallel.set_micro_batches(8);
+  parallel.set_schedule("dualpipev");
+  const ParallelLayout layout = parallel_layout(parallel, cluster);
+  CHECK(layout.chunks == 2);
+  CHECK(layout.virtual_stage(0, 1) == 1);
+  CHECK(layout.virtual_stage(1, 1) == 6);
+  CHECK(layout.stage_of(6) == 1);
+  parallel.set_micro_batches(7);
+  CHECK_THROWS_WITH(parallel_layout(parallel, cluster), Catch::Contains("at least 2 micro-batches a stage"));
+  parallel.set_schedule("gpipe");
+  CHECK_THROWS_WITH(parallel_layout(parallel, cluster), Catch::Contains("not a pipeline order"));
+}
+
 TEST_CASE("pipeline stages split the blocks as evenly as they go, dense blocks first (DeepSeek-V3: 61 over 16)") {
   auto model = test::model_spec(58, 256, 1024, 16, 8, 128, 128, 4);
   model.set_dense_layers(3);
@@ -240,6 +302,176 @@ TEST_CASE("a 1F1B pipeline idles (p - 1)/(v·m + p - 1) of each stage's step, an
       CHECK(1 - busy / (last - first) == Approx(double(p - 1) / (v * m + p - 1)).margin(0.01));
     }
   }
+}
+
+TEST_CASE("DualPipe and DualPipeV idle within DualPipe's bubble, (P/2 - 1)(F&B + B), below 1F1B's") {
+  // The setup of the 1F1B bubble case above: 4 stages of one DGX-A100 node, 8 micro-batches, one
+  // MoE layer a part, every token on its own GPU, so that a pass is its compute and F&B = F + B
+  // (nothing to overlap). DualPipe's README gives the bubble as (PP/2 − 1)(F&B + B − 3W) for PP
+  // parts; with W in B (W = 0 here) that is (P/2 − 1)(F + 2B). DualPipe on 4 stages runs the model
+  // in 4 parts two ways (P = 4); DualPipeV in 8 parts of a V (P = 8). Their orders on idealized
+  // passes (each rank's passes back to back, a pass when its input is there) idle between
+  // (P/2 − 1)(F + B), when a pair's forward is done before its backward starts, and that formula,
+  // when both are done only at the pair's end; the simulator interleaves the pair's ops, so the
+  // stage idles in between. 1F1B over the same parts and stages idles (p − 1)(F + B) a part per
+  // stage, (p − 1)(2F + 2B) with two: above both.
+  const int p = 4, m = 8, tokens = 256;
+  const Cluster cluster(test::platform("dgx-a100", p));
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  SimBackend sim(cluster, gpu);
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  // The idle time and step of stage `stage`, and a part's forward and backward compute there.
+  auto idle = [&](const std::string& schedule, int parts, int stage, double& forward, double& backward) {
+    const MoeModel model(test::model_spec(parts, 256, 524288, 8, 1, 256, tokens, 4));
+    std::vector<RoutingMatrix> routing;
+    for (int l = 0; l < parts; ++l) {
+      RoutingMatrix R(8, 8);
+      for (int g = 0; g < 8; ++g) R.mutable_at(g, g) = tokens;
+      routing.push_back(R);
+    }
+    spec::ParallelSpec parallel;
+    parallel.set_pp(p);
+    parallel.set_micro_batches(m);
+    parallel.set_schedule(schedule);
+    PolicyReport report;
+    LayoutIteration iteration(cluster.spec(), model, parallel_layout(parallel, cluster), ps);
+    const TaskGraph g = iteration.build_iteration({cluster, model, gpu, ps, routing, report});
+    CHECK(test::forward_tokens(g) == long(parts) * m * 8 * tokens);  // each micro-batch through the model once
+    const Timing timing = sim.execute(g);
+    double first = 1e30, last = 0, busy = 0;
+    const int passes = m * parts / p;  // a stage's forwards (and backwards) of one layer
+    forward = backward = 0;
+    for (const auto& op : g.ops()) {
+      if (op.label.find(".mb") == std::string::npos) continue;
+      auto part = [&](int rank, double start, double end) {
+        first = std::min(first, start), last = std::max(last, end);
+        if (rank != 8 * stage) return;
+        busy += end - start;
+        (op.label.find("bwd.") != std::string::npos ? backward : forward) += (end - start) / passes;
+      };
+      if (const auto* c = std::get_if<Computes>(&op.body))
+        for (std::size_t i = 0; i < c->parts(); ++i) part(c->ranks[i], timing.part_start[c->first_part + i], timing.part_end[c->first_part + i]);
+      else if (std::holds_alternative<Compute>(op.body))
+        part(op.rank, timing.start[op.id], timing.end[op.id]);
+    }
+    return std::pair{last - first - busy, last - first};
+  };
+  for (const auto& [schedule, P] : {std::pair{"dualpipe", p}, std::pair{"dualpipev", 2 * p}}) {
+    for (int stage = 0; stage < p; ++stage) {
+      INFO(schedule << ", stage " << stage);
+      double F = 0, B = 0, F1 = 0, B1 = 0;
+      const auto [bubble, step] = idle(schedule, P, stage, F, B);
+      CHECK(B > F);
+      CHECK(bubble >= 0.99 * (P / 2 - 1) * (F + B));
+      CHECK(bubble <= 1.01 * (P / 2 - 1) * (F + 2 * B));
+      const auto [bubble_1f1b, step_1f1b] = idle("1f1b", P, stage, F1, B1);
+      CHECK(F1 == Approx(F));
+      CHECK(B1 == Approx(B));
+      CHECK(bubble_1f1b / step_1f1b == Approx(double(p - 1) / (m + p - 1)).margin(0.01));
+      CHECK(bubble < bubble_1f1b);
+    }
+  }
+}
+
+TEST_CASE("DualPipe's twin stages hold the same two parts and reduce their gradients together") {
+  // 4 one-node stages, DualPipe: stage s holds part s of the way down and part 3 − s of the way
+  // back, so stages 0 and 3 (and 1 and 2) hold the same parameters: one dense all-reduce over both
+  // stages' 16 GPUs, and each GPU's experts all-reduced with the same place of the twin.
+  const int p = 4;
+  const Cluster cluster(test::platform("dgx-a100", p));
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  const MoeModel model(test::model_spec(p, 256, 1024, 8, 1, 64, 64, 4));
+  spec::ParallelSpec parallel;
+  parallel.set_pp(p);
+  parallel.set_micro_batches(8);
+  parallel.set_schedule("dualpipe");
+  const ParallelLayout layout = parallel_layout(parallel, cluster);
+  CHECK(layout.model_parts() == p);
+  CHECK(layout.virtual_stage(1, 0) == 2 * p - 1);
+  CHECK(layout.part_of(2 * p - 1) == p - 1);
+  CHECK(layout.pipeline_micro_batches() == 4);
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  std::vector<RoutingMatrix> routing(std::size_t(p), RoutingMatrix(8, 8));
+  for (auto& R : routing)
+    for (int g = 0; g < 8; ++g) R.mutable_at(g, (g + 1) % 8) = 64;
+  PolicyReport report;
+  LayoutIteration iteration(cluster.spec(), model, layout, ps);
+  const TaskGraph g = iteration.build_iteration({cluster, model, gpu, ps, routing, report});
+  std::vector<std::vector<int>> dense, experts;
+  for (const auto& op : g.ops())
+    if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::all_reduce)
+      (op.label == "allreduce.dense" ? dense : experts).push_back(c->group);
+  REQUIRE(dense.size() == 2u);
+  for (int s = 0; s < 2; ++s) {
+    std::vector<int> both;
+    for (int t : {s, p - 1 - s})
+      for (int i = 0; i < 8; ++i) both.push_back(8 * t + i);
+    std::sort(both.begin(), both.end());
+    CHECK(dense[std::size_t(s)] == both);
+  }
+  REQUIRE(experts.size() == 16u);  // 2 twin pairs × 8 places
+  CHECK(experts[0] == std::vector<int>{0, 24});
+  CHECK(experts[9] == std::vector<int>{9, 17});
+  CHECK(test::forward_tokens(g) == long(p) * 8 * 8 * 64);  // each micro-batch through each part once
+  // Stage 0's GPUs hold two parts' parameters: the memory of a 1F1B stage holding one, and the other.
+  parallel.set_schedule("1f1b");
+  PolicyReport one;
+  LayoutIteration plain(cluster.spec(), model, parallel_layout(parallel, cluster), ps);
+  plain.build_iteration({cluster, model, gpu, ps, routing, one});
+  CHECK(report.memory.params == Approx(one.memory.params * 2).epsilon(0.05));
+}
+
+TEST_CASE("a DualPipe F&B pair runs one pass's all-to-alls while the other computes") {
+  // 4 one-node stages, DualPipe, 8 micro-batches; every token goes to the next GPU's expert, so each
+  // pass has all-to-alls over NVSwitch. In an F&B pair the backward's communication goes on the
+  // other stream (comm2) and its ops are interleaved with the forward's: some backward all-to-all
+  // runs while the forward computes on the same GPU, which the 1F1B order never does.
+  const int p = 4;
+  const Cluster cluster(test::platform("dgx-a100", p));
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  SimBackend sim(cluster, gpu);
+  const MoeModel model(test::model_spec(2 * p, 1024, 4096, 8, 2, 1024, 4096, 4));
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  std::vector<RoutingMatrix> routing(std::size_t(2 * p), RoutingMatrix(8, 8));
+  for (auto& R : routing)
+    for (int g = 0; g < 8; ++g) R.mutable_at(g, (g + 1) % 8) = 2 * 4096;
+  auto overlapped = [&](const std::string& schedule) {
+    spec::ParallelSpec parallel;
+    parallel.set_pp(p);
+    parallel.set_micro_batches(8);
+    parallel.set_schedule(schedule);
+    PolicyReport report;
+    LayoutIteration iteration(cluster.spec(), model, parallel_layout(parallel, cluster), ps);
+    const TaskGraph g = iteration.build_iteration({cluster, model, gpu, ps, routing, report});
+    const Timing timing = sim.execute(g);
+    int count = 0;  // backward all-to-alls that some forward compute overlaps on one of their GPUs
+    for (const auto& a : g.ops()) {
+      const auto* c = std::get_if<Collective>(&a.body);
+      if (!c || c->type != CollectiveType::all_to_all || a.label.find("bwd.") == std::string::npos) continue;
+      bool hit = false;
+      for (const auto& f : g.ops()) {
+        if (f.label.find("fwd.") == std::string::npos || f.stream != Stream::compute) continue;
+        auto during = [&](int rank, double start, double end) {
+          hit |= std::find(c->group.begin(), c->group.end(), rank) != c->group.end() && start < timing.end[a.id] && end > timing.start[a.id];
+        };
+        if (const auto* parts = std::get_if<Computes>(&f.body))
+          for (std::size_t i = 0; i < parts->parts(); ++i)
+            during(parts->ranks[i], timing.part_start[parts->first_part + i], timing.part_end[parts->first_part + i]);
+        else
+          during(f.rank, timing.start[f.id], timing.end[f.id]);
+      }
+      if (hit) {
+        CHECK(a.stream == Stream::comm2);
+        ++count;
+      }
+    }
+    return count;
+  };
+  CHECK(overlapped("1f1b") == 0);
+  CHECK(overlapped("dualpipe") > 0);
 }
 
 TEST_CASE("a pipeline stage keeps the activations of the micro-batches 1F1B has in flight") {
