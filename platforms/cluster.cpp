@@ -288,6 +288,20 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
     nic_route_.push_back(std::move(best_route));
   }
   build_rings(node);
+  // PXN: GPU i sends to local index j's rail through GPU j where its NIC is another and every link
+  // between them is NVLink (NCCL's PATH_NVL: direct or through NVSwitch).
+  if (node.pxn()) {
+    require(!nics_.empty(), "node.pxn", "needs NICs: PXN moves a message to another GPU's NIC");
+    pxn_local_.resize(std::size_t(gpus) * std::size_t(gpus));
+    for (int i = 0; i < gpus; ++i)
+      for (int j = 0; j < gpus; ++j) {
+        const Route& r = intra_[std::size_t(i)][std::size_t(j)];
+        const bool nvlink = !r.empty() && std::all_of(r.begin(), r.end(), [&](const Hop& h) {
+          return links_[std::size_t(h.link)].kind.rfind("nv", 0) == 0;
+        });
+        pxn_local_[std::size_t(i * gpus + j)] = nvlink && nic_of_[std::size_t(i)] != nic_of_[std::size_t(j)] && nic_of_[std::size_t(j)] >= 0 ? j : i;
+      }
+  }
 }
 
 // NCCL's rings inside a node (its graph search, src/graph/search.cc, looks for rings over the fastest

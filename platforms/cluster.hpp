@@ -68,6 +68,13 @@ class Cluster {
   const std::vector<Nic>& nics() const { return nics_; }
   /// The NIC a GPU (by rank) sends and receives through; the cluster must have NICs.
   const Nic& rank_nic(int rank) const { return nics_[std::size_t(std::max(nic_of(local_of(rank)), 0))]; }
+  /// The GPU that sends a send/recv message from rank `src` to rank `dst` between nodes: with NCCL's
+  /// PXN (NodeSpec.pxn), the GPU of src's node with dst's local index, which src reaches over
+  /// NVLink, where its NIC is another; `src` otherwise (and inside a node).
+  int pxn_proxy(int src, int dst) const {
+    if (pxn_local_.empty() || node_of(src) == node_of(dst)) return src;
+    return src - local_of(src) + pxn_local_[std::size_t(local_of(src) * gpus_per_node() + local_of(dst))];
+  }
   /// Rings a ring collective runs side by side (NodeSpec.ring_channels; default one per NIC).
   int ring_channels() const { return int(channel_entry_.size()); }
   /// The node's ring: its local GPUs in the cyclic order NCCL's rings follow inside a node.
@@ -94,6 +101,7 @@ class Cluster {
   std::vector<Route> nic_route_;
   std::vector<Nic> nics_;
   std::vector<int> ring_order_, channel_entry_;
+  std::vector<int> pxn_local_;  // by (local src, local dst): the local GPU that sends (empty: no PXN)
   void build_rings(const spec::NodeSpec& node);
 };
 

@@ -94,6 +94,7 @@ struct SimBackend::Impl {
   // entries of its own ranks and nodes), and its marks of the ranks and nodes seen.
   std::vector<double> sum_intra, sum_out, sum_in, sum_pairs;
   std::vector<char> rank_seen, node_seen;
+  std::vector<char> in_step;  // by rank: a GPU of the step being measured (a PXN proxy must be one)
   // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
   // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
   // of Cluster's accessors, done once: they were a fifth of a large step's cost).
@@ -186,7 +187,7 @@ struct SimBackend::Impl {
   // step_tasks.cpp
   Transfer chain_route(const Step& step) const;
   std::vector<sg4::ExecPtr> aggregated_tasks(const StepBytes& s);
-  sg4::ExecPtr transfer_task(const Transfer& t, double scale, bool probe = false, int messages = 1);
+  sg4::ExecPtr transfer_task(const Transfer& t, double scale, bool probe = false, int messages = 1, bool p2p = false);
   bool latency_bound(const Step& step, const StepBytes& s) const;
   sg4::ExecPtr marker(int rank);
   sg4::ExecPtr issue(const Op& op, std::vector<sg4::ActivityPtr>& all);

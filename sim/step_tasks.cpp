@@ -137,11 +137,17 @@ std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s)
 
 // A transfer (× scale) as a two-host parallel task, with its NIC's per-message overhead for each
 // of its `messages` unless it is a latency `probe`: bytes over the route's narrowest link plus the
-// route's latency, alone.
-sg4::ExecPtr SimBackend::Impl::transfer_task(const Transfer& t, double scale, bool probe, int messages) {
-  const double bytes = (t.bytes + (probe ? 0 : messages * cluster.message_overhead_bytes(t.src, t.dst))) * scale;
+// route's latency, alone. A `p2p` one (NCCL send/recv) that PXN sends from another GPU of its node
+// (Cluster::pxn_proxy()) is a three-host task: over NVLink to that GPU, and on from there, at one
+// rate, as NCCL pipelines its chunks through the proxy.
+sg4::ExecPtr SimBackend::Impl::transfer_task(const Transfer& t, double scale, bool probe, int messages, bool p2p) {
+  const int proxy = p2p && !probe ? cluster.pxn_proxy(t.src, t.dst) : t.src;
+  const double bytes = (t.bytes + (probe ? 0 : messages * cluster.message_overhead_bytes(proxy, t.dst))) * scale;
   auto exec = sg4::Exec::init();
-  if (t.src == t.dst) {
+  if (proxy != t.src) {
+    exec->set_hosts({hosts[std::size_t(t.src)], hosts[std::size_t(proxy)], hosts[std::size_t(t.dst)]});
+    exec->set_bytes_amounts({0.0, t.bytes * scale, 0.0, 0.0, 0.0, bytes, 0.0, 0.0, 0.0});
+  } else if (t.src == t.dst) {
     exec->set_hosts({hosts[std::size_t(t.src)]});
     exec->set_bytes_amounts({bytes});
   } else {
@@ -211,7 +217,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
   if (const auto* c = std::get_if<Compute>(&op.body)) {
     entry = exit = keep(compute_exec(op.rank, c->seconds(gpu)));
   } else if (const auto* t = std::get_if<Transfer>(&op.body)) {
-    entry = exit = keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : transfer_task(*t, 1.0));
+    entry = exit = keep(t->src == t->dst || t->bytes <= 0 ? marker(op.rank) : transfer_task(*t, 1.0, false, 1, true));
   } else {
     // A collective: its lanes run side by side from a start marker (to a finish marker when
     // there are several); in a lane each step waits for the previous one. A step's copies are
@@ -263,7 +269,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
         if (options.aggregate && step.sends())
           flows = aggregated_tasks(bytes());
         else
-          for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds, false, step.messages));
+          for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds, false, step.messages, step.p2p));
         for (auto& f : flows) {
           last->add_successor(f);
           ends.push_back(keep(f));

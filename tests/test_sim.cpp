@@ -454,3 +454,55 @@ TEST_CASE("the critical path adds up to the iteration's time through the smart s
   CHECK(it.attribution.critical[Phase::expert_compute] > 0);
   CHECK(it.attribution.busy[Phase::expert_compute] > 0);
 }
+
+// NCCL's PXN (NodeSpec.pxn): each GPU of node 0 of 3 DGX H100s sends B to GPU 0 of node 1 and to
+// GPU 0 of node 2, as an all-to-all. Without PXN each GPU's own NIC sends its 2B, and each
+// receiving NIC 0 takes 8B: 8B at 50 GB/s. With PXN every message crosses NVLink to GPU 0 of node 0
+// first and leaves through its NIC 0, the receivers' rail: 16B through one NIC, twice as long. The
+// aggregated step and one flow per message must agree.
+double pxn_incast(bool pxn, bool aggregate) {
+  auto spec = test::platform("dgx-h100", 3);
+  spec.mutable_node()->set_pxn(pxn);
+  const Cluster cluster(spec);
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  SimBackend sim(cluster, gpu, SimOptions{aggregate});
+  const double B = 1e9;
+  std::vector<double> bytes(24 * 24, 0.0);
+  for (std::size_t i = 0; i < 8; ++i) bytes[i * 24 + 8] = bytes[i * 24 + 16] = B;
+  Collective c{CollectiveType::all_to_all, {}, bytes, "linear"};
+  for (int i = 0; i < 24; ++i) c.group.push_back(i);
+  TaskGraph g(cluster.num_gpus());
+  const OpId a2a = g.add_collective(Stream::comm, "a2a", c);
+  const Timing t = sim.execute(g);
+  return duration(t, a2a) / (8 * B / 50e9);
+}
+
+TEST_CASE("without PXN the receivers' NICs bind an incast") { CHECK(pxn_incast(false, true) == Approx(1).epsilon(1e-3)); }
+TEST_CASE("with PXN the sender's NIC on the receivers' rail carries every message to them") {
+  CHECK(pxn_incast(true, true) == Approx(2).epsilon(1e-3));
+}
+TEST_CASE("with PXN one flow per message gives the aggregated step's time") { CHECK(pxn_incast(true, false) == Approx(2).epsilon(1e-3)); }
+
+TEST_CASE("a transfer between nodes under PXN leaves through the receiver's rail, sharing that NIC") {
+  // 3 DGX H100s with PXN: GPU 0 -> GPU 1 of node 1 and GPU 1 -> GPU 1 of node 2, side by side, both
+  // through node 0's NIC 1 (GPU 0's message over NVLink to GPU 1 first): each at half of 50 GB/s.
+  // GPU 2 -> GPU 2 of node 1, on its own rail, alone at 50 GB/s.
+  auto spec = test::platform("dgx-h100", 3);
+  spec.mutable_node()->set_pxn(true);
+  const Cluster cluster(spec);
+  CHECK(cluster.pxn_proxy(0, 9) == 1);
+  CHECK(cluster.pxn_proxy(1, 17) == 1);
+  CHECK(cluster.pxn_proxy(0, 1) == 0);   // inside a node: NVLink only
+  CHECK(cluster.pxn_proxy(10, 2) == 10);  // already on the receiver's rail
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  SimBackend sim(cluster, gpu);
+  const double B = 1e9;
+  TaskGraph g(cluster.num_gpus());
+  const OpId a = g.add_transfer(Stream::comm, "a", {0, 9, B});
+  const OpId b = g.add_transfer(Stream::comm, "b", {1, 17, B});
+  const OpId c = g.add_transfer(Stream::comm, "c", {2, 10, B});
+  const Timing t = sim.execute(g);
+  CHECK(duration(t, a) == Approx(2 * B / 50e9).epsilon(1e-3));
+  CHECK(duration(t, b) == Approx(2 * B / 50e9).epsilon(1e-3));
+  CHECK(duration(t, c) == Approx(B / 50e9).epsilon(1e-3));
+}

@@ -41,6 +41,9 @@ struct Step {
   /// Set by lower_unlisted() instead of `transfers`: the step sends from every group[i] to every
   /// group[j], i ≠ j, the bytes[i·n + j] > 0 of this all-to-all (rotating_pairs()'s transfers).
   const Collective* all_pairs = nullptr;
+  /// The transfers are NCCL send/recv pairs (rotating_pairs(), all_pairs), which NCCL's PXN routes
+  /// between nodes through the receiver's rail (Cluster::pxn_proxy()); rings and trees are not.
+  bool p2p = false;
   bool sends() const { return all_pairs || !transfers.empty(); }
 };
 using Lane = std::vector<Step>;
@@ -105,6 +108,7 @@ Step rotating_pairs(const std::vector<int>& group, int peers, const Bytes& bytes
   // transfers, and each call through a std::function cost as much as the rest of the loop.
   const std::size_t n = group.size();
   Step step;
+  step.p2p = true;
   step.transfers.reserve(n * (n ? n - 1 : 0));  // untouched capacity costs address space, not memory
   int busy = 0;
   for (std::size_t d = 1; d < n; ++d) {

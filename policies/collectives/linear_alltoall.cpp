@@ -29,6 +29,7 @@ Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& clus
   if (rounds == 0) return {};
   Step step;
   step.all_pairs = &c;
+  step.p2p = true;
   step.serial_rounds = serial_rounds(rounds, cluster.p2p_peers());
   step.messages = c.messages;
   return one_step(std::move(step));
