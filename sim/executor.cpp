@@ -231,6 +231,9 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   const std::size_t n = graph.size(), parts = graph.num_parts();
   auto w = graph.waits();
   Run r;
+  // Collectives nothing else on the network can overlap: their steps timed (timed_steps.cpp), up to
+  // 128 MB of analysis.
+  r.isolated = options.aggregate ? isolated_network_ops(graph, w, std::uint64_t(1) << 30) : std::vector<char>(n, 0);
   r.graph = &graph;
   r.parts_from = Node(n);
   r.successors.resize(n);
@@ -271,6 +274,8 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
     }
   }
   w = {};
+  // Collectives nothing else on the network can overlap: their steps timed (timed_steps.cpp), up to
+  // 128 MB of analysis.
   run = &r;
   for (const auto& op : graph.ops())
     if (r.waiting[op.id] == 0) issue_op(op.id);

@@ -5,6 +5,7 @@
 //                    in zones of their own) and a step's bytes measured per group
 //   step_tasks.cpp   an op as SimGrid activities: a step as a few parallel tasks (or one flow per
 //                    transfer), a compute as an exec, its entry and exit markers
+//   timed_steps.cpp  the collectives nothing can overlap, whose steps are timers
 //   executor.cpp     a TaskGraph run: ops issued as their predecessors end, lone computes as timers
 // Only sim/ includes SimGrid.
 #pragma once
@@ -75,6 +76,8 @@ struct SimBackend::Impl {
   std::vector<int> loaded;            // the groups a step loads
   std::vector<std::vector<int>> share_groups;  // by share: its loaded groups, for aggregated_tasks()
   std::vector<int> agg_index;                  // by agg host: its index in the task being built, or -1
+  std::vector<double> group_bandwidth, group_latency;        // by group: its link's (timed steps)
+  std::vector<double> share_rate, share_latency, share_window;  // by share, for a timed step
   // A step's bytes, gathered in one pass over its transfers (a step of an all-to-all has G² of
   // them) for aggregated_tasks() and latency_bound(), over the step's own ranks and nodes: a step
   // of one EP group among many costs its group's size, not the cluster's (and a cached one its
@@ -140,6 +143,9 @@ struct SimBackend::Impl {
     // A collective whose kernels hold SMs of each member GPU (Collective::sm_share): per op, its
     // ranks and the SMs it holds on each, from the op's issue to its end (reserve_sms()).
     std::unordered_map<OpId, std::vector<std::pair<int, int>>> reserved;
+    // Per op: a collective that no other network op (collective or transfer) can overlap
+    // (isolated_network_ops()): its aggregated steps are timed, not tasks.
+    std::vector<char> isolated;
   };
   Run* run = nullptr;
   // GPU compute that runs alone is not an activity of the solver. A compute op issued on a GPU
@@ -186,7 +192,11 @@ struct SimBackend::Impl {
 
   // step_tasks.cpp
   Transfer chain_route(const Step& step) const;
-  std::vector<sg4::ExecPtr> aggregated_tasks(const StepBytes& s);
+  /// The step's shares as parallel tasks; with `alone`, no task: *alone is set to the seconds the
+  /// tasks would take with nothing else on their links (timed steps, isolated_network_ops()).
+  std::vector<sg4::ExecPtr> aggregated_tasks(const StepBytes& s, double* alone = nullptr);
+  /// A (link, direction) group's SimGrid link (aggregated_tasks()).
+  sg4::Link* group_link(int q) const;
   sg4::ExecPtr transfer_task(const Transfer& t, double scale, bool probe = false, int messages = 1, bool p2p = false);
   bool latency_bound(const Step& step, const StepBytes& s) const;
   sg4::ExecPtr marker(int rank);
@@ -209,6 +219,10 @@ struct SimBackend::Impl {
   sg4::ExecPtr compute_exec(int rank, double seconds);
   sg4::ExecPtr rest_as_exec(int rank, double end, OpId op, Node node);
   Timing execute(const TaskGraph& graph);
+  /// Per op of `graph`: 1 for a collective that every other network op (collective or transfer)
+  /// precedes or follows, by its dependencies and stream order (`w`, graph.waits(); timed_steps.cpp); all 0 when the
+  /// analysis would take more than `max_bits` bits.
+  static std::vector<char> isolated_network_ops(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits);
 };
 
 }  // namespace moesim

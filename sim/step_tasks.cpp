@@ -3,6 +3,9 @@
 // two-host task; a compute as an exec on its GPU; entry and exit markers around them.
 #include "sim_impl.hpp"
 
+#include <limits>
+#include <xbt/config.hpp>
+
 namespace moesim {
 
 // The transfer whose route the chain of send/recv rounds takes: the step's first between two
@@ -48,7 +51,7 @@ Transfer SimBackend::Impl::chain_route(const Step& step) const {
 // order), to the last bit. Each share's latency, that of the step's longest route (between two
 // ports across the fabric, or two GPUs in a node), comes from one more entry of a negligible
 // 1e-30 bytes over the share's own route of that latency (Groups::latencies).
-std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s) {
+std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s, double* alone) {
   const std::size_t g = std::size_t(cluster.gpus_per_node()), N = std::size_t(cluster.nodes()),
                     per_node = std::size_t(groups.per_node());
   auto& load = group_load;  // zero, but for what this step loads (`loaded`, cleared at the end)
@@ -101,6 +104,31 @@ std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s)
   };
   if (s.any_inter) longer(groups.inter_class[std::size_t(s.hops)]);
   if (s.any_intra) longer(groups.intra_class[std::size_t(s.intra_pair)]);
+  if (alone) {  // each share as ptask_L07 would run it alone (timed_steps.cpp), in any order
+    static const double gamma = simgrid::config::get_value<double>("network/TCP-gamma");
+    if (group_bandwidth.empty())
+      for (int q = 0; q < int(groups.count()); ++q)
+        group_bandwidth.push_back(group_link(q)->get_bandwidth()), group_latency.push_back(group_link(q)->get_latency());
+    const std::size_t shares = share_groups.size();
+    share_rate.assign(shares, std::numeric_limits<double>::infinity());
+    share_latency.assign(shares, groups.latencies[std::size_t(latency)]);
+    share_window.assign(shares, 0.0);
+    for (int q : loaded) {
+      const std::size_t sh = std::size_t(groups.share[std::size_t(q)]), k = std::size_t(q);
+      share_latency[sh] = std::max(share_latency[sh], group_latency[k]);
+      share_rate[sh] = std::min(share_rate[sh], group_bandwidth[k] / load[k]);
+      share_window[sh] = std::max(share_window[sh], group_latency[k] * load[k]);
+      load[k] = 0;
+    }
+    loaded.clear();
+    *alone = 0;
+    for (std::size_t sh = 0; sh < shares; ++sh)
+      if (share_rate[sh] < std::numeric_limits<double>::infinity()) {
+        const double rate = share_window[sh] > 0 ? std::min(share_rate[sh], gamma / (2 * share_window[sh])) : share_rate[sh];
+        *alone = std::max(*alone, share_latency[sh] + 1 / rate);
+      }
+    return {};
+  }
   for (auto& members : share_groups) members.clear();
   std::sort(loaded.begin(), loaded.end());
   for (int q : loaded) share_groups[std::size_t(groups.share[std::size_t(q)])].push_back(q);
@@ -266,7 +294,14 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
           ends.push_back(prev);
         }
         std::vector<sg4::ExecPtr> flows;
-        if (options.aggregate && step.sends())
+        if (options.aggregate && step.sends() && run->isolated[op.id]) {  // timed: a gate its seconds after the step starts
+          double seconds = 0;
+          aggregated_tasks(bytes(), &seconds);
+          auto gate = marker(op.rank);
+          all.push_back(gate);  // started by its timer
+          floors[last.get()].push_back({gate, seconds});
+          ends.push_back(gate);
+        } else if (options.aggregate && step.sends())
           flows = aggregated_tasks(bytes());
         else
           for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds, false, step.messages, step.p2p));

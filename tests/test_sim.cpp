@@ -506,3 +506,27 @@ TEST_CASE("a transfer between nodes under PXN leaves through the receiver's rail
   CHECK(duration(t, b) == Approx(2 * B / 50e9).epsilon(1e-3));
   CHECK(duration(t, c) == Approx(B / 50e9).epsilon(1e-3));
 }
+
+// Timed steps (sim/timed_steps.cpp): a collective that no other network op can overlap is a timer of
+// the time its steps' parallel tasks would take alone. Three DGX-A100 nodes: a skewed all-to-all
+// between nodes 0 and 1, first alone (timed), then beside a transfer inside node 2 (which shares no
+// link with it, but could overlap it: its steps run as tasks); the same time both ways. Beside a
+// transfer through node 0's NIC 0 it is slower: a collective that may overlap another is still
+// simulated with it.
+TEST_CASE("a collective nothing can overlap is timed as its tasks would run alone") {
+  Bench b("dgx-a100", 3);
+  std::vector<double> bytes(16 * 16, 0.0);
+  for (std::size_t i = 0; i < 16; ++i)
+    for (std::size_t j = 0; j < 16; ++j) bytes[i * 16 + j] = i == j ? 0 : 1e6 * double(1 + (i * 7 + j * 3) % 11);
+  Collective c{CollectiveType::all_to_all, {}, bytes, "linear"};
+  for (int i = 0; i < 16; ++i) c.group.push_back(i);
+  auto a2a_time = [&](const std::optional<Transfer>& beside) {
+    TaskGraph g(b.cluster.num_gpus());
+    const OpId a2a = g.add_collective(Stream::comm, "a2a", c);
+    if (beside) g.add_transfer(Stream::comm2, "beside", *beside);
+    return duration(b.sim.execute(g), a2a);
+  };
+  const double alone = a2a_time(std::nullopt);
+  CHECK(a2a_time(Transfer{16, 17, 1e9}) == Approx(alone).epsilon(1e-12));
+  CHECK(a2a_time(Transfer{0, 16, 1e9}) > 1.05 * alone);
+}
