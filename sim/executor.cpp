@@ -212,6 +212,7 @@ void SimBackend::Impl::release(Node n) {
 // An op's end: recorded; its activities released; its successors counted down.
 void SimBackend::Impl::op_done(OpId done) {
   run->timing.end[done] = sg4::Engine::get_clock();
+  overlaps.end(done);
   run->ended[done] = 1;
   run->activities[done].clear();
   if (const auto r = run->reserved.find(done); r != run->reserved.end()) {  // its kernels leave the GPUs
@@ -231,9 +232,8 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   const std::size_t n = graph.size(), parts = graph.num_parts();
   auto w = graph.waits();
   Run r;
-  // Collectives nothing else on the network can overlap: their steps timed (timed_steps.cpp), up to
-  // 128 MB of analysis.
-  r.isolated = options.aggregate ? isolated_network_ops(graph, w, std::uint64_t(1) << 30) : std::vector<char>(n, 0);
+  // Which network ops may overlap which, for timed steps (timed_steps.cpp), up to 128 MB of analysis.
+  overlaps = options.aggregate ? network_overlaps(graph, w, std::uint64_t(1) << 30) : Overlaps{};
   r.graph = &graph;
   r.parts_from = Node(n);
   r.successors.resize(n);
@@ -281,6 +281,7 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
     if (r.waiting[op.id] == 0) issue_op(op.id);
   engine->run();
   run = nullptr;
+  overlaps = {};
   measured.clear();
   for (auto& c : chain) c.clear();
   for (const auto& op : graph.ops()) {

@@ -143,10 +143,18 @@ struct SimBackend::Impl {
     // A collective whose kernels hold SMs of each member GPU (Collective::sm_share): per op, its
     // ranks and the SMs it holds on each, from the op's issue to its end (reserve_sms()).
     std::unordered_map<OpId, std::vector<std::pair<int, int>>> reserved;
-    // Per op: a collective that no other network op (collective or transfer) can overlap
-    // (isolated_network_ops()): its aggregated steps are timed, not tasks.
-    std::vector<char> isolated;
   };
+  // Which network ops (collectives and transfers) may overlap which (timed_steps.cpp): bitsets over
+  // them, per network op, of those before it and after it; and those that have ended.
+  struct Overlaps {
+    std::vector<std::int64_t> index;  // by op: its network op number, or -1
+    std::size_t words = 0;            // 64-bit words a bitset (0: no analysis, nothing timed)
+    std::vector<std::uint64_t> before, after, ended;
+    /// Every network op that may overlap network op `id` has ended: its steps can be timed.
+    bool alone(OpId id) const;
+    void end(OpId id);
+  };
+  Overlaps overlaps;
   Run* run = nullptr;
   // GPU compute that runs alone is not an activity of the solver. A compute op issued on a GPU
   // that runs nothing else (no exec that computes: a compute or a collective's copy) ends
@@ -193,7 +201,7 @@ struct SimBackend::Impl {
   // step_tasks.cpp
   Transfer chain_route(const Step& step) const;
   /// The step's shares as parallel tasks; with `alone`, no task: *alone is set to the seconds the
-  /// tasks would take with nothing else on their links (timed steps, isolated_network_ops()).
+  /// tasks would take with nothing else on their links (timed steps, network_overlaps()).
   std::vector<sg4::ExecPtr> aggregated_tasks(const StepBytes& s, double* alone = nullptr);
   /// A (link, direction) group's SimGrid link (aggregated_tasks()).
   sg4::Link* group_link(int q) const;
@@ -219,10 +227,10 @@ struct SimBackend::Impl {
   sg4::ExecPtr compute_exec(int rank, double seconds);
   sg4::ExecPtr rest_as_exec(int rank, double end, OpId op, Node node);
   Timing execute(const TaskGraph& graph);
-  /// Per op of `graph`: 1 for a collective that every other network op (collective or transfer)
-  /// precedes or follows, by its dependencies and stream order (`w`, graph.waits(); timed_steps.cpp); all 0 when the
-  /// analysis would take more than `max_bits` bits.
-  static std::vector<char> isolated_network_ops(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits);
+  /// The network ops of `graph` that precede and follow each, by its dependencies and streams'
+  /// order (`w`, graph.waits(); timed_steps.cpp); none (nothing timed) where that would take more
+  /// than `max_bits` bits.
+  static Overlaps network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits);
 };
 
 }  // namespace moesim

@@ -253,6 +253,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
     // each. Markers only where several activities join: every extra activity is an event,
     // and each event re-solves the sharing of the big parallel tasks then running.
     const auto& coll = std::get<Collective>(op.body);
+    const bool timed = options.aggregate && overlaps.alone(op.id);  // nothing else on the network meanwhile
     auto start = entry = keep(marker(op.rank));
     const Lowering lowering = options.aggregate ? lower_unlisted(coll, cluster) : lower(coll, cluster);
     // NCCL's per-call latency: the lanes start that long after the call (a timer, as the floors).
@@ -294,7 +295,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
           ends.push_back(prev);
         }
         std::vector<sg4::ExecPtr> flows;
-        if (options.aggregate && step.sends() && run->isolated[op.id]) {  // timed: a gate its seconds after the step starts
+        if (timed && step.sends()) {  // a gate its seconds after the step starts (timed_steps.cpp)
           double seconds = 0;
           aggregated_tasks(bytes(), &seconds);
           auto gate = marker(op.rank);

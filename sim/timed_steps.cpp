@@ -5,13 +5,13 @@
 // then 1 / r with r = min over its links of bandwidth / load (and TCP-gamma / (2 · max latency ×
 // bytes), L07's window bound). The step lasts the longest share's L + 1/r: a SimGrid timer
 // (the floors' gate, issue()), no variable in the fair-bottleneck system and no event per share.
-// Which collectives are alone is read off the graph before it runs (isolated_network_ops()), so a
-// timed step is never overlapped and never has to become tasks half way: the times are those of
-// the tasks, to the rounding of the sums.
+// Which network ops may overlap which is read off the graph before it runs (network_overlaps());
+// a collective is timed when, as it is issued, every network op that may overlap it has ended
+// (alone()). So a timed step is never overlapped and never has to become tasks half way: the
+// times are those of the tasks, to the rounding of the sums.
 #include "sim_impl.hpp"
 
 #include <bit>
-#include <xbt/config.hpp>
 
 namespace moesim {
 
@@ -19,27 +19,26 @@ namespace moesim {
 // over them: its deps' and the ops' before it on its streams (a Computes op's parts wait for its
 // deps and, each, the node before it on its rank's compute stream). Where a wait is a part of an
 // earlier Computes op, only that op's own deps count (a subset of what the part waits for), so
-// every "precedes" found is true and an op found isolated is. X is isolated when the network ops
-// it waits for and those that wait for it are all the others.
-std::vector<char> SimBackend::Impl::isolated_network_ops(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits) {
+// every "precedes" found is true, and so is every "cannot overlap". Kept per network op: those
+// before it and those after it.
+SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits) {
   const std::size_t N = graph.size();
-  std::vector<char> out(N, 0);
-  std::vector<std::int64_t> net(N, -1);
+  Overlaps o;
+  o.index.assign(N, -1);
   std::size_t M = 0;
   for (const auto& op : graph.ops())
-    if (std::holds_alternative<Collective>(op.body) || std::holds_alternative<Transfer>(op.body)) net[op.id] = std::int64_t(M++);
-  if (M == 0) return out;
+    if (std::holds_alternative<Collective>(op.body) || std::holds_alternative<Transfer>(op.body)) o.index[op.id] = std::int64_t(M++);
   const std::size_t W = (M + 63) / 64;
-  if (std::uint64_t(N) * W * 64 * 2 > max_bits) return out;
+  if (M == 0 || std::uint64_t(N) * W * 64 * 2 > max_bits) return {};
   std::vector<std::uint64_t> full(N * W, 0), in(N * W, 0);  // waited for: with the op itself, without
-  auto merge = [&](std::uint64_t* into, Node node) {
-    const std::uint64_t* from = node < N ? &full[node * W] : &in[std::size_t(w.op_of[node - N]) * W];
-    for (std::size_t k = 0; k < W; ++k) into[k] |= from[k];
-  };
-  std::vector<Node> sources;  // a Computes op's parts' predecessors, as merge() reads them, once each
+  auto row = [&](Node node) { return node < N ? &full[node * W] : &in[std::size_t(node - N) * W]; };  // node - N: an op
+  std::vector<Node> sources;  // a Computes op's parts' predecessors, each once (a part as its op's deps)
   for (const auto& op : graph.ops()) {
     std::uint64_t* mine = &in[op.id * W];
-    for (Node node : w.of_op[op.id]) merge(mine, node);
+    for (Node node : w.of_op[op.id]) {
+      const std::uint64_t* from = row(node < N ? node : N + w.op_of[node - N]);
+      for (std::size_t k = 0; k < W; ++k) mine[k] |= from[k];
+    }
     std::uint64_t* all = &full[op.id * W];
     std::copy(mine, mine + W, all);
     if (const auto* c = std::get_if<Computes>(&op.body)) {
@@ -49,27 +48,45 @@ std::vector<char> SimBackend::Impl::isolated_network_ops(const TaskGraph& graph,
       std::sort(sources.begin(), sources.end());
       sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
       for (Node node : sources) {
-        const std::uint64_t* from = node < N ? &full[node * W] : &in[std::size_t(node - N) * W];
+        const std::uint64_t* from = row(node);
         for (std::size_t k = 0; k < W; ++k) all[k] |= from[k];
       }
     }
-    if (net[op.id] >= 0) all[std::size_t(net[op.id]) / 64] |= std::uint64_t(1) << (std::size_t(net[op.id]) % 64);
+    if (const std::int64_t x = o.index[op.id]; x >= 0) all[std::size_t(x) / 64] |= std::uint64_t(1) << (std::size_t(x) % 64);
   }
-  std::vector<std::size_t> related(M, 0);  // per network op: the network ops before it and after it
-  std::vector<OpId> of_net(M);
+  o.words = W;
+  o.before.assign(M * W, 0);
+  o.after.assign(M * W, 0);
+  o.ended.assign(W, 0);
   for (const auto& op : graph.ops())
-    if (net[op.id] >= 0) of_net[std::size_t(net[op.id])] = op.id;
-  for (std::size_t y = 0; y < M; ++y) {
-    const std::uint64_t* before = &in[std::size_t(of_net[y]) * W];
-    for (std::size_t k = 0; k < W; ++k)
-      for (std::uint64_t bits = before[k]; bits; bits &= bits - 1) {
-        ++related[y];
-        ++related[k * 64 + std::size_t(std::countr_zero(bits))];
-      }
+    if (const std::int64_t y = o.index[op.id]; y >= 0) {
+      const std::uint64_t* before = &in[op.id * W];
+      std::copy(before, before + W, &o.before[std::size_t(y) * W]);
+      for (std::size_t k = 0; k < W; ++k)
+        for (std::uint64_t bits = before[k]; bits; bits &= bits - 1)  // y is after each of them
+          o.after[(k * 64 + std::size_t(std::countr_zero(bits))) * W + std::size_t(y) / 64] |= std::uint64_t(1) << (std::size_t(y) % 64);
+    }
+  // Bits past the last network op count as ended.
+  if (M % 64) o.ended[W - 1] = ~std::uint64_t(0) << (M % 64);
+  return o;
+}
+
+// Whether every network op that may overlap network op `id` (neither before nor after it) has ended.
+bool SimBackend::Impl::Overlaps::alone(OpId id) const {
+  if (words == 0) return false;
+  const std::size_t x = std::size_t(index[id]), W = words;
+  for (std::size_t k = 0; k < W; ++k) {
+    std::uint64_t ordered = before[x * W + k] | after[x * W + k] | ended[k];
+    if (k == x / 64) ordered |= std::uint64_t(1) << (x % 64);
+    if (~ordered) return false;
   }
-  for (std::size_t x = 0; x < M; ++x)
-    out[of_net[x]] = related[x] == M - 1 && std::holds_alternative<Collective>(graph.op(of_net[x]).body);
-  return out;
+  return true;
+}
+
+void SimBackend::Impl::Overlaps::end(OpId id) {
+  if (words == 0 || index[id] < 0) return;
+  const std::size_t x = std::size_t(index[id]);
+  ended[x / 64] |= std::uint64_t(1) << (x % 64);
 }
 
 sg4::Link* SimBackend::Impl::group_link(int q) const {
