@@ -76,31 +76,6 @@ std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches, 
   return passes;
 }
 
-std::vector<PipelinePass> dualpipe_v(int stage, int stages, int micro_batches) {
-  const int rank = stage, ranks = stages, m = micro_batches;
-  const bool last_rank = rank == ranks - 1;
-  std::vector<PipelinePass> passes;
-  int next[2][2] = {{0, 0}, {0, 0}};  // [backward][phase]: the next micro-batch of each
-  auto pass = [&](bool backward, int phase, bool overlapped = false) {
-    passes.push_back({backward, next[backward][phase]++, phase, overlapped});
-  };
-  auto F = [&](int phase) { pass(false, phase); };
-  auto B = [&](int phase) { pass(true, phase); };
-  auto FB = [&](int f, int b) { F(f), pass(true, b, true); };  // _forward_backward_chunk(f, b)
-  for (int i = 0; i < (ranks - rank - 1) * 2; ++i) F(0);      // step 1: nF0
-  for (int i = 0; i < rank + 1; ++i) F(0), F(1);              // step 2: nF0F1
-  for (int i = 0; i < ranks - rank - 1; ++i) B(1), F(1);      // step 3: nB1W1F1 (W inside B)
-  for (int i = 0; i < m - ranks * 2 + rank + 1; ++i) {       // step 4 (main): nF0B1F1B0
-    if (i == 0 && last_rank) F(0), B(1);                      // "we don't overlap these two chunks"
-    else FB(0, 1);
-    FB(1, 0);
-  }
-  for (int i = 0; i < ranks - rank - 1; ++i) B(1), FB(1, 0);  // step 5: nB1F1B0
-  for (int i = 0; i < rank + 1; ++i) B(1), B(0);              // step 6: nB1B0
-  for (int i = 0; i < ranks - rank - 1; ++i) B(0);            // step 7: nWB0 (W inside B)
-  return passes;                                               // step 8: nW, nothing left
-}
-
 std::vector<PipelinePass> dualpipe(int stage, int stages, int micro_batches) {
   const int ranks = stages, rank = stage, half_ranks = ranks / 2, half_rank = std::min(rank, ranks - 1 - rank);
   const int half_chunks = micro_batches / 2;
@@ -127,6 +102,10 @@ std::vector<PipelinePass> dualpipe(int stage, int stages, int micro_batches) {
   for (int i = 0; i < half_ranks - half_rank - 1; ++i) B(0);            // step 7: nWB0 (W inside B)
   return passes;                                                         // step 8: nW, nothing left
 }
+
+// Sea AI Lab's cut-in-half: DualPipeV on P stages is the first half of DualPipe on 2P stages with
+// 2m micro-batches, each of its stages running one of DualPipe's (the way back its chunk 1).
+std::vector<PipelinePass> dualpipe_v(int stage, int stages, int micro_batches) { return dualpipe(stage, 2 * stages, 2 * micro_batches); }
 
 ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster& cluster) {
   const int G = cluster.num_gpus(), n = cluster.gpus_per_node();

@@ -67,17 +67,19 @@ struct PipelinePass {
 /// k-th forward of chunk (k mod p·v) / p on micro-batch (k / p·v)·p + k mod p (the backwards'
 /// chunks the other way round), w = min(2·(stages − s − 1) + (v − 1)·stages, m·v) forwards first.
 std::vector<PipelinePass> one_f_one_b(int stage, int stages, int micro_batches, int chunks = 1);
-/// The order DualPipeV (deepseek-ai/DualPipe, dualpipe/dualpipev.py, DualPipeV.step()) runs stage s
-/// of `stages` in, m ≥ 2·stages micro-batches, chunk 0 the V's way down (part s), chunk 1 its way
-/// back (part 2·stages − 1 − s): its eight steps, each F&B pair a forward and an overlapped
-/// backward, with every W ("backward for weights" deferred by zero bubble) inside its B.
-std::vector<PipelinePass> dualpipe_v(int stage, int stages, int micro_batches);
 /// The order DualPipe (DeepSeek-V3 §3.2.1; deepseek-ai/DualPipe, dualpipe/dualpipe.py,
 /// DualPipe.step()) runs stage s of an even number of `stages` in: m ≥ 2·stages micro-batches (even),
 /// half of them fed from each end; chunk 0 the way down (part s, micro-batches entering at stage 0),
 /// chunk 1 the way back (part stages − 1 − s, entering at the last stage), each micro-batch
-/// numbered within its direction. W in B, as dualpipe_v().
+/// numbered within its direction. Each F&B pair is a forward and an overlapped backward; every W
+/// ("backward for weights", which zero bubble defers) is inside its B.
 std::vector<PipelinePass> dualpipe(int stage, int stages, int micro_batches);
+/// The order DualPipeV (deepseek-ai/DualPipe, dualpipe/dualpipev.py, DualPipeV.step()) runs stage s
+/// of `stages` in, m ≥ 2·stages micro-batches, chunk 0 the V's way down (part s), chunk 1 its way
+/// back (part 2·stages − 1 − s): DualPipe's order for stage s of 2·stages with 2m micro-batches
+/// (the cut-in-half its README credits to Sea AI Lab), each F&B pair a forward and an overlapped
+/// backward, with every W inside its B.
+std::vector<PipelinePass> dualpipe_v(int stage, int stages, int micro_batches);
 
 /// Who is where: the EP groups (cells) of a ParallelSpec on a cluster.
 struct ParallelLayout {

@@ -156,12 +156,13 @@ TEST_CASE("DualPipe and DualPipeV run each stage's passes in DualPipe's order, F
   // (images/dualpipev.png, "4 PP ranks (8 PP stages) and 10 micro-batches"), read off device by
   // device with each W (backward for weights) folded into its B: micro-batch.chunk, chunk 0 the V's
   // way down, "F&B" a forward overlapped with a backward.
-  auto order = [](int stage) {
+  auto text = [](const std::vector<PipelinePass>& passes) {
     std::string s;
-    for (const auto& p : dualpipe_v(stage, 4, 10))
+    for (const auto& p : passes)
       s += fmt::format("{}{}{}.{}", p.overlapped ? "&" : s.empty() ? "" : " ", p.backward ? 'B' : 'F', p.micro_batch, p.chunk);
     return s;
   };
+  auto order = [&](int stage) { return text(dualpipe_v(stage, 4, 10)); };
   CHECK(order(0) ==
         "F0.0 F1.0 F2.0 F3.0 F4.0 F5.0 F6.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 F7.0&B3.1 F4.1&B0.0 F8.0&B4.1 F5.1&B1.0 "
         "F9.0&B5.1 F6.1&B2.0 B6.1 F7.1&B3.0 B7.1 F8.1&B4.0 B8.1 F9.1&B5.0 B9.1 B6.0 B7.0 B8.0 B9.0");
@@ -178,12 +179,7 @@ TEST_CASE("DualPipe and DualPipeV run each stage's passes in DualPipe's order, F
   // DualPipe, 8 stages and 20 micro-batches, 10 each way (chunk 0 the way down, chunk 1 back, each
   // way's micro-batches numbered from 0): the README's figure (images/dualpipe.png, which numbers
   // the way down's), device 0 and the middle device 3.
-  auto dual = [](int stage) {
-    std::string s;
-    for (const auto& p : dualpipe(stage, 8, 20))
-      s += fmt::format("{}{}{}.{}", p.overlapped ? "&" : s.empty() ? "" : " ", p.backward ? 'B' : 'F', p.micro_batch, p.chunk);
-    return s;
-  };
+  auto dual = [&](int stage) { return text(dualpipe(stage, 8, 20)); };
   CHECK(dual(0) ==
         "F0.0 F1.0 F2.0 F3.0 F4.0 F5.0 F6.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 F7.0&B3.1 F4.1&B0.0 F8.0&B4.1 F5.1&B1.0 "
         "F9.0&B5.1 F6.1&B2.0 B6.1 F7.1&B3.0 B7.1 F8.1&B4.0 B8.1 F9.1&B5.0 B9.1 B6.0 B7.0 B8.0 B9.0");
