@@ -274,8 +274,6 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
     }
   }
   w = {};
-  // Collectives nothing else on the network can overlap: their steps timed (timed_steps.cpp), up to
-  // 128 MB of analysis.
   run = &r;
   for (const auto& op : graph.ops())
     if (r.waiting[op.id] == 0) issue_op(op.id);

@@ -29,43 +29,48 @@ SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& g
   for (const auto& op : graph.ops())
     if (std::holds_alternative<Collective>(op.body) || std::holds_alternative<Transfer>(op.body)) o.index[op.id] = std::int64_t(M++);
   const std::size_t W = (M + 63) / 64;
-  if (M == 0 || std::uint64_t(N) * W * 64 * 2 > max_bits) return {};
-  std::vector<std::uint64_t> full(N * W, 0), in(N * W, 0);  // waited for: with the op itself, without
-  auto row = [&](Node node) { return node < N ? &full[node * W] : &in[std::size_t(node - N) * W]; };  // node - N: an op
-  std::vector<Node> sources;  // a Computes op's parts' predecessors, each once (a part as its op's deps)
-  for (const auto& op : graph.ops()) {
-    std::uint64_t* mine = &in[op.id * W];
-    for (Node node : w.of_op[op.id]) {
-      const std::uint64_t* from = row(node < N ? node : N + w.op_of[node - N]);
-      for (std::size_t k = 0; k < W; ++k) mine[k] |= from[k];
-    }
-    std::uint64_t* all = &full[op.id * W];
-    std::copy(mine, mine + W, all);
-    if (const auto* c = std::get_if<Computes>(&op.body)) {
-      sources.clear();
-      for (std::size_t i = c->first_part; i < c->first_part + c->parts(); ++i)
-        if (const Node pred = w.stream_pred[i]; pred != kNoNode) sources.push_back(pred < N ? pred : N + w.op_of[pred - N]);
-      std::sort(sources.begin(), sources.end());
-      sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
-      for (Node node : sources) {
-        const std::uint64_t* from = row(node);
-        for (std::size_t k = 0; k < W; ++k) all[k] |= from[k];
-      }
-    }
-    if (const std::int64_t x = o.index[op.id]; x >= 0) all[std::size_t(x) / 64] |= std::uint64_t(1) << (std::size_t(x) % 64);
-  }
+  // Bits a column block holds per op while the ops are swept: 64·B network ops at a time.
+  const std::size_t B = std::min<std::size_t>(W, 32);
+  if (M == 0 || std::uint64_t(M) * W * 64 * 2 + std::uint64_t(N) * B * 64 * 2 > max_bits) return {};
   o.words = W;
   o.before.assign(M * W, 0);
   o.after.assign(M * W, 0);
   o.ended.assign(W, 0);
-  for (const auto& op : graph.ops())
-    if (const std::int64_t y = o.index[op.id]; y >= 0) {
-      const std::uint64_t* before = &in[op.id * W];
-      std::copy(before, before + W, &o.before[std::size_t(y) * W]);
-      for (std::size_t k = 0; k < W; ++k)
-        for (std::uint64_t bits = before[k]; bits; bits &= bits - 1)  // y is after each of them
-          o.after[(k * 64 + std::size_t(std::countr_zero(bits))) * W + std::size_t(y) / 64] |= std::uint64_t(1) << (std::size_t(y) % 64);
+  std::vector<std::uint64_t> full(N * B), in(N * B);  // waited for: with the op itself, without
+  std::vector<Node> sources;  // a Computes op's parts' predecessors, each once (a part as its op's deps)
+  for (std::size_t b0 = 0; b0 < W; b0 += B) {  // the network ops [64·b0, 64·(b0 + Wb))
+    const std::size_t Wb = std::min(B, W - b0);
+    std::fill(full.begin(), full.end(), 0), std::fill(in.begin(), in.end(), 0);
+    auto row = [&](Node node) { return node < N ? &full[node * B] : &in[std::size_t(node - N) * B]; };  // node - N: an op
+    for (const auto& op : graph.ops()) {
+      std::uint64_t* mine = &in[op.id * B];
+      for (Node node : w.of_op[op.id]) {
+        const std::uint64_t* from = row(node < N ? node : N + w.op_of[node - N]);
+        for (std::size_t k = 0; k < Wb; ++k) mine[k] |= from[k];
+      }
+      std::uint64_t* all = &full[op.id * B];
+      std::copy(mine, mine + Wb, all);
+      if (const auto* c = std::get_if<Computes>(&op.body)) {
+        sources.clear();
+        for (std::size_t i = c->first_part; i < c->first_part + c->parts(); ++i)
+          if (const Node pred = w.stream_pred[i]; pred != kNoNode) sources.push_back(pred < N ? pred : N + w.op_of[pred - N]);
+        std::sort(sources.begin(), sources.end());
+        sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
+        for (Node node : sources) {
+          const std::uint64_t* from = row(node);
+          for (std::size_t k = 0; k < Wb; ++k) all[k] |= from[k];
+        }
+      }
+      if (const std::int64_t x = o.index[op.id]; x >= 0) {
+        if (const std::size_t word = std::size_t(x) / 64; word >= b0 && word < b0 + Wb) all[word - b0] |= std::uint64_t(1) << (std::size_t(x) % 64);
+        std::copy(mine, mine + Wb, &o.before[std::size_t(x) * W + b0]);
+      }
     }
+  }
+  for (std::size_t y = 0; y < M; ++y)
+    for (std::size_t k = 0; k < W; ++k)
+      for (std::uint64_t bits = o.before[y * W + k]; bits; bits &= bits - 1)  // y is after each of them
+        o.after[(k * 64 + std::size_t(std::countr_zero(bits))) * W + y / 64] |= std::uint64_t(1) << (y % 64);
   // Bits past the last network op count as ended.
   if (M % 64) o.ended[W - 1] = ~std::uint64_t(0) << (M % 64);
   return o;
