@@ -150,7 +150,12 @@ struct SimBackend::Impl {
     std::vector<std::int64_t> index;  // by op: its network op number, or -1
     std::size_t words = 0;            // 64-bit words a bitset (0: no analysis, nothing timed)
     std::vector<std::uint64_t> before, after, ended;
-    /// Every network op that may overlap network op `id` has ended: its steps can be timed.
+    // By network op: the first and last node it touches, and whether its nodes span leaf switches
+    // (then it may load the links between the switches, which other such ops may share).
+    std::vector<int> first_node, last_node;
+    std::vector<char> spans_leaves;
+    /// Every network op that may overlap network op `id` has ended or shares no link with it (its
+    /// nodes apart, and not both spanning leaf switches): its steps can be timed.
     bool alone(OpId id) const;
     void end(OpId id);
   };
@@ -230,7 +235,7 @@ struct SimBackend::Impl {
   /// The network ops of `graph` that precede and follow each, by its dependencies and streams'
   /// order (`w`, graph.waits(); timed_steps.cpp); none (nothing timed) where that would take more
   /// than `max_bits` bits.
-  static Overlaps network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits);
+  Overlaps network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits) const;
 };
 
 }  // namespace moesim

@@ -21,7 +21,7 @@ namespace moesim {
 // earlier Computes op, only that op's own deps count (a subset of what the part waits for), so
 // every "precedes" found is true, and so is every "cannot overlap". Kept per network op: those
 // before it and those after it.
-SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits) {
+SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits) const {
   const std::size_t N = graph.size();
   Overlaps o;
   o.index.assign(N, -1);
@@ -29,9 +29,23 @@ SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& g
   for (const auto& op : graph.ops())
     if (std::holds_alternative<Collective>(op.body) || std::holds_alternative<Transfer>(op.body)) o.index[op.id] = std::int64_t(M++);
   const std::size_t W = (M + 63) / 64;
-  // Bits a column block holds per op while the ops are swept: 64·B network ops at a time.
-  const std::size_t B = std::min<std::size_t>(W, 32);
-  if (M == 0 || std::uint64_t(M) * W * 64 * 2 + std::uint64_t(N) * B * 64 * 2 > max_bits) return {};
+  // Bits a column block holds per op while the ops are swept: 64·B network ops at a time, B as
+  // large as fits.
+  if (M == 0 || std::uint64_t(M) * W * 64 * 2 + std::uint64_t(N) * 64 * 2 > max_bits) return {};
+  const std::size_t B = std::max<std::size_t>(
+      1, std::min<std::size_t>({W, 32, std::size_t((max_bits - std::uint64_t(M) * W * 64 * 2) / (std::uint64_t(N) * 64 * 2))}));
+  // Each network op's nodes, as a range, and whether they span leaf switches.
+  o.first_node.assign(M, 0), o.last_node.assign(M, 0), o.spans_leaves.assign(M, 0);
+  const int per_leaf = std::max(1, int(cluster.spec().fabric().nodes_per_leaf()));
+  for (const auto& op : graph.ops())
+    if (const std::int64_t x = o.index[op.id]; x >= 0) {
+      int lo = cluster.nodes(), hi = -1;
+      for (const int r : op.ranks()) lo = std::min(lo, cluster.node_of(r)), hi = std::max(hi, cluster.node_of(r));
+      if (const auto* t = std::get_if<Transfer>(&op.body))
+        for (const int r : {t->src, t->dst}) lo = std::min(lo, cluster.node_of(r)), hi = std::max(hi, cluster.node_of(r));
+      o.first_node[std::size_t(x)] = lo, o.last_node[std::size_t(x)] = hi;
+      o.spans_leaves[std::size_t(x)] = cluster.nodes() > per_leaf && lo / per_leaf != hi / per_leaf;
+    }
   o.words = W;
   o.before.assign(M * W, 0);
   o.after.assign(M * W, 0);
@@ -76,14 +90,21 @@ SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& g
   return o;
 }
 
-// Whether every network op that may overlap network op `id` (neither before nor after it) has ended.
+// Whether every network op that may overlap network op `id` (neither before nor after it) has
+// ended or shares no link with it. Two ops share none when their nodes are apart and not both span
+// leaf switches: inside a leaf, a route between nodes takes its two nodes' cables only (the
+// fat-tree's links between a node and its leaf, each way), and a node's links are its own.
 bool SimBackend::Impl::Overlaps::alone(OpId id) const {
   if (words == 0) return false;
   const std::size_t x = std::size_t(index[id]), W = words;
   for (std::size_t k = 0; k < W; ++k) {
     std::uint64_t ordered = before[x * W + k] | after[x * W + k] | ended[k];
     if (k == x / 64) ordered |= std::uint64_t(1) << (x % 64);
-    if (~ordered) return false;
+    for (std::uint64_t open = ~ordered; open; open &= open - 1) {
+      const std::size_t y = k * 64 + std::size_t(std::countr_zero(open));
+      const bool apart = last_node[y] < first_node[x] || last_node[x] < first_node[y];
+      if (!apart || (spans_leaves[x] && spans_leaves[y])) return false;
+    }
   }
   return true;
 }

@@ -507,11 +507,11 @@ TEST_CASE("a transfer between nodes under PXN leaves through the receiver's rail
   CHECK(duration(t, c) == Approx(B / 50e9).epsilon(1e-3));
 }
 
-// Timed steps (sim/timed_steps.cpp): a collective that no other network op can overlap is a timer of
-// the time its steps' parallel tasks would take alone. Three DGX-A100 nodes: a skewed all-to-all
-// between nodes 0 and 1, first alone (timed), then beside a transfer inside node 2 (which shares no
-// link with it, but could overlap it: its steps run as tasks); the same time both ways. Beside a
-// transfer through node 0's NIC 0 it is slower: a collective that may overlap another is still
+// Timed steps (sim/timed_steps.cpp): a collective that no other network op can overlap, or only ops
+// on other nodes of its leaf switch, is a timer of the time its steps' parallel tasks would take
+// alone. Three DGX-A100 nodes: a skewed all-to-all between nodes 0 and 1, alone, then beside a
+// transfer inside node 2 (which shares no link with it): the same time both ways. Beside a transfer
+// through node 0's NIC 0 it is slower: a collective that may share a link with another is
 // simulated with it.
 TEST_CASE("a collective nothing can overlap is timed as its tasks would run alone") {
   Bench b("dgx-a100", 3);
