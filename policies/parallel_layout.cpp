@@ -297,7 +297,8 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
   };
   // A pass to copy: cell c's ops [from, to) as micro-batch k's (k < 0: once). `arrived`: what its
   // first compute on each GPU waits for (the activations or gradients sent to it). `swap_comm`:
-  // its communication on the other stream (TaskGraph::add_shifted()). Copied, `last` has per place
+  // its communication on the other stream (TaskGraph::add_shifted()). As it is copied, `from`
+  // moves on, `waiting` clears for each GPU whose first compute is in, and `last` has per place
   // the last compute on that GPU.
   struct Piece {
     std::size_t c;
@@ -305,50 +306,42 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
     OpId from, to;
     const std::vector<OpId>* arrived;
     bool swap_comm = false;
-    std::vector<OpId> last;
+    std::vector<char> waiting{};
+    std::vector<OpId> last{};
   };
   // Copies the pieces side by side (one, or DualPipe's F&B pair): each in turn up to and with its
   // next op off the compute stream, so that one's compute runs while the other communicates (on
   // each GPU's streams, ops run in the order they are added).
   auto copy = [&](std::vector<Piece>& pieces) {
-    struct At {
-      OpId i;
-      std::vector<char> waiting;
-    };
-    std::vector<At> at;
-    for (auto& p : pieces) {
-      at.push_back({p.from, std::vector<char>(std::size_t(ep), !p.arrived->empty())});
-      p.last.assign(std::size_t(ep), kNoNode);
-    }
+    for (auto& p : pieces) p.waiting.assign(std::size_t(ep), !p.arrived->empty()), p.last.assign(std::size_t(ep), kNoNode);
     for (bool left = true; left;) {
       left = false;
-      for (std::size_t n = 0; n < pieces.size(); ++n) {
-        Piece& p = pieces[n];
+      for (Piece& p : pieces) {
         const Cell& cell = cells_[p.c];
         const int first = stages_[std::size_t(cell.stage)].first_layer;
-        for (auto& [i, waiting] = at[n]; i < p.to;) {
-          const Op& op = cell.last.op(i);
+        while (p.from < p.to) {
+          const Op& op = cell.last.op(p.from);
           std::vector<OpId> deps;
           for (OpId d : op.deps) deps.push_back(merged(p.c, p.k, d));
           const std::vector<int> ranks = op.stream == Stream::compute ? op.ranks() : std::vector<int>{};
-          if (std::any_of(ranks.begin(), ranks.end(), [&](int rank) { return waiting[std::size_t(rank)]; })) {
+          if (std::any_of(ranks.begin(), ranks.end(), [&](int rank) { return p.waiting[std::size_t(rank)]; })) {
             deps.insert(deps.end(), p.arrived->begin(), p.arrived->end());
-            for (int rank : ranks) waiting[std::size_t(rank)] = 0;
+            for (int rank : ranks) p.waiting[std::size_t(rank)] = 0;
           }
           const OpId to_id = out.add_shifted(op, cell.gpus.front(), std::move(deps),
                                              merged_label(op.label, first, label_of(cell, p.k)), p.swap_comm);
-          id[p.c][std::size_t(std::max(p.k, 0))][i++] = to_id;
+          id[p.c][std::size_t(std::max(p.k, 0))][p.from++] = to_id;
           for (int rank : ranks) p.last[std::size_t(rank)] = to_id;
           if (op.stream != Stream::compute && pieces.size() > 1) break;  // the other piece's turn
         }
-        left |= at[n].i < p.to;
+        left |= p.from < p.to;
       }
     }
   };
   for (std::size_t c = 0; c < cells_.size(); ++c) {
     id[c].assign(std::size_t(m), std::vector<OpId>(cells_[c].last.size(), 0));
     const std::vector<OpId> none;
-    std::vector<Piece> moves{{c, -1, 0, cells_[c].fwd, &none, false, {}}};
+    std::vector<Piece> moves{{c, -1, 0, cells_[c].fwd, &none}};
     copy(moves);  // its expert moves
   }
   // The passes in an order that has every EP group's in its stage's order (orders_) and every
@@ -376,7 +369,7 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
           const Cell& cell = cells_[c];
           const auto& arrived = (backward ? arrived_bwd : arrived_fwd)[c][std::size_t(k)];
           ready &= !arrived.empty() || neighbour(s, !backward) < 0;  // or not yet sent
-          pieces.push_back({c, k, backward ? cell.bwd : cell.fwd, backward ? cell.reduce : cell.bwd, &arrived, overlapped, {}});
+          pieces.push_back({c, k, backward ? cell.bwd : cell.fwd, backward ? cell.reduce : cell.bwd, &arrived, overlapped});
         }
         if (!ready) break;
         copy(pieces);
@@ -388,10 +381,11 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
           if (to_stage < 0) continue;
           const std::size_t to = cell_at(to_stage, cell.replica);
           auto& into = (backward ? arrived_bwd : arrived_fwd)[to][std::size_t(p.k)];
+          const bool turn = cells_[to].gpus == cell.gpus;  // DualPipeV's turn: nothing to send
           for (int place = 0; place < ep; ++place) {
             std::vector<OpId> deps;
             if (p.last[std::size_t(place)] != kNoNode) deps.push_back(p.last[std::size_t(place)]);
-            if (cells_[to].gpus == cell.gpus) {  // DualPipeV's turn: nothing to send
+            if (turn) {
               into.insert(into.end(), deps.begin(), deps.end());
               continue;
             }

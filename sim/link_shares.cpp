@@ -247,8 +247,12 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
                     N = std::size_t(cluster.nodes());
   if (rank_seen.empty()) {
     sum_intra.assign(G * g, 0.0), sum_out.assign(G, 0.0), sum_in.assign(G, 0.0), sum_pairs.assign(N > 1 ? N * N : 0, 0.0);
-    rank_seen.assign(G, 0), node_seen.assign(N, 0), in_step.assign(G, 0);
+    rank_seen.assign(G, 0), node_seen.assign(N, 0);
   }
+  // NCCL's PXN (Cluster::pxn_proxy()) on a send/recv step: a message between nodes first crosses
+  // NVLink to the GPU on the receiver's rail, if that GPU is one of the step's (rank_seen, kept
+  // until the pass is over).
+  const bool pxn = step.p2p && N > 1 && cluster.spec().node().pxn();
   // The step's ranks and nodes, ascending.
   s.ranks.clear(), s.nodes.clear();
   auto note = [&](int r) {
@@ -260,15 +264,10 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
     for (const auto& t : step.transfers) note(t.src), note(t.dst);
   std::sort(s.ranks.begin(), s.ranks.end());
   for (int r : s.ranks) {
-    rank_seen[std::size_t(r)] = 0;
+    if (!pxn) rank_seen[std::size_t(r)] = 0;
     if (const int n = node_of_rank[std::size_t(r)]; !node_seen[std::size_t(n)]) node_seen[std::size_t(n)] = 1, s.nodes.push_back(n);
   }
   for (int n : s.nodes) node_seen[std::size_t(n)] = 0;
-  // NCCL's PXN (Cluster::pxn_proxy()) on a send/recv step: a message between nodes first crosses
-  // NVLink to the GPU on the receiver's rail, if that GPU is one of the step's.
-  const bool pxn = step.p2p && N > 1 && cluster.spec().node().pxn();
-  if (pxn)
-    for (int r : s.ranks) in_step[std::size_t(r)] = 1;
   s.any_intra = s.any_inter = s.crosses = false;
   s.nic_latency = 0;
   s.intra_pair = -1, s.hops = 0;
@@ -277,6 +276,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   // Plain pointers and locals: a million calls a step, and through the vectors' members the
   // compiler reloaded every data pointer at each one.
   const int *node = node_of_rank.data(), *local = local_of_rank.data();
+  const char* in_step = rank_seen.data();  // with PXN: the step's GPUs
   const double *overhead = overhead_of_local.data(), *to_nic = nic_latency_of_local.data(), *latency_of = intra_latency.data();
   double *intra = sum_intra.data(), *out = sum_out.data(), *in = sum_in.data(), *pairs = sum_pairs.data();
   bool any_intra = false, any_inter = false, crosses = false;
@@ -297,20 +297,16 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
       if (const double latency = latency_of[local_src * g + local_dst]; latency > longest_intra)
         s.intra_pair = int(local_src * g + local_dst), longest_intra = latency;
     } else {
-      int from = src;  // the GPU whose NIC sends it
-      double hop = 0;  // the latency of its NVLink hop there
-      if (pxn && (from = cluster.pxn_proxy(src, dst)) != src && in_step[std::size_t(from)]) {
-        const std::size_t local_from = std::size_t(local[from]);
-        if (const double moved = sent * scale * one; moved > 0) {
-          intra[std::size_t(src) * g + local_from] += moved;
-          any_intra = true;
-          hop = latency_of[local_src * g + local_from];
-          if (hop > longest_intra) s.intra_pair = int(local_src * g + local_from), longest_intra = hop;
-        }
-      } else {
-        from = src;
-      }
+      int from = pxn ? cluster.pxn_proxy(src, dst) : src;  // the GPU whose NIC sends it
+      if (from != src && !in_step[from]) from = src;
       const std::size_t local_from = std::size_t(local[from]);
+      double hop = 0;  // the latency of its NVLink hop there
+      if (const double moved = sent * scale * one; from != src && moved > 0) {
+        intra[std::size_t(src) * g + local_from] += moved;
+        any_intra = true;
+        hop = latency_of[local_src * g + local_from];
+        if (hop > longest_intra) s.intra_pair = int(local_src * g + local_from), longest_intra = hop;
+      }
       const double bytes = (sent + overhead[local_from] * messages) * scale * one;
       crosses |= one > 0;
       nic_latency = std::max(nic_latency, (hop + to_nic[local_from]) * one);
@@ -331,7 +327,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
     for (const auto& t : step.transfers) add(t.src, t.dst, t.bytes, 1);  // each a message, even of 0 bytes
   }
   if (pxn)
-    for (int r : s.ranks) in_step[std::size_t(r)] = 0;
+    for (int r : s.ranks) rank_seen[std::size_t(r)] = 0;
   s.any_intra = any_intra, s.any_inter = any_inter, s.crosses = crosses, s.nic_latency = nic_latency;
   // The step's own entries, taken out of the sums (which are zero again after).
   const std::size_t R = s.ranks.size(), M = s.nodes.size();

@@ -97,7 +97,6 @@ struct SimBackend::Impl {
   // entries of its own ranks and nodes), and its marks of the ranks and nodes seen.
   std::vector<double> sum_intra, sum_out, sum_in, sum_pairs;
   std::vector<char> rank_seen, node_seen;
-  std::vector<char> in_step;  // by rank: a GPU of the step being measured (a PXN proxy must be one)
   // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
   // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
   // of Cluster's accessors, done once: they were a fifth of a large step's cost).
