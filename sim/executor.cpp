@@ -4,6 +4,7 @@
 #include "sim_impl.hpp"
 
 #include <limits>
+#include <utility>
 
 namespace moesim {
 
@@ -27,9 +28,37 @@ void SimBackend::Impl::issue_op(OpId id) {
 }
 
 void SimBackend::Impl::alone_done(int rank) {
-  const OpId id = alone[std::size_t(rank)].op;
-  alone[std::size_t(rank)].timer = nullptr;
-  op_done(id);
+  Alone& a = alone[std::size_t(rank)];
+  a.timer = nullptr;
+  if (a.copies >= 0) return copy_ended(std::size_t(std::exchange(a.copies, -1)));
+  op_done(a.op);
+}
+
+// A collective step's copies start (Run::Copies): each alone on its GPU (nothing computes there:
+// no exec, no timer, no chained part not over) is a timer, as a compute op alone is; the others
+// are execs of the copy's bytes at memory bandwidth, sharing their GPUs.
+void SimBackend::Impl::start_copies(std::size_t i) {
+  const double now = sg4::Engine::get_clock();
+  for (const auto& [rank, seconds] : run->copies[i].copies) {
+    const auto& c = chain[std::size_t(rank)];
+    const bool chained = std::any_of(c.begin(), c.end(), [&](Node n) { return run->timing.part_end[n - run->parts_from] > now; });
+    Alone& a = alone[std::size_t(rank)];
+    if (loading[std::size_t(rank)] == 0 && !a.timer && !chained) {
+      a = {simgrid::kernel::timer::Timer::set(now + seconds, [this, rank = rank] { alone_done(rank); }), run->copies[i].op,
+           now + seconds, std::int64_t(i)};
+      continue;
+    }
+    auto exec = compute_exec(rank, seconds);
+    run->copy_execs[exec.get()] = i;
+    run->activities[run->copies[i].op].push_back(exec);
+    exec->start();
+  }
+}
+
+void SimBackend::Impl::copy_ended(std::size_t i) {
+  if (--run->copies[i].left > 0) return;
+  run->copies[i].gate->start();
+  run->copies[i] = {};
 }
 
 // What is left at this instant of work that ran alone on `rank` until `end` (an Alone op, a chained
@@ -170,7 +199,14 @@ void SimBackend::Impl::share_gpu(int rank) {
   if (!a.timer) return;
   a.timer->remove();
   a.timer = nullptr;
-  rest_as_exec(rank, a.end, a.op, a.op)->vetoable_start();
+  if (a.copies < 0) {
+    rest_as_exec(rank, a.end, a.op, a.op)->vetoable_start();
+    return;
+  }
+  auto exec = compute_exec(rank, a.end - sg4::Engine::get_clock());
+  run->copy_execs[exec.get()] = std::size_t(std::exchange(a.copies, -1));
+  run->activities[a.op].push_back(exec);
+  exec->start();
 }
 
 void SimBackend::Impl::completed(const sg4::Activity& a) {
@@ -184,6 +220,15 @@ void SimBackend::Impl::completed(const sg4::Activity& a) {
     loads.erase(it);
   }
   if (!run) return;
+  if (const auto it = run->copies_at.find(&a); it != run->copies_at.end()) {
+    start_copies(it->second);
+    run->copies_at.erase(it);
+  }
+  if (const auto it = run->copy_execs.find(&a); it != run->copy_execs.end()) {
+    const std::size_t i = it->second;
+    run->copy_execs.erase(it);
+    return copy_ended(i);
+  }
   const auto it = run->exit_of.find(&a);
   if (it == run->exit_of.end()) return;
   const Node done = it->second;

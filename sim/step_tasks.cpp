@@ -272,14 +272,18 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
         const StepBytes* measured = nullptr;  // measure(step), once
         auto bytes = [&]() -> const StepBytes& { return measured ? *measured : *(measured = &measure_once(step)); };
         std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
+        // The step's copies start with it (start_copies()) and end at a gate.
+        Run::Copies copies{op.id, {}, 0, nullptr};
         for (const auto& copy : step.copies)
-          if (copy.bytes > 0) {
-            auto exec = sg4::Exec::init();
-            exec->set_flops_amount(gpu.memory_time(2 * copy.bytes) * gpu.peak_flops())->set_host(hosts[copy.rank]);
-            loads[exec.get()] = copy.rank;
-            last->add_successor(exec);
-            ends.push_back(keep(exec));
-          }
+          if (copy.bytes > 0) copies.copies.emplace_back(copy.rank, gpu.memory_time(2 * copy.bytes));
+        if (!copies.copies.empty()) {
+          copies.left = copies.copies.size();
+          copies.gate = marker(op.rank);
+          all.push_back(copies.gate);  // started by the last copy's end
+          ends.push_back(copies.gate);
+          run->copies_at[last.get()] = run->copies.size();
+          run->copies.push_back(std::move(copies));
+        }
         // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
         // on the step's longest route (an inter-node pair if there is one), each paying the
         // route latency; the step ends when both the chain and the bytes are done.

@@ -164,6 +164,34 @@ TEST_CASE("copies that join a running compute op share the GPU with it") {
   CHECK(t.end[compute] == Approx(w + 2 * copy).epsilon(1e-9));
 }
 
+// The other way round: a copy that starts on an idle GPU runs there alone (a timer inside the
+// backend); a compute op issued on that GPU part-way through it shares the GPU from that instant,
+// both at half speed until the copy is done. With R of the copy left when the compute starts at
+// t0, the copy ends at t0 + 2R, R of the compute's work done meanwhile; the all-to-all's second
+// copy (as long as the first) joins the compute still running and costs it its whole length: the
+// compute ends at t0 + w + R + copy.
+TEST_CASE("a compute op that joins a copy running alone shares the GPU with it") {
+  Bench b("dgx-a100", 2);
+  const Compute work{ComputeKind::gemm, {{8192, 8192, 8192, 1}}, 0};
+  const double w = work.seconds(b.gpu), B = 8e6, copy = b.gpu.memory_time(2 * 16 * B);
+  TaskGraph g(b.cluster.num_gpus());
+  Collective a2a = uniform_alltoall(16, B);
+  a2a.algorithm = "2dh";  // its first step: a stride copy on every GPU, from nccl_call_latency on
+  const OpId all = g.add_collective(Stream::comm, "a2a", a2a);
+  const double start = b.cluster.nccl_call_latency();
+  // A transfer inside node 1 that ends part-way through the copy, then a compute on GPU 0.
+  const OpId cue = g.add_transfer(Stream::comm2, "cue", {8, 9, copy / 2 * 100e9});
+  const OpId compute = g.add_compute(0, "compute", work, {cue});
+  const Timing t = b.sim.execute(g);
+  const double t0 = t.start[compute], R = start + copy - t0;
+  INFO("copy alone " << copy << " s from " << start << " s; the compute from " << t0 << " s");
+  REQUIRE(t0 > start);
+  REQUIRE(R > 0);
+  REQUIRE(t.end[all] < t.end[compute]);
+  CHECK(t.end[compute] == Approx(t0 + w + R + copy).epsilon(1e-9));
+  CHECK(t.end[all] > t0 + 2 * R + copy);
+}
+
 // DeepEP's kernels hold 20 of an H800's 132 SMs while they run: a GEMM overlapping a dispatch on
 // one of its GPUs runs at 112/132 of the GPU meanwhile, so it ends s·D later (s = 20/132, D the
 // dispatch's time); on a GPU outside the dispatch, and with no share, it ends on time.
