@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "allocator.hpp"
 #include "command.hpp"
 #include "errors.hpp"
 #include "hw_info.hpp"
@@ -13,6 +14,7 @@
 using namespace moesim;
 
 int main(int argc, char** argv) {
+  use_large_pages();
   // Every parse failure reaches the user as our own message (file, line, field); protobuf's log
   // lines would only repeat it less clearly.
   google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});

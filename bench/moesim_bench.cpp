@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "allocator.hpp"
 #include "parallel_layout.hpp"
 #include "policy.hpp"
 #include "routing.hpp"
@@ -113,6 +114,7 @@ std::optional<Row> run_child(const char* self, int gpus, const std::string& poli
 }  // namespace
 
 int main(int argc, char** argv) {
+  use_large_pages();
   CLI::App app{"moesim-bench: wall time and peak memory of simulating one EP iteration at several scales"};
   std::vector<int> sizes = {64, 256, 1024};
   int one = 0, iterations = 1;

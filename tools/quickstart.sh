@@ -14,7 +14,7 @@ esac
 # Debian packages moesim builds with (and gnuplot, which it runs for figures). The CUDA toolkit and NCCL are optional (hw/ builds its CUDA
 # parts when /usr/local/cuda has them).
 packages=(g++ cmake make pkg-config libsimgrid-dev libprotobuf-dev protobuf-compiler libboost-dev
-          catch2 libcli11-dev libfmt-dev nlohmann-json3-dev libsqlite3-dev
+          catch2 libcli11-dev libfmt-dev nlohmann-json3-dev libsqlite3-dev libmimalloc-dev
           gnuplot-nox fonts-liberation)   # figures: `moesim plot`, the demo's PNGs, the report
 # The Python recorder's test trains a small model with PyTorch (Debian's, in /usr/bin/python3).
 [ "$mode" = test ] && packages+=(python3-torch python3-protobuf)
@@ -50,7 +50,7 @@ else
     # without its null, alignment and vptr checks, a third of the build: AddressSanitizer reports a
     # null dereference itself, x86 forgives misalignment, and moesim casts no polymorphic pointers.
     # gcc's -Wmaybe-uninitialized misfires on libstdc++ under the sanitizers; the main build keeps it.
-    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO= -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF -DCMAKE_UNITY_BUILD=ON \
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO= -DMOESIM_WERROR=OFF -DMOESIM_WITH_CUDA=OFF -DMOESIM_WITH_MPI=OFF -DMOESIM_MIMALLOC=OFF -DCMAKE_UNITY_BUILD=ON \
       -DCMAKE_CXX_FLAGS="-O0 -fsanitize=address,undefined -fno-sanitize=vptr,alignment,null,nonnull-attribute,returns-nonnull-attribute -fno-omit-frame-pointer -fno-sanitize-recover=undefined -Wno-maybe-uninitialized" \
       -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
     cmake --build build-asan -j"$jobs" --target moesim_tests  # and moesim, which it runs; not the bench
