@@ -186,18 +186,42 @@ std::size_t CollectiveBytes::square_side(const char* what) const {
 
 CollectiveBytes CollectiveBytes::transposed() const {
   CollectiveBytes t(*this);
-  t.side_ = square_side("transposing");
+  if (!group_) t.side_ = square_side("transposing");
   t.transposed_ = !transposed_;
   return t;
 }
 
 CollectiveBytes CollectiveBytes::group_step(std::size_t group, std::size_t step) const {
-  CollectiveBytes t(*this);
-  t.side_ = square_side("a group step");
-  if (transposed_ || group_ || group == 0 || t.side_ % group != 0 || step >= t.side_ / group)
+  const std::size_t n = square_side("a group step");
+  if (transposed_ || group_ || group == 0 || n % group != 0 || step >= n / group)
     throw std::logic_error("CollectiveBytes: a group step of a matrix as stored, of a group that divides its side");
-  t.group_ = group, t.step_ = step;
+  CollectiveBytes t;
+  t.side_ = n, t.group_ = group, t.step_ = step, t.scale_ = scale_, t.unit_ = unit_;
+  auto copy_out = [&](const auto& all, auto out) {  // row p's entries to its group's target group
+    out.reserve(n * group);
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto row = all.begin() + std::ptrdiff_t(p * n + t.to_group(p / group) * group);
+      out.insert(out.end(), row, row + std::ptrdiff_t(group));
+    }
+    return out;
+  };
+  if (counts_)
+    t.counts_ = std::make_shared<const std::vector<std::int32_t>>(copy_out(*counts_, std::vector<std::int32_t>{}));
+  else
+    t.values_ = std::make_shared<const std::vector<double>>(copy_out(*values_, std::vector<double>{}));
   return t;
+}
+
+std::size_t CollectiveBytes::rounds_possible(std::size_t n) const {
+  if (!group_ || n != side_) return n > 0 ? n - 1 : 0;
+  // Group a sends to group a − step: d = (−step · group + δ) mod n, δ = j − i in (−group, group).
+  std::vector<char> seen(n, 0);
+  std::size_t count = 0;
+  for (std::ptrdiff_t delta = 1 - std::ptrdiff_t(group_); delta < std::ptrdiff_t(group_); ++delta) {
+    const std::size_t d = std::size_t(((delta - std::ptrdiff_t(step_ * group_)) % std::ptrdiff_t(n) + std::ptrdiff_t(n)) % std::ptrdiff_t(n));
+    if (d != 0 && !seen[d]) seen[d] = 1, ++count;
+  }
+  return count;
 }
 
 CollectiveBytes CollectiveBytes::scaled(double factor) const {

@@ -247,7 +247,8 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
                     N = std::size_t(cluster.nodes());
   if (rank_seen.empty()) {
     sum_intra.assign(G * g, 0.0), sum_out.assign(G, 0.0), sum_in.assign(G, 0.0), sum_pairs.assign(N > 1 ? N * N : 0, 0.0);
-    rank_seen.assign(G, 0), node_seen.assign(N, 0);
+    rank_seen.assign(G, 0), node_seen.assign(N, 0), node_index.assign(N, -1);
+    touched.assign(N > 1 ? N * N + 1 : 0, 0);  // + 1: a step writes one past its last touch
   }
   // NCCL's PXN (Cluster::pxn_proxy()) on a send/recv step: a message between nodes first crosses
   // NVLink to the GPU on the receiver's rail, if that GPU is one of the step's (rank_seen, kept
@@ -262,7 +263,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
     for (int r : c->group) note(r);
   else
     for (const auto& t : step.transfers) note(t.src), note(t.dst);
-  std::sort(s.ranks.begin(), s.ranks.end());
+  if (!std::is_sorted(s.ranks.begin(), s.ranks.end())) std::sort(s.ranks.begin(), s.ranks.end());
   for (int r : s.ranks) {
     if (!pxn) rank_seen[std::size_t(r)] = 0;
     if (const int n = node_of_rank[std::size_t(r)]; !node_seen[std::size_t(n)]) node_seen[std::size_t(n)] = 1, s.nodes.push_back(n);
@@ -279,6 +280,8 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   const char* in_step = rank_seen.data();  // with PXN: the step's GPUs
   const double *overhead = overhead_of_local.data(), *to_nic = nic_latency_of_local.data(), *latency_of = intra_latency.data();
   double *intra = sum_intra.data(), *out = sum_out.data(), *in = sum_in.data(), *pairs = sum_pairs.data();
+  std::uint32_t* first_touch = touched.data();
+  std::size_t touches = 0;  // entries of pairs made non-zero, listed in first_touch
   bool any_intra = false, any_inter = false, crosses = false;
   double nic_latency = 0;
   // A message of `sent` bytes when `one` is 1; nothing when it is 0 (an empty entry of a matrix).
@@ -312,7 +315,10 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
       nic_latency = std::max(nic_latency, (hop + to_nic[local_from]) * one);
       out[from] += bytes;
       in[dst] += bytes;
-      pairs[std::size_t(a) * N + std::size_t(b)] += bytes;
+      double& pair = pairs[std::size_t(a) * N + std::size_t(b)];
+      first_touch[touches] = std::uint32_t(std::size_t(a) * N + std::size_t(b));  // kept if it is the first
+      touches += pair == 0 && bytes > 0;
+      pair += bytes;
       any_inter |= bytes > 0;
       if (s.hops < 4 && bytes > 0) s.hops = std::max(s.hops, fabric_hops(a, b));
     }
@@ -331,15 +337,29 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   s.any_intra = any_intra, s.any_inter = any_inter, s.crosses = crosses, s.nic_latency = nic_latency;
   // The step's own entries, taken out of the sums (which are zero again after).
   const std::size_t R = s.ranks.size(), M = s.nodes.size();
-  s.intra.assign(R * g, 0.0), s.out.assign(R, 0.0), s.in.assign(R, 0.0), s.pairs.assign(N > 1 ? M * M : 0, 0.0);
+  s.intra.assign(any_intra ? R * g : 0, 0.0), s.out.assign(R, 0.0), s.in.assign(R, 0.0);
   for (std::size_t i = 0; i < R; ++i) {
     const std::size_t r = std::size_t(s.ranks[i]);
-    std::swap_ranges(intra + r * g, intra + r * g + g, s.intra.begin() + std::ptrdiff_t(i * g));
+    if (any_intra) std::swap_ranges(intra + r * g, intra + r * g + g, s.intra.begin() + std::ptrdiff_t(i * g));
     std::swap(out[r], s.out[i]), std::swap(in[r], s.in[i]);
   }
-  if (N > 1)
-    for (std::size_t a = 0; a < M; ++a)
-      for (std::size_t b = 0; b < M; ++b) std::swap(pairs[std::size_t(s.nodes[a]) * N + std::size_t(s.nodes[b])], s.pairs[a * M + b]);
+  // The loaded node pairs in (a, b) order: the few touched sorted, or, for a step that loads a
+  // good part of its M² pairs (an all-to-all's whole matrix), read in order.
+  s.pair_at.clear(), s.pair_bytes.clear();
+  auto take = [&](std::size_t i, std::size_t k, double& bytes) {
+    s.pair_at.push_back(std::uint32_t(i * M + k)), s.pair_bytes.push_back(bytes);
+    bytes = 0;
+  };
+  if (touches * 8 < M * M) {
+    for (std::size_t i = 0; i < M; ++i) node_index[std::size_t(s.nodes[i])] = int(i);
+    std::sort(first_touch, first_touch + touches);
+    for (std::size_t t = 0; t < touches; ++t)
+      take(std::size_t(node_index[first_touch[t] / N]), std::size_t(node_index[first_touch[t] % N]), pairs[first_touch[t]]);
+  } else {
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t k = 0; k < M; ++k)
+        if (double& bytes = pairs[std::size_t(s.nodes[i]) * N + std::size_t(s.nodes[k])]; bytes != 0) take(i, k, bytes);
+  }
   return s;
 }
 

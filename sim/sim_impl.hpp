@@ -87,7 +87,11 @@ struct SimBackend::Impl {
     std::vector<int> ranks, nodes;        // the step's ranks (its group's, or its transfers' ends) and their nodes, ascending
     std::vector<double> intra;            // inside a node, by (index in `ranks` of the source, local destination)
     std::vector<double> out, in;          // between nodes, by index in `ranks` of the source and of the destination
-    std::vector<double> pairs;            // between nodes, by (index in `nodes`)²
+    // Between nodes, the node pairs that carry bytes, by (index in `nodes`)² ascending: a step of
+    // FasterMoE's smart schedule loads N of the N² (a dense matrix cost 16,384 entries a step at
+    // 1,024 GPUs, twice: written, then read).
+    std::vector<std::uint32_t> pair_at;   // a · |nodes| + b
+    std::vector<double> pair_bytes;
     bool any_intra = false, any_inter = false;  // with bytes
     bool crosses = false;                 // a transfer between nodes, even of no bytes
     double nic_latency = 0;               // the longest route to its NIC (and the NIC) of a GPU that sends out
@@ -98,6 +102,8 @@ struct SimBackend::Impl {
   // entries of its own ranks and nodes), and its marks of the ranks and nodes seen.
   std::vector<double> sum_intra, sum_out, sum_in, sum_pairs;
   std::vector<char> rank_seen, node_seen;
+  std::vector<std::uint32_t> touched;  // the entries of sum_pairs a step made non-zero (a · N + b)
+  std::vector<int> node_index;         // by node: its index in the step's `nodes`
   // By rank: node and local index; by local GPU: its NIC's per-message overhead in bytes, the
   // latency of its route to the NIC and of the NIC, the NIC's bandwidth (the divisions and lookups
   // of Cluster's accessors, done once: they were a fifth of a large step's cost).

@@ -72,15 +72,14 @@ std::vector<sg4::ExecPtr> SimBackend::Impl::aggregated_tasks(const StepBytes& s,
   // In the order of the ranks and nodes (ascending), as SimGrid summed one entry per transfer.
   const std::size_t R = s.ranks.size(), M = s.nodes.size();
   if (s.any_inter) {
-    for (std::size_t i = 0; i < M; ++i)  // port -> port
-      for (std::size_t k = 0; k < M; ++k)
-        if (const double bytes = s.pairs[i * M + k]; bytes > 0) {
-          const std::size_t a = std::size_t(s.nodes[i]), b = std::size_t(s.nodes[k]);
-          carry(std::size_t(groups.up[a]), bytes);
-          for (int q : groups.between[a / std::size_t(groups.nodes_per_leaf) * N + b])
-            if (q >= 0) carry(std::size_t(q), bytes);
-          carry(std::size_t(groups.down[b]), bytes);
-        }
+    for (std::size_t p = 0; p < s.pair_at.size(); ++p)  // port -> port
+      if (const double bytes = s.pair_bytes[p]; bytes > 0) {
+        const std::size_t a = std::size_t(s.nodes[s.pair_at[p] / M]), b = std::size_t(s.nodes[s.pair_at[p] % M]);
+        carry(std::size_t(groups.up[a]), bytes);
+        for (int q : groups.between[a / std::size_t(groups.nodes_per_leaf) * N + b])
+          if (q >= 0) carry(std::size_t(q), bytes);
+        carry(std::size_t(groups.down[b]), bytes);
+      }
     for (std::size_t i = 0; i < R; ++i)  // port -> GPU
       if (const double bytes = s.in[i]; bytes > 0) {
         const std::size_t r = std::size_t(s.ranks[i]);

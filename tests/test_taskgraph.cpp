@@ -184,13 +184,21 @@ TEST_CASE("a group step of a byte matrix keeps the entries from each group to th
       return true;
     });
     CHECK(visited == n * gs);
-    CHECK(s.total() == back.total());
+    // rounds_possible(): the distinct (j − i) mod n, j ≠ i, of the entries kept, counted here.
+    for (const CollectiveBytes* view : {&s, &back}) {
+      std::set<std::size_t> rounds;
+      view->for_each(n, [&](std::size_t i, std::size_t j, double) {
+        if (i != j) rounds.insert((j + n - i) % n);
+        return true;
+      });
+      CHECK(view->rounds_possible(n) == rounds.size());
+    }
     sum_of_steps += s.total();
     CHECK(!s.same_view(whole));
-    CHECK(s.same_view(whole.group_step(gs, step)));
     CHECK(!s.same_view(whole.group_step(gs, (step + 1) % 3)));
   }
   CHECK(sum_of_steps == whole.total());  // the steps part the matrix
+  CHECK(whole.rounds_possible(n) == n - 1);
   CHECK_THROWS(whole.group_step(4, 0));            // 4 does not divide 6
   CHECK_THROWS(whole.group_step(2, 3));            // only 3 steps
   CHECK_THROWS(whole.transposed().group_step(2, 0));

@@ -22,9 +22,10 @@ Lowering lower_linear_alltoall_unlisted(const Collective& c, const Cluster& clus
   const std::size_t n = c.group.size();
   std::vector<char> busy(n, 0);
   int rounds = 0;
+  const int possible = int(c.bytes.rounds_possible(n));  // a smart-schedule step's: at most 15 of 1,023
   c.bytes.for_each(n, [&](std::size_t i, std::size_t j, double b) {
     if (char& d = busy[j >= i ? j - i : j + n - i]; j != i && !d && b > 0) d = 1, ++rounds;
-    return rounds + 1 < int(n);
+    return rounds < possible;
   });
   if (rounds == 0) return {};
   Step step;
