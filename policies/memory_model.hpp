@@ -64,6 +64,7 @@ MemoryUse expert_state(const MoeModel& model, double experts);
 struct ExpertLoad {
   int expert;
   std::int64_t tokens;
+  bool local = false;  // all of them the GPU's own tokens (its copy of a shadowed or replicated expert)
 };
 /// Per layer, per GPU: the experts it computes (its own and the copies sources send it), in order.
 using ExpertLoads = std::vector<std::vector<std::vector<ExpertLoad>>>;

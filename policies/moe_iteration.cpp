@@ -118,8 +118,10 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
           if (x == 0) continue;
           const int t = target(int(l), s, e);
           auto& k = at[std::size_t(t) * E + e];
-          if (k < 0) k = std::int32_t(computes_[l][std::size_t(t)].size()), computes_[l][std::size_t(t)].push_back({e, 0});
-          computes_[l][std::size_t(t)][std::size_t(k)].tokens += x;
+          if (k < 0) k = std::int32_t(computes_[l][std::size_t(t)].size()), computes_[l][std::size_t(t)].push_back({e, 0, true});
+          auto& load = computes_[l][std::size_t(t)][std::size_t(k)];
+          load.tokens += x;
+          load.local = load.local && s == t;
         }
       for (auto& list : computes_[l]) std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.expert < b.expert; });
     }
@@ -283,18 +285,20 @@ OpId LayerOps::every_gpu(std::string label, const std::function<Compute(int)>& w
   Computes c;
   c.ranks = everyone_;
   c.work_of.reserve(std::size_t(gpus_));
-  std::map<Compute, std::uint32_t> index;  // a work -> its place in c.works
+  std::map<Compute, std::uint32_t> index;  // a work -> its place in works
+  std::vector<Compute> works;
   for (int r = 0; r < gpus_; ++r) {
     Compute w = work(r);
-    const auto [it, fresh] = index.try_emplace(w, std::uint32_t(c.works.size()));
-    if (fresh) c.works.push_back(std::move(w));
+    const auto [it, fresh] = index.try_emplace(w, std::uint32_t(works.size()));
+    if (fresh) works.push_back(std::move(w));
     c.work_of.push_back(it->second);
   }
+  c.works = make_works(std::move(works));
   return graph_.add_computes(std::move(label), std::move(c), std::move(deps));
 }
 
 OpId LayerOps::every_gpu(std::string label, Compute work, std::vector<OpId> deps) {
-  return graph_.add_computes(std::move(label), {everyone_, {std::move(work)}, std::vector<std::uint32_t>(std::size_t(gpus_), 0)},
+  return graph_.add_computes(std::move(label), {everyone_, make_works({std::move(work)}), std::vector<std::uint32_t>(std::size_t(gpus_), 0)},
                              std::move(deps));
 }
 
@@ -475,10 +479,12 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
   };
   const bool whole = from == 0 && to == gpus_ && parts == 1;
   std::vector<long> sizes;  // ZeRO: the distinct token counts of its experts (experts_of_size_ counts each)
-  for (const auto& [e, total] : computes_[std::size_t(l)][std::size_t(rank)]) {
+  for (const auto& [e, total, local] : computes_[std::size_t(l)][std::size_t(rank)]) {
     long tokens = 0;
     if (whole)  // every source's tokens for e that this GPU computes, summed once (the constructor)
       tokens = long(total);
+    else if (local)  // its own only
+      tokens = from <= rank && rank < to ? share(rank, e) : 0;
     else
       for (int s = from; s < to; ++s)
         if (target(l, s, e) == rank) tokens += share(s, e);
@@ -492,7 +498,7 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
     std::vector<Gemm> fwd;
     if (per_source) {  // one GEMM pair per source chunk (the all-to-all layout)
       std::map<long, std::uint64_t> chunks;  // chunk size -> how many
-      for (int s = from; s < to; ++s)
+      for (int s = local ? std::max(from, rank) : from; s < (local ? std::min(to, rank + 1) : to); ++s)
         if (target(l, s, e) == rank && R.at(s, e) > 0) ++chunks[share(s, e)];
       fwd = repeated_expert_gemms({chunks.begin(), chunks.end()});
     } else {
@@ -555,15 +561,17 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
   Computes c;
   c.ranks = everyone_;
   c.work_of.reserve(std::size_t(G));
-  std::map<std::vector<long>, std::uint32_t> work_of_tokens;
+  auto& [works, work_of_tokens] = expert_works_[int(pass)];
   std::vector<long> tokens;
   for (int r = 0; r < G; ++r) {
     const auto [from, to] = sources[std::size_t(r)];
     tokens.clear();
-    for (const auto& [e, total] : computes_[std::size_t(l)][std::size_t(r)]) {
+    for (const auto& [e, total, local] : computes_[std::size_t(l)][std::size_t(r)]) {
       long t = 0;
       if (from == 0 && to == G)
         t = long(total);
+      else if (local)  // its own tokens only (a shadowed expert's copy: the smart schedule's C_0)
+        t = from <= r && r < to ? long(R.at(r, e)) : 0;
       else
         for (int s = from; s < to; ++s)
           if (target(l, s, e) == r) t += long(R.at(s, e));
@@ -571,14 +579,15 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
       if (r != owner(l, e)) return per_gpu();  // a copy's
       tokens.push_back(t);
     }
-    const auto [it, fresh] = work_of_tokens.try_emplace(tokens, std::uint32_t(c.works.size()));
+    const auto [it, fresh] = work_of_tokens.try_emplace(tokens, std::uint32_t(works->size()));
     if (fresh) {
       std::vector<OpId> none;
       std::vector<int> copies;
-      c.works.push_back(expert_work(l, r, from, to, pass, none, copies, 0, 1));
+      works->push_back(expert_work(l, r, from, to, pass, none, copies, 0, 1));
     }
     c.work_of.push_back(it->second);
   }
+  c.works = works;
   return {graph_.add_computes(label, std::move(c), deps)};
 }
 

@@ -126,7 +126,7 @@ const OpName* find_op_name(std::string_view label) {
 // is one by its kind (ScheMoE's C1/C2 share the letter with FasterMoE's expert steps C<j>).
 Phase phase_of(const std::string& label, const std::variant<Compute, Transfer, Collective, Computes>& body) {
   const auto* parts = std::get_if<Computes>(&body);
-  const auto* c = parts && !parts->works.empty() ? &parts->works.front() : std::get_if<Compute>(&body);
+  const auto* c = parts && parts->works && !parts->works->empty() ? &parts->works->front() : std::get_if<Compute>(&body);
   if (c && c->kind == ComputeKind::compress) return Phase::compression;
   if (const auto* n = find_op_name(label)) return n->phase;
   if (c) switch (c->kind) {
@@ -290,7 +290,7 @@ OpId TaskGraph::add(Op op) {
       if (seen[std::size_t(r)]++) throw bad("has two parts on one rank");
     if (c->work_of.size() != c->parts()) throw bad("has a work for each part but not as many parts");
     for (auto w : c->work_of)
-      if (w >= c->works.size()) throw bad("names a work it does not have");
+      if (!c->works || w >= c->works->size()) throw bad("names a work it does not have");
     c->first_part = parts_;
     parts_ += c->parts();
   }

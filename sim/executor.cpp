@@ -88,10 +88,11 @@ void SimBackend::Impl::schedule_part(std::size_t i) {
   const double now = sg4::Engine::get_clock();
   const int rank = R.rank_of[i];
   const auto& parts = std::get<Computes>(R.graph->op(R.op_of[i]).body);
-  auto& work_seconds = R.work_seconds[R.op_of[i]];  // each distinct work timed once (the smart schedule's: 1 in 8.6 parts)
-  if (work_seconds.empty())
-    for (const auto& w : parts.works) work_seconds.push_back(w.seconds(gpu));
-  const double seconds = work_seconds[parts.work_of[i - parts.first_part]];
+  // Each distinct work timed once (the smart schedule's tables: one work in a few hundred parts).
+  auto& work_seconds = R.work_seconds[parts.works.get()];
+  if (work_seconds.empty()) work_seconds.assign(parts.works->size(), std::numeric_limits<double>::quiet_NaN());
+  double& seconds = work_seconds[parts.work_of[i - parts.first_part]];
+  if (std::isnan(seconds)) seconds = parts.work(i - parts.first_part).seconds(gpu);
   const Node before = R.part_pred[i];
   const bool after_chained = before != kNoNode && before >= R.parts_from && R.part_state[before - R.parts_from] == Run::Part::chained;
   if (loading[std::size_t(rank)] > 0 || alone[std::size_t(rank)].timer) {
@@ -263,7 +264,6 @@ void SimBackend::Impl::op_done(OpId done) {
   overlaps.end(done);
   run->ended[done] = 1;
   run->activities[done].clear();
-  run->work_seconds[done] = {};
   if (const auto r = run->reserved.find(done); r != run->reserved.end()) {  // its kernels leave the GPUs
     for (const auto& [rank, k] : r->second) hold_sms(rank, -k);
     run->reserved.erase(r);
@@ -295,7 +295,6 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   r.part_state.assign(parts, Run::Part::waiting);
   r.open.assign(n, 0);
   r.op_timer.assign(n, nullptr);
-  r.work_seconds.resize(n);
   r.activities.resize(n);
   r.timing.start.assign(n, 0.0);
   r.timing.end.assign(n, 0.0);

@@ -129,7 +129,7 @@ TEST_CASE("the host device executes a TaskGraph: transfers, lowered collectives 
   const OpId b = g.add_compute(9, "gemm9", c, {ar});
   // An op of parts (FasterMoE's steps): each rank runs its own part; what depends on the op waits
   // for all of them.
-  const OpId parts = g.add_computes("L0.fwd.C0", {{3, 9, 12}, {c}, {0, 0, 0}}, {ar});
+  const OpId parts = g.add_computes("L0.fwd.C0", {{3, 9, 12}, make_works({c}), {0, 0, 0}}, {ar});
   const OpId after = g.add_compute(0, "gemm0 again", c, {parts});
   hw::HostBackend backend(cluster, MoeModel(ex.spec.model()));
   const Timing timing = backend.execute(g);

@@ -360,7 +360,7 @@ TEST_CASE("the parts of a Computes op chain on each GPU's stream, not step by st
     c.fixed_seconds = ms * 1e-3;
     return c;
   };
-  auto step = [&](double ms0, double ms1) { return Computes{{0, 1}, {work(ms0), work(ms1)}, {0, 1}}; };
+  auto step = [&](double ms0, double ms1) { return Computes{{0, 1}, make_works({work(ms0), work(ms1)}), {0, 1}}; };
   TaskGraph g(b.cluster.num_gpus());
   const OpId c0 = g.add_computes("L0.fwd.C0", step(3, 1));
   const OpId c1 = g.add_computes("L0.fwd.C1", step(1, 3));
@@ -430,11 +430,13 @@ TEST_CASE("an op of parts times every part as an op of its own would, when copie
   const int G = b.cluster.num_gpus();
   auto step = [&](int salt) {
     Computes c;
+    std::vector<Compute> works;
     for (int r = 0; r < G; ++r) {
       c.ranks.push_back(r);
-      c.works.push_back({ComputeKind::grouped_gemm, {{std::uint64_t(1024 + 512 * ((r * 7 + salt) % 5)), 4096, 4096, 1}}, 0});
+      works.push_back({ComputeKind::grouped_gemm, {{std::uint64_t(1024 + 512 * ((r * 7 + salt) % 5)), 4096, 4096, 1}}, 0});
       c.work_of.push_back(std::uint32_t(r));
     }
+    c.works = make_works(std::move(works));
     return c;
   };
   TaskGraph g(G);

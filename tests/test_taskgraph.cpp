@@ -29,8 +29,8 @@ TEST_CASE("a Computes op's parts each follow what precedes them on their rank's 
   // graph's parts 0 and 1, Q's part 2; nodes count the graph's ops first.
   TaskGraph g(2);
   const OpId a = g.add_compute(0, "a", {});
-  const OpId p = g.add_computes("L0.fwd.C0", {{0, 1}, {Compute{}}, {0, 0}});
-  const OpId q = g.add_computes("L0.fwd.C1", {{1}, {Compute{}}, {0}}, {a});
+  const OpId p = g.add_computes("L0.fwd.C0", {{0, 1}, make_works({Compute{}}), {0, 0}});
+  const OpId q = g.add_computes("L0.fwd.C1", {{1}, make_works({Compute{}}), {0}}, {a});
   const OpId d = g.add_compute(0, "d", {});
   CHECK(g.num_parts() == 3);
   CHECK(std::get<Computes>(g.op(q).body).first_part == 2);
@@ -47,8 +47,8 @@ TEST_CASE("a Computes op's parts each follow what precedes them on their rank's 
   CHECK(preds[p] == std::vector<OpId>{a});
   CHECK(preds[q] == std::vector<OpId>{a, p});
   CHECK(preds[d] == std::vector<OpId>{p});
-  CHECK_THROWS(g.add_computes("two on one rank", {{0, 0}, {Compute{}}, {0, 0}}));
-  CHECK_THROWS(g.add_computes("no work", {{0}, {Compute{}}, {1}}));
+  CHECK_THROWS(g.add_computes("two on one rank", {{0, 0}, make_works({Compute{}}), {0, 0}}));
+  CHECK_THROWS(g.add_computes("no work", {{0}, make_works({Compute{}}), {1}}));
   CHECK_THROWS(g.add_computes("nothing", {}));
 }
 

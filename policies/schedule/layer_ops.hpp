@@ -118,6 +118,13 @@ class LayerOps {
   std::vector<int> trans_sent_, agg_sent_;  // per layer: replicas whose broadcast / reduce is added
   std::vector<OpId> reduces_;
   std::vector<std::uint64_t> experts_of_size_;  // expert_work()'s count of a GPU's experts by token count, all 0 between calls
+  // expert_ops()' works, by pass, shared by every op of parts it emits: a work by its GPU's
+  // experts' token counts in order, the only input of expert_work() in that case.
+  struct WorkTable {
+    std::shared_ptr<std::vector<Compute>> works = std::make_shared<std::vector<Compute>>();
+    std::map<std::vector<long>, std::uint32_t> index;
+  };
+  WorkTable expert_works_[2];
   std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, step) -> bytes
   std::map<std::pair<int, bool>, CollectiveBytes> network_;          // (layer, transposed) -> DeepEP's bytes once per node
   std::string a2a_, ar_;
