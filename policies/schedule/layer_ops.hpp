@@ -3,6 +3,8 @@
 // and computes on the graph, and the replica transfers the plan's ReplicaSchedule puts under a
 // layer's experts. A schedule sees one MoE layer at a time, after ready() on every rank.
 #pragma once
+#include <boost/container_hash/hash.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -10,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -122,7 +125,7 @@ class LayerOps {
   // experts' token counts in order, the only input of expert_work() in that case.
   struct WorkTable {
     std::shared_ptr<std::vector<Compute>> works = std::make_shared<std::vector<Compute>>();
-    std::map<std::vector<long>, std::uint32_t> index;
+    std::unordered_map<std::vector<long>, std::uint32_t, boost::hash<std::vector<long>>> index;  // 3 million look-ups an iteration
   };
   WorkTable expert_works_[2];
   std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, step) -> bytes
