@@ -572,6 +572,8 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
         t = long(total);
       else if (local)  // its own tokens only (a shadowed expert's copy: the smart schedule's C_0)
         t = from <= r && r < to ? long(R.at(r, e)) : 0;
+      else if (target_[std::size_t(l)].size() == std::size_t(experts_))  // every source's to one GPU
+        t = target(l, 0, e) == r ? column_sum(l, from, to, e) : 0;
       else
         for (int s = from; s < to; ++s)
           if (target(l, s, e) == r) t += long(R.at(s, e));
@@ -589,6 +591,28 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
   }
   c.works = works;
   return {graph_.add_computes(label, std::move(c), deps)};
+}
+
+// Σ R(s, e) over the sources s of [from, to): from a table of the layer's column sums by block of
+// sources where [from, to) is such a block (the smart schedule's groups, built in one pass over the
+// routing), else summed. Read down its column, each R(s, e) was a cache miss of its own.
+long LayerOps::column_sum(int l, int from, int to, int e) {
+  const auto& R = routing(l);
+  const int b = to - from;
+  if (b < 2 || gpus_ % b != 0 || from % b != 0 || R.sources != gpus_) {
+    long sum = 0;
+    for (int s = from; s < to; ++s) sum += long(R.at(s, e));
+    return sum;
+  }
+  if (block_sums_.size() <= std::size_t(l)) block_sums_.resize(std::size_t(l) + 1);
+  auto& [size, sums] = block_sums_[std::size_t(l)];
+  if (size != b) {
+    size = b;
+    sums.assign(std::size_t(gpus_ / b) * std::size_t(experts_), 0);
+    for (int s = 0; s < gpus_; ++s)
+      for (int x = 0; x < experts_; ++x) sums[std::size_t(s / b) * std::size_t(experts_) + std::size_t(x)] += long(R.at(s, x));
+  }
+  return sums[std::size_t(from / b) * std::size_t(experts_) + std::size_t(e)];
 }
 
 // Built once per layer, from one pass over its routing, and shared by every step and by its

@@ -89,7 +89,8 @@ void SimBackend::Impl::schedule_part(std::size_t i) {
   const int rank = R.rank_of[i];
   const auto& parts = std::get<Computes>(R.graph->op(R.op_of[i]).body);
   // Each distinct work timed once (the smart schedule's tables: one work in a few hundred parts).
-  auto& work_seconds = R.work_seconds[parts.works.get()];
+  if (R.last_table.first != parts.works.get()) R.last_table = {parts.works.get(), &R.work_seconds[parts.works.get()]};
+  auto& work_seconds = *R.last_table.second;  // (an unordered_map's references stay valid as it grows)
   if (work_seconds.empty()) work_seconds.assign(parts.works->size(), std::numeric_limits<double>::quiet_NaN());
   double& seconds = work_seconds[parts.work_of[i - parts.first_part]];
   if (std::isnan(seconds)) seconds = parts.work(i - parts.first_part).seconds(gpu);

@@ -142,6 +142,7 @@ struct SimBackend::Impl {
     std::vector<simgrid::kernel::timer::Timer*> op_timer;    // per op: a Computes op's end, all its parts' ends known
     // Per table of works (Computes::works), each work's seconds once a part needs them (NaN before).
     std::unordered_map<const std::vector<Compute>*, std::vector<double>> work_seconds;
+    std::pair<const std::vector<Compute>*, std::vector<double>*> last_table{nullptr, nullptr};  // the last one looked up
     std::unordered_map<Node, simgrid::kernel::timer::Timer*> boundary;  // a chained part's end, for the op after it on its stream
     std::vector<std::vector<sg4::ActivityPtr>> activities;   // per op, until it ends
     std::unordered_map<const sg4::Activity*, Node> exit_of;  // exit activity -> its node

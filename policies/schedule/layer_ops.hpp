@@ -94,6 +94,7 @@ class LayerOps {
   void exchange_counts(int l);
   void shared_experts(int l, Pass pass);
   std::vector<Gemm> codec_gemms(int l, int r) const;
+  long column_sum(int l, int from, int to, int e);
   Compute expert_work(int l, int rank, int from, int to, Pass pass, std::vector<OpId>& deps, std::vector<int>& copies,
                       int part, int parts);
   /// The expert GEMMs of each size (ascending), each run `count` times.
@@ -128,6 +129,7 @@ class LayerOps {
     std::unordered_map<std::vector<long>, std::uint32_t, boost::hash<std::vector<long>>> index;  // 3 million look-ups an iteration
   };
   WorkTable expert_works_[2];
+  std::vector<std::pair<int, std::vector<long>>> block_sums_;  // per layer: column_sum()'s block size and sums
   std::map<std::tuple<int, bool, int>, CollectiveBytes> exchanges_;  // (layer, transposed, step) -> bytes
   std::map<std::pair<int, bool>, CollectiveBytes> network_;          // (layer, transposed) -> DeepEP's bytes once per node
   std::string a2a_, ar_;
