@@ -215,13 +215,12 @@ CollectiveBytes CollectiveBytes::group_step(std::size_t group, std::size_t step)
 std::size_t CollectiveBytes::rounds_possible(std::size_t n) const {
   if (!group_ || n != side_) return n > 0 ? n - 1 : 0;
   // Group a sends to group a − step: d = (−step · group + δ) mod n, δ = j − i in (−group, group).
-  std::vector<char> seen(n, 0);
-  std::size_t count = 0;
-  for (std::ptrdiff_t delta = 1 - std::ptrdiff_t(group_); delta < std::ptrdiff_t(group_); ++delta) {
-    const std::size_t d = std::size_t(((delta - std::ptrdiff_t(step_ * group_)) % std::ptrdiff_t(n) + std::ptrdiff_t(n)) % std::ptrdiff_t(n));
-    if (d != 0 && !seen[d]) seen[d] = 1, ++count;
-  }
-  return count;
+  std::vector<std::size_t> rounds;  // 2 · group − 1 of them, not a mark per round of n (a call per step)
+  for (std::ptrdiff_t delta = 1 - std::ptrdiff_t(group_); delta < std::ptrdiff_t(group_); ++delta)
+    rounds.push_back(std::size_t(((delta - std::ptrdiff_t(step_ * group_)) % std::ptrdiff_t(n) + std::ptrdiff_t(n)) % std::ptrdiff_t(n)));
+  std::sort(rounds.begin(), rounds.end());
+  rounds.erase(std::unique(rounds.begin(), rounds.end()), rounds.end());
+  return rounds.size() - std::size_t(rounds.front() == 0);  // not d = 0, a rank to itself
 }
 
 CollectiveBytes CollectiveBytes::scaled(double factor) const {

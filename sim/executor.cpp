@@ -48,11 +48,17 @@ void SimBackend::Impl::start_copies(std::size_t i) {
            now + seconds, std::int64_t(i)};
       continue;
     }
-    auto exec = compute_exec(rank, seconds);
-    run->copy_execs[exec.get()] = i;
-    run->activities[run->copies[i].op].push_back(exec);
-    exec->start();
+    copy_as_exec(i, rank, seconds);
   }
+}
+
+// Copy `i`'s part on `rank`, `seconds` of it left, as an exec that shares the GPU; its end counts
+// down the step's copies.
+void SimBackend::Impl::copy_as_exec(std::size_t i, int rank, double seconds) {
+  auto exec = compute_exec(rank, seconds);
+  run->copy_execs[exec.get()] = i;
+  run->activities[run->copies[i].op].push_back(exec);
+  exec->start();
 }
 
 void SimBackend::Impl::copy_ended(std::size_t i) {
@@ -208,10 +214,7 @@ void SimBackend::Impl::share_gpu(int rank) {
     rest_as_exec(rank, a.end, a.op, a.op)->vetoable_start();
     return;
   }
-  auto exec = compute_exec(rank, a.end - sg4::Engine::get_clock());
-  run->copy_execs[exec.get()] = std::size_t(std::exchange(a.copies, -1));
-  run->activities[a.op].push_back(exec);
-  exec->start();
+  copy_as_exec(std::size_t(std::exchange(a.copies, -1)), rank, a.end - sg4::Engine::get_clock());
 }
 
 void SimBackend::Impl::completed(const sg4::Activity& a) {
@@ -226,7 +229,7 @@ void SimBackend::Impl::completed(const sg4::Activity& a) {
   }
   if (!run) return;
   if (const auto it = run->copies_at.find(&a); it != run->copies_at.end()) {
-    start_copies(it->second);
+    for (const std::size_t i : it->second) start_copies(i);
     run->copies_at.erase(it);
   }
   if (const auto it = run->copy_execs.find(&a); it != run->copy_execs.end()) {

@@ -163,7 +163,9 @@ struct SimBackend::Impl {
       sg4::ExecPtr gate;
     };
     std::deque<Copies> copies;
-    std::unordered_map<const sg4::Activity*, std::size_t> copies_at;    // a step's start activity -> its copies
+    // A step's start activity -> the copies of the steps it starts (each lane's first step starts
+    // at the collective's start marker).
+    std::unordered_map<const sg4::Activity*, std::vector<std::size_t>> copies_at;
     std::unordered_map<const sg4::Activity*, std::size_t> copy_execs;   // a copy that runs as an exec -> its copies
   };
   // Which network ops (collectives and transfers) may overlap which (timed_steps.cpp): bitsets over
@@ -244,6 +246,7 @@ struct SimBackend::Impl {
   void issue_op(OpId id);
   void alone_done(int rank);
   void start_copies(std::size_t i);
+  void copy_as_exec(std::size_t i, int rank, double seconds);
   void copy_ended(std::size_t i);
   void started(const sg4::Exec& e);
   void share_gpu(int rank);

@@ -280,7 +280,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
           copies.gate = marker(op.rank);
           all.push_back(copies.gate);  // started by the last copy's end
           ends.push_back(copies.gate);
-          run->copies_at[last.get()] = run->copies.size();
+          run->copies_at[last.get()].push_back(run->copies.size());
           run->copies.push_back(std::move(copies));
         }
         // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another

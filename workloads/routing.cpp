@@ -23,8 +23,8 @@ class AliasTable {
  public:
   explicit AliasTable(const std::vector<double>& weights) : entries_(weights.size()) {
     const std::size_t n = weights.size();
-    std::vector<double> prob_(n);
-    std::vector<std::size_t> alias_(n);
+    std::vector<double> prob(n);
+    std::vector<std::size_t> alias(n);
     const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
     std::vector<double> scaled(n);
     std::vector<std::size_t> small, large;
@@ -35,19 +35,19 @@ class AliasTable {
     while (!small.empty() && !large.empty()) {
       const std::size_t s = small.back(), l = large.back();
       small.pop_back();
-      prob_[s] = scaled[s];
-      alias_[s] = l;
+      prob[s] = scaled[s];
+      alias[s] = l;
       scaled[l] -= 1.0 - scaled[s];
       if (scaled[l] < 1.0) {
         large.pop_back();
         small.push_back(l);
       }
     }
-    for (auto i : large) prob_[i] = 1.0;
-    for (auto i : small) prob_[i] = 1.0;
+    for (auto i : large) prob[i] = 1.0;
+    for (auto i : small) prob[i] = 1.0;
     // The coin u = k · 2^-53 (Rng::uniform(), k the top 53 bits of a draw) keeps i when u <
     // prob, that is when k < prob · 2^53 (exact: a power of two), that is k < ⌈prob · 2^53⌉.
-    for (std::size_t i = 0; i < n; ++i) entries_[i] = {std::uint64_t(std::ceil(std::ldexp(prob_[i], 53))), std::uint64_t(alias_[i])};
+    for (std::size_t i = 0; i < n; ++i) entries_[i] = {std::uint64_t(std::ceil(std::ldexp(prob[i], 53))), std::uint64_t(alias[i])};
   }
   std::size_t draw(Rng& rng) const {
     const Entry& e = entries_[rng.below(entries_.size())];
