@@ -417,9 +417,9 @@ int LayerOps::target(int l, int s, int e) const {
 void LayerOps::exchange_counts(int l) {
   const int G = gpus_;
   if (!peers_) {
-    auto pairs = std::make_shared<std::vector<std::int32_t>>(std::size_t(G) * G, 1);
-    for (int r = 0; r < G; ++r) (*pairs)[std::size_t(r) * G + r] = 0;
-    peers_ = std::move(pairs);
+    std::vector<std::uint16_t> pairs(std::size_t(G) * G, 1);
+    for (int r = 0; r < G; ++r) pairs[std::size_t(r) * G + r] = 0;
+    peers_ = std::make_shared<const CountVector>(std::move(pairs));
   }
   const double counts_per_peer = 8.0 * std::max(1, experts_ / G);  // int64 counts of the peer's experts
   const OpId exchanged = graph_.add_collective(Stream::comm, fmt::format("L{}.fwd.count_exchange", l),
@@ -432,7 +432,7 @@ void LayerOps::exchange_counts(int l) {
 
 // An empty all-to-all over every rank.
 OpId LayerOps::join(std::string label, std::vector<OpId> deps) {
-  if (!nothing_) nothing_ = std::make_shared<const std::vector<std::int32_t>>(std::size_t(gpus_) * gpus_, 0);
+  if (!nothing_) nothing_ = std::make_shared<const CountVector>(std::vector<std::uint16_t>(std::size_t(gpus_) * gpus_, 0));
   return graph_.add_collective(Stream::comm, std::move(label), {CollectiveType::all_to_all, everyone_, CollectiveBytes(nothing_, 1.0), a2a_},
                                std::move(deps));
 }

@@ -197,18 +197,19 @@ CollectiveBytes CollectiveBytes::group_step(std::size_t group, std::size_t step)
     throw std::logic_error("CollectiveBytes: a group step of a matrix as stored, of a group that divides its side");
   CollectiveBytes t;
   t.side_ = n, t.group_ = group, t.step_ = step, t.scale_ = scale_, t.unit_ = unit_;
-  auto copy_out = [&](const auto& all, auto out) {  // row p's entries to its group's target group
+  auto copy_out = [&](const auto* all) {  // row p's entries to its group's target group
+    std::vector<std::remove_cvref_t<decltype(*all)>> out;
     out.reserve(n * group);
     for (std::size_t p = 0; p < n; ++p) {
-      const auto row = all.begin() + std::ptrdiff_t(p * n + t.to_group(p / group) * group);
-      out.insert(out.end(), row, row + std::ptrdiff_t(group));
+      const auto* row = all + p * n + t.to_group(p / group) * group;
+      out.insert(out.end(), row, row + group);
     }
     return out;
   };
   if (counts_)
-    t.counts_ = std::make_shared<const std::vector<std::int32_t>>(copy_out(*counts_, std::vector<std::int32_t>{}));
+    t.counts_ = counts_->visit([&](const auto* all) { return std::make_shared<const CountVector>(copy_out(all)); });
   else
-    t.values_ = std::make_shared<const std::vector<double>>(copy_out(*values_, std::vector<double>{}));
+    t.values_ = std::make_shared<const std::vector<double>>(copy_out(values_->data()));
   return t;
 }
 

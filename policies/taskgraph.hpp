@@ -14,6 +14,8 @@
 #include <variant>
 #include <vector>
 
+#include "count_vector.hpp"
+
 #include "gpu.hpp"
 
 namespace moesim {
@@ -88,10 +90,10 @@ class CollectiveBytes {
   CollectiveBytes(std::vector<double> values) : values_(std::make_shared<const std::vector<double>>(std::move(values))) {}
   CollectiveBytes(std::initializer_list<double> values) : CollectiveBytes(std::vector<double>(values)) {}
   /// counts × unit (an all-to-all's token-slots × bytes per token): half the memory of doubles.
-  CollectiveBytes(std::vector<std::int32_t> counts, double unit)
-      : CollectiveBytes(std::make_shared<const std::vector<std::int32_t>>(std::move(counts)), unit) {}
+  CollectiveBytes(CountVector counts, double unit) : CollectiveBytes(std::make_shared<const CountVector>(std::move(counts)), unit) {}
+  CollectiveBytes(std::vector<std::int32_t> counts, double unit) : CollectiveBytes(CountVector(std::move(counts)), unit) {}
   /// The same, sharing counts that never change (a routing's, RoutingMatrix::shared_counts()).
-  CollectiveBytes(std::shared_ptr<const std::vector<std::int32_t>> counts, double unit) : counts_(std::move(counts)), unit_(unit) {}
+  CollectiveBytes(std::shared_ptr<const CountVector> counts, double unit) : counts_(std::move(counts)), unit_(unit) {}
   std::size_t size() const { return counts_ ? counts_->size() : values_ ? values_->size() : 0; }
   bool empty() const { return size() == 0; }
   /// Entry k of the values, row by row (a ring collective's one size: [0]).
@@ -124,10 +126,30 @@ class CollectiveBytes {
   template <class F>
   [[gnu::always_inline]] void for_each(std::size_t n, const F& f) const {  // inlined, so that f's state stays in registers
     if (counts_)
-      walk(n, counts_->data(), f);
+      counts_->visit([&](const auto* counts) __attribute__((always_inline)) { walk(n, counts, f); });
     else
       walk(n, values_->data(), f);
   }
+  /// A whole matrix's rows as stored (not a group step's): f(p, row, value) for each p, `row` its n
+  /// stored values and value(row[q]) one's bytes; stored row p holds entry (p, q), or (q, p) when
+  /// is_transposed(). For loops that keep a row's sums in registers (the simulator's measure()).
+  template <class F>
+  [[gnu::always_inline]] void for_each_stored_row(std::size_t n, const F& f) const {
+    auto rows = [&](const auto* v) __attribute__((always_inline)) {
+      using T = std::remove_cvref_t<decltype(*v)>;
+      const double scale = scale_, unit = unit_;
+      auto value = [scale, unit](T x) __attribute__((always_inline)) {  // as walk()'s, to the last bit
+        if constexpr (std::is_same_v<T, double>) return scale * x;
+        else return scale * (double(x) * unit);
+      };
+      for (std::size_t p = 0; p < n; ++p) f(p, v + p * n, value);
+    };
+    if (counts_)
+      counts_->visit(rows);
+    else
+      rows(values_->data());
+  }
+  bool is_transposed() const { return transposed_; }
   double total() const;
   /// Whether both are the same view of the same values (not merely equal values).
   bool same_view(const CollectiveBytes& o) const {
@@ -167,7 +189,7 @@ class CollectiveBytes {
     }
   }
   std::shared_ptr<const std::vector<double>> values_;
-  std::shared_ptr<const std::vector<std::int32_t>> counts_;
+  std::shared_ptr<const CountVector> counts_;
   double unit_ = 1.0;
   bool transposed_ = false;
   std::size_t side_ = 0;  // n, when transposed or a group step

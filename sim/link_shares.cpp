@@ -284,6 +284,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   std::size_t touches = 0;  // entries of pairs made non-zero, listed in first_touch
   bool any_intra = false, any_inter = false, crosses = false;
   double nic_latency = 0;
+  int hops = 0;
   // A message of `sent` bytes when `one` is 1; nothing when it is 0 (an empty entry of a matrix).
   // Between nodes without a branch on it: x · one is x or 0 exactly, and adding 0 changes no
   // sum; a skewed routing leaves about half a matrix's entries empty, at random, and a
@@ -320,10 +321,72 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
       touches += pair == 0 && bytes > 0;
       pair += bytes;
       any_inter |= bytes > 0;
-      if (s.hops < 4 && bytes > 0) s.hops = std::max(s.hops, fabric_hops(a, b));
+      if (hops < 4 && bytes > 0) hops = std::max(hops, fabric_hops(a, b));
     }
   };
-  if (const Collective* c = step.all_pairs) {  // the matrix read once, in its storage order
+  // A whole matrix without PXN, row by row as stored: a row's entries share their source (or,
+  // transposed, their destination), and node by node their node pair, so that their sums stay in
+  // registers while the row adds to them (added in memory, each entry waited for the last one's
+  // store; the same additions, in the same order). Entries inside a node go through add().
+  auto add_row = [&](const int* group, std::size_t n, std::size_t p, const auto* row, const auto& value, auto transposed) {
+    // Everything the loop reads or adds to in locals of its own: measure()'s, reached through
+    // this lambda's captures, could be written by any store to a double.
+    const int *node_of = node, *local_of = local;
+    const double *overhead_of = overhead, *nic_of = to_nic;
+    double *outs = out, *ins = in, *pair_sums = pairs;
+    const double rounds = scale, per_message = messages;
+    std::uint32_t* touch = first_touch;
+    std::size_t touch_count = touches;
+    bool crossed = false, loaded = false;
+    double latency = nic_latency;
+    int farthest = hops;
+    const int fixed = group[p];
+    double fixed_sum = transposed ? ins[fixed] : outs[fixed];
+    std::size_t cell = SIZE_MAX;  // the node pair whose sum is `pair`
+    double pair = 0;
+    for (std::size_t q = 0; q < n; ++q) {
+      const int src = transposed ? group[q] : fixed, dst = transposed ? fixed : group[q];
+      const double sent = value(row[q]), one = sent > 0;  // an empty entry is no message
+      const int a = node_of[src], b = node_of[dst];
+      if (a == b) [[unlikely]] {
+        add(src, dst, sent, one);
+        continue;
+      }
+      const std::size_t local_src = std::size_t(local_of[src]);
+      const double bytes = (sent + overhead_of[local_src] * per_message) * rounds * one;
+      crossed |= one > 0;
+      latency = std::max(latency, (0 + nic_of[local_src]) * one);
+      fixed_sum += bytes;
+      (transposed ? outs[src] : ins[dst]) += bytes;
+      if (const std::size_t k = std::size_t(a) * N + std::size_t(b); k != cell) {
+        if (cell != SIZE_MAX) {
+          pair_sums[cell] = pair;
+          if (farthest < 4 && pair > 0) farthest = std::max(farthest, fabric_hops(int(cell / N), int(cell % N)));
+        }
+        cell = k, pair = pair_sums[k];
+      }
+      touch[touch_count] = std::uint32_t(cell);  // kept if it is the first
+      touch_count += pair == 0 && bytes > 0;
+      pair += bytes;
+      loaded |= bytes > 0;
+    }
+    if (cell != SIZE_MAX) {
+      pair_sums[cell] = pair;
+      if (farthest < 4 && pair > 0) farthest = std::max(farthest, fabric_hops(int(cell / N), int(cell % N)));
+    }
+    (transposed ? ins[fixed] : outs[fixed]) = fixed_sum;
+    touches = touch_count, crosses |= crossed, any_inter |= loaded, nic_latency = latency, hops = farthest;
+  };
+  if (const Collective* c = step.all_pairs; c && !pxn && !c->bytes.is_group_step()) {
+    const int* group = c->group.data();
+    const std::size_t n = c->group.size();
+    c->bytes.for_each_stored_row(n, [&](std::size_t p, const auto* row, const auto& value) {
+      if (c->bytes.is_transposed())
+        add_row(group, n, p, row, value, std::true_type{});
+      else
+        add_row(group, n, p, row, value, std::false_type{});
+    });
+  } else if (const Collective* c = step.all_pairs) {  // the matrix read once, in its storage order
     const int* group = c->group.data();
     c->bytes.for_each(c->group.size(), [&](std::size_t i, std::size_t j, double b) __attribute__((always_inline)) {
       add(group[i], group[j], b, b > 0);  // an empty entry is no message
@@ -334,6 +397,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   }
   if (pxn)
     for (int r : s.ranks) rank_seen[std::size_t(r)] = 0;
+  s.hops = hops;
   s.any_intra = any_intra, s.any_inter = any_inter, s.crosses = crosses, s.nic_latency = nic_latency;
   // The step's own entries, taken out of the sums (which are zero again after).
   const std::size_t R = s.ranks.size(), M = s.nodes.size();

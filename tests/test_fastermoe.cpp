@@ -269,7 +269,7 @@ TEST_CASE("the all-to-alls send the routing they were built from, even once the 
   const int G = t.cluster.num_gpus(), L = int(routing.size());
   REQUIRE(t.model.experts() == G);
   std::vector<std::vector<std::int32_t>> counts;  // plain copies, which no RoutingMatrix shares
-  for (const auto& R : routing) counts.push_back(R.counts());
+  for (const auto& R : routing) counts.emplace_back(R.counts().begin(), R.counts().end());
   for (const char* name : {"ep", "fastermoe-smart"}) {
     INFO(name);
     spec::PolicySpec ps;

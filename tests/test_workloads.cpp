@@ -115,6 +115,40 @@ TEST_CASE("copies of a routing share its counts until one is changed, which chan
   CHECK_THROWS_AS(RoutingMatrix(2, 3, std::vector<std::int32_t>(5)), std::logic_error);
 }
 
+TEST_CASE("a sampled routing keeps its counts in 16 bits; a change widens them to 32, the counts unchanged") {
+  const auto r = generate_routing(zipf(1.2), 8, 16, 1000, 2, 7, 0, 0);
+  REQUIRE(r.counts().narrow());  // a cell is at most 1,000 tokens
+  const RoutingMatrix wide(8, 16, std::vector<std::int32_t>(r.counts().begin(), r.counts().end()));
+  CHECK_FALSE(wide.counts().narrow());
+  CHECK(wide.counts() == r.counts());  // equal across widths
+  CHECK(r.rows(2, 5).counts().narrow());
+  CHECK(r.rows(2, 5).at(1, 3) == r.at(3, 3));
+  CHECK(r.largest_count() == *std::max_element(wide.counts().begin(), wide.counts().end()));
+  RoutingMatrix changed = r;
+  changed.mutable_at(0, 0) += 70000;  // past 16 bits
+  CHECK_FALSE(changed.counts().narrow());
+  CHECK(changed.at(0, 0) == r.at(0, 0) + 70000);
+  CHECK(changed.at(7, 15) == r.at(7, 15));
+  CHECK(r.counts().narrow());  // the copy it was made from is untouched
+  // More tokens than 16 bits hold: 32 bits from the start.
+  CHECK_FALSE(generate_routing(zipf(1.2), 1, 4, 70000, 1, 7, 0, 0).counts().narrow());
+}
+
+TEST_CASE("routing without a group limit draws as the limited sampler does where its limit never binds") {
+  // 4 groups, at most 2 a token, top-2: a token never reaches a third group, so the limited
+  // sampler (count_tokens_with) and the unlimited one (count_tokens_unlimited) make the same draws.
+  const auto popularity = [] {
+    std::vector<double> p(16);
+    for (int e = 0; e < 16; ++e) p[std::size_t(e)] = 1.0 / (1 + e);
+    return p;
+  }();
+  Rng a(11), b(11);
+  const auto unlimited = sample_routing(popularity, 6, 3000, 2, a);
+  const auto limited = sample_routing(popularity, 6, 3000, 2, b, GroupLimit{4, 2});
+  CHECK(unlimited.counts() == limited.counts());
+  CHECK(a.next() == b.next());  // and left the generator in the same state
+}
+
 TEST_CASE("zipf routing gives the hottest expert its expected share") {
   // Top-1: expert e gets Binomial(N, p_e) tokens with p_e = (1/rank^s) / H. The hottest has
   // rank 1: mean N/H, standard deviation sqrt(N p (1-p)).

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "count_vector.hpp"
 #include "moesim.pb.h"
 
 namespace moesim {
@@ -26,26 +27,27 @@ struct TokenSpread {
 ///
 /// Copies share the counts until one is changed (copy on write, through mutable_counts() or
 /// mutable_at()): a policy's plans copy each layer's routing and an expert-per-GPU all-to-all sends
-/// the very same matrix (shared_counts()), which at 4,096 GPUs is 64 MiB a layer.
+/// the very same matrix (shared_counts()), which at 4,096 GPUs is 32 MiB a layer (sampled: 16
+/// bits a count; a change widens it to 32).
 class RoutingMatrix {
  public:
   int sources = 0, experts = 0;
 
-  RoutingMatrix() : counts_(std::make_shared<std::vector<std::int32_t>>()) {}
+  RoutingMatrix() : counts_(std::make_shared<CountVector>()) {}
   RoutingMatrix(int s, int e)
-      : sources(s), experts(e), counts_(std::make_shared<std::vector<std::int32_t>>(std::size_t(s) * std::size_t(e), 0)) {}
+      : sources(s), experts(e), counts_(std::make_shared<CountVector>(std::vector<std::int32_t>(std::size_t(s) * std::size_t(e), 0))) {}
   /// Takes `counts`, sources × experts of them, row by row.
-  RoutingMatrix(int s, int e, std::vector<std::int32_t> counts);
+  RoutingMatrix(int s, int e, CountVector counts);
+  RoutingMatrix(int s, int e, std::vector<std::int32_t> counts) : RoutingMatrix(s, e, CountVector(std::move(counts))) {}
 
-  // a cell is at most tokens × top_k of one GPU: int32 halves the biggest matrices
-  const std::vector<std::int32_t>& counts() const { return *counts_; }
+  const CountVector& counts() const { return *counts_; }
   std::int64_t at(int src, int e) const { return (*counts_)[std::size_t(src) * std::size_t(experts) + std::size_t(e)]; }
   /// The counts, to change: this matrix's own (copied first if another matrix shares them).
   std::vector<std::int32_t>& mutable_counts();
   std::int32_t& mutable_at(int src, int e) { return mutable_counts()[std::size_t(src) * std::size_t(experts) + std::size_t(e)]; }
   /// The counts, shared read-only (with an all-to-all's bytes): they never change, as a change to
   /// this matrix copies them first.
-  std::shared_ptr<const std::vector<std::int32_t>> shared_counts() const { return counts_; }
+  std::shared_ptr<const CountVector> shared_counts() const { return counts_; }
 
   /// Token spreads the sampler counted with these counts (shared between copies), or nullptr for
   /// a block it did not count; a change to the counts drops them all, as they would no longer hold.
@@ -61,7 +63,7 @@ class RoutingMatrix {
   std::int64_t largest_count() const;
 
  private:
-  std::shared_ptr<std::vector<std::int32_t>> counts_;
+  std::shared_ptr<CountVector> counts_;
   std::shared_ptr<const std::vector<TokenSpread>> spreads_;
 };
 

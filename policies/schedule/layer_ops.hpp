@@ -110,8 +110,8 @@ class LayerOps {
   TaskGraph graph_;
   std::vector<int> everyone_;
   std::vector<OpId> ready_;
-  std::shared_ptr<const std::vector<std::int32_t>> peers_;  // exchange_counts()' shared pair matrix
-  std::shared_ptr<const std::vector<std::int32_t>> nothing_;  // join()s' G × G zeros, shared by all
+  std::shared_ptr<const CountVector> peers_;    // exchange_counts()' shared pair matrix
+  std::shared_ptr<const CountVector> nothing_;  // join()s' G × G zeros, shared by all
   std::vector<std::vector<int>> target_;  // per layer: [source · E + expert] -> GPU, or [expert] when
                                           // no replica makes it depend on the source (target())
   ExpertLoads computes_;                  // per layer, per GPU: the experts it computes, in order
