@@ -130,9 +130,11 @@ class CollectiveBytes {
     else
       walk(n, values_->data(), f);
   }
-  /// A whole matrix's rows as stored (not a group step's): f(p, row, value) for each p, `row` its n
-  /// stored values and value(row[q]) one's bytes; stored row p holds entry (p, q), or (q, p) when
-  /// is_transposed(). For loops that keep a row's sums in registers (the simulator's measure()).
+  /// The rows of the n × n matrix as stored: f(p, row, first, count, value) for each p, `row` the
+  /// `count` values it stores, of columns first, first + 1, ... (all n from 0, or a group step's
+  /// `group`), and value(row[k]) one's bytes; stored row p holds entries (p, first + k), or
+  /// (first + k, p) when is_transposed(). For loops that keep a row's sums in registers (the
+  /// simulator's measure()); for_each() visits the same entries in the same order.
   template <class F>
   [[gnu::always_inline]] void for_each_stored_row(std::size_t n, const F& f) const {
     auto rows = [&](const auto* v) __attribute__((always_inline)) {
@@ -142,7 +144,10 @@ class CollectiveBytes {
         if constexpr (std::is_same_v<T, double>) return scale * x;
         else return scale * (double(x) * unit);
       };
-      for (std::size_t p = 0; p < n; ++p) f(p, v + p * n, value);
+      if (group_)
+        for (std::size_t p = 0; p < n; ++p) f(p, v + p * group_, to_group(p / group_) * group_, group_, value);
+      else
+        for (std::size_t p = 0; p < n; ++p) f(p, v + p * n, std::size_t(0), n, value);
     };
     if (counts_)
       counts_->visit(rows);

@@ -324,11 +324,12 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
       if (hops < 4 && bytes > 0) hops = std::max(hops, fabric_hops(a, b));
     }
   };
-  // A whole matrix without PXN, row by row as stored: a row's entries share their source (or,
+  // An all-to-all's matrix without PXN, row by row as stored: a row's entries share their source (or,
   // transposed, their destination), and node by node their node pair, so that their sums stay in
   // registers while the row adds to them (added in memory, each entry waited for the last one's
   // store; the same additions, in the same order). Entries inside a node go through add().
-  auto add_row = [&](const int* group, std::size_t n, std::size_t p, const auto* row, const auto& value, auto transposed) {
+  auto add_row = [&](const int* group, std::size_t p, const auto* row, std::size_t first, std::size_t count, const auto& value,
+                     auto transposed) {
     // Everything the loop reads or adds to in locals of its own: measure()'s, reached through
     // this lambda's captures, could be written by any store to a double.
     const int *node_of = node, *local_of = local;
@@ -344,9 +345,16 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
     double fixed_sum = transposed ? ins[fixed] : outs[fixed];
     std::size_t cell = SIZE_MAX;  // the node pair whose sum is `pair`
     double pair = 0;
-    for (std::size_t q = 0; q < n; ++q) {
-      const int src = transposed ? group[q] : fixed, dst = transposed ? fixed : group[q];
-      const double sent = value(row[q]), one = sent > 0;  // an empty entry is no message
+    bool was_empty = false;  // the pair's sum when the cell moved there was 0
+    auto leave = [&] {
+      pair_sums[cell] = pair;
+      if (was_empty && pair > 0) touch[touch_count++] = std::uint32_t(cell);  // made non-zero: touched
+      if (farthest < 4 && pair > 0) farthest = std::max(farthest, fabric_hops(int(cell / N), int(cell % N)));
+    };
+    const int* others = group + first;
+    for (std::size_t k = 0; k < count; ++k) {
+      const int src = transposed ? others[k] : fixed, dst = transposed ? fixed : others[k];
+      const double sent = value(row[k]), one = sent > 0;  // an empty entry is no message
       const int a = node_of[src], b = node_of[dst];
       if (a == b) [[unlikely]] {
         add(src, dst, sent, one);
@@ -359,32 +367,24 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
       fixed_sum += bytes;
       (transposed ? outs[src] : ins[dst]) += bytes;
       if (const std::size_t k = std::size_t(a) * N + std::size_t(b); k != cell) {
-        if (cell != SIZE_MAX) {
-          pair_sums[cell] = pair;
-          if (farthest < 4 && pair > 0) farthest = std::max(farthest, fabric_hops(int(cell / N), int(cell % N)));
-        }
-        cell = k, pair = pair_sums[k];
+        if (cell != SIZE_MAX) leave();
+        cell = k, pair = pair_sums[k], was_empty = pair == 0;
       }
-      touch[touch_count] = std::uint32_t(cell);  // kept if it is the first
-      touch_count += pair == 0 && bytes > 0;
       pair += bytes;
       loaded |= bytes > 0;
     }
-    if (cell != SIZE_MAX) {
-      pair_sums[cell] = pair;
-      if (farthest < 4 && pair > 0) farthest = std::max(farthest, fabric_hops(int(cell / N), int(cell % N)));
-    }
+    if (cell != SIZE_MAX) leave();
     (transposed ? ins[fixed] : outs[fixed]) = fixed_sum;
     touches = touch_count, crosses |= crossed, any_inter |= loaded, nic_latency = latency, hops = farthest;
   };
-  if (const Collective* c = step.all_pairs; c && !pxn && !c->bytes.is_group_step()) {
+  if (const Collective* c = step.all_pairs; c && !pxn) {
     const int* group = c->group.data();
-    const std::size_t n = c->group.size();
-    c->bytes.for_each_stored_row(n, [&](std::size_t p, const auto* row, const auto& value) {
+    c->bytes.for_each_stored_row(c->group.size(), [&](std::size_t p, const auto* row, std::size_t first, std::size_t count,
+                                                      const auto& value) {
       if (c->bytes.is_transposed())
-        add_row(group, n, p, row, value, std::true_type{});
+        add_row(group, p, row, first, count, value, std::true_type{});
       else
-        add_row(group, n, p, row, value, std::false_type{});
+        add_row(group, p, row, first, count, value, std::false_type{});
     });
   } else if (const Collective* c = step.all_pairs) {  // the matrix read once, in its storage order
     const int* group = c->group.data();
