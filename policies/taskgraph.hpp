@@ -130,13 +130,19 @@ class CollectiveBytes {
     else
       walk(n, values_->data(), f);
   }
-  /// The rows of the n × n matrix as stored: f(p, row, first, count, value) for each p, `row` the
-  /// `count` values it stores, of columns first, first + 1, ... (all n from 0, or a group step's
-  /// `group`), and value(row[k]) one's bytes; stored row p holds entries (p, first + k), or
-  /// (first + k, p) when is_transposed(). For loops that keep a row's sums in registers (the
-  /// simulator's measure()); for_each() visits the same entries in the same order.
+  /// The rows of the n × n matrix as stored, in one call: f(row_of, value), where row_of(p) is
+  /// {values, first, count}: the `count` values stored row p holds, of columns first, first + 1,
+  /// ... (all n from 0, or a group step's `group`), and value(values[k]) one's bytes. Stored row p
+  /// holds entries (p, first + k), or (first + k, p) when is_transposed(). For loops that keep
+  /// their sums in registers across a row (the simulator's measure()); for_each() visits the same
+  /// entries in the same order.
+  template <class T>
+  struct StoredRow {
+    const T* values;
+    std::size_t first, count;
+  };
   template <class F>
-  [[gnu::always_inline]] void for_each_stored_row(std::size_t n, const F& f) const {
+  [[gnu::always_inline]] void with_stored_rows(std::size_t n, const F& f) const {
     auto rows = [&](const auto* v) __attribute__((always_inline)) {
       using T = std::remove_cvref_t<decltype(*v)>;
       const double scale = scale_, unit = unit_;
@@ -145,9 +151,11 @@ class CollectiveBytes {
         else return scale * (double(x) * unit);
       };
       if (group_)
-        for (std::size_t p = 0; p < n; ++p) f(p, v + p * group_, to_group(p / group_) * group_, group_, value);
+        f([v, this](std::size_t p) __attribute__((always_inline)) {
+            return StoredRow<T>{v + p * group_, to_group(p / group_) * group_, group_};
+          }, value);
       else
-        for (std::size_t p = 0; p < n; ++p) f(p, v + p * n, std::size_t(0), n, value);
+        f([v, n](std::size_t p) __attribute__((always_inline)) { return StoredRow<T>{v + p * n, 0, n}; }, value);
     };
     if (counts_)
       counts_->visit(rows);

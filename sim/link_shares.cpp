@@ -328,8 +328,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   // transposed, their destination), and node by node their node pair, so that their sums stay in
   // registers while the row adds to them (added in memory, each entry waited for the last one's
   // store; the same additions, in the same order). Entries inside a node go through add().
-  auto add_row = [&](const int* group, std::size_t p, const auto* row, std::size_t first, std::size_t count, const auto& value,
-                     auto transposed) {
+  auto add_rows = [&](const int* group, std::size_t n, const auto& row_of, const auto& value, auto transposed) {
     // Everything the loop reads or adds to in locals of its own: measure()'s, reached through
     // this lambda's captures, could be written by any store to a double.
     const int *node_of = node, *local_of = local;
@@ -341,8 +340,6 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
     bool crossed = false, loaded = false;
     double latency = nic_latency;
     int farthest = hops;
-    const int fixed = group[p];
-    double fixed_sum = transposed ? ins[fixed] : outs[fixed];
     std::size_t cell = SIZE_MAX;  // the node pair whose sum is `pair`
     double pair = 0;
     bool was_empty = false;  // the pair's sum when the cell moved there was 0
@@ -351,40 +348,44 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
       if (was_empty && pair > 0) touch[touch_count++] = std::uint32_t(cell);  // made non-zero: touched
       if (farthest < 4 && pair > 0) farthest = std::max(farthest, fabric_hops(int(cell / N), int(cell % N)));
     };
-    const int* others = group + first;
-    for (std::size_t k = 0; k < count; ++k) {
-      const int src = transposed ? others[k] : fixed, dst = transposed ? fixed : others[k];
-      const double sent = value(row[k]), one = sent > 0;  // an empty entry is no message
-      const int a = node_of[src], b = node_of[dst];
-      if (a == b) [[unlikely]] {
-        add(src, dst, sent, one);
-        continue;
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto [row, first, count] = row_of(p);
+      const int fixed = group[p];
+      double fixed_sum = transposed ? ins[fixed] : outs[fixed];
+      const int* others = group + first;
+      for (std::size_t k = 0; k < count; ++k) {
+        const int src = transposed ? others[k] : fixed, dst = transposed ? fixed : others[k];
+        const double sent = value(row[k]), one = sent > 0;  // an empty entry is no message
+        const int a = node_of[src], b = node_of[dst];
+        if (a == b) [[unlikely]] {
+          add(src, dst, sent, one);
+          continue;
+        }
+        const std::size_t local_src = std::size_t(local_of[src]);
+        const double bytes = (sent + overhead_of[local_src] * per_message) * rounds * one;
+        crossed |= one > 0;
+        latency = std::max(latency, (0 + nic_of[local_src]) * one);
+        fixed_sum += bytes;
+        (transposed ? outs[src] : ins[dst]) += bytes;
+        if (const std::size_t at = std::size_t(a) * N + std::size_t(b); at != cell) {
+          if (cell != SIZE_MAX) leave();
+          cell = at, pair = pair_sums[at], was_empty = pair == 0;
+        }
+        pair += bytes;
+        loaded |= bytes > 0;
       }
-      const std::size_t local_src = std::size_t(local_of[src]);
-      const double bytes = (sent + overhead_of[local_src] * per_message) * rounds * one;
-      crossed |= one > 0;
-      latency = std::max(latency, (0 + nic_of[local_src]) * one);
-      fixed_sum += bytes;
-      (transposed ? outs[src] : ins[dst]) += bytes;
-      if (const std::size_t k = std::size_t(a) * N + std::size_t(b); k != cell) {
-        if (cell != SIZE_MAX) leave();
-        cell = k, pair = pair_sums[k], was_empty = pair == 0;
-      }
-      pair += bytes;
-      loaded |= bytes > 0;
+      (transposed ? ins[fixed] : outs[fixed]) = fixed_sum;
     }
     if (cell != SIZE_MAX) leave();
-    (transposed ? ins[fixed] : outs[fixed]) = fixed_sum;
     touches = touch_count, crosses |= crossed, any_inter |= loaded, nic_latency = latency, hops = farthest;
   };
   if (const Collective* c = step.all_pairs; c && !pxn) {
     const int* group = c->group.data();
-    c->bytes.for_each_stored_row(c->group.size(), [&](std::size_t p, const auto* row, std::size_t first, std::size_t count,
-                                                      const auto& value) {
+    c->bytes.with_stored_rows(c->group.size(), [&](const auto& row_of, const auto& value) {
       if (c->bytes.is_transposed())
-        add_row(group, p, row, first, count, value, std::true_type{});
+        add_rows(group, c->group.size(), row_of, value, std::true_type{});
       else
-        add_row(group, p, row, first, count, value, std::false_type{});
+        add_rows(group, c->group.size(), row_of, value, std::false_type{});
     });
   } else if (const Collective* c = step.all_pairs) {  // the matrix read once, in its storage order
     const int* group = c->group.data();
