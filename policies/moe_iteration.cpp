@@ -91,11 +91,17 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
         target_[l][k] = sharded ? e * (G / E) : owner(int(l), e);
       }
     }
-    if (by_pair)
+    sole_target_.emplace_back();
+    if (by_pair) {
+      auto& sole = sole_target_.back();
+      for (int e = 0; e < E; ++e) sole.push_back(owner(int(l), e));
       for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
         const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert));
         for (int s = 0; s < G; ++s) target_[l][std::size_t(s) * E + rep.expert] = t[std::size_t(s)];
+        if (std::any_of(t.begin(), t.end(), [&](int x) { return x != t.front(); })) sole[std::size_t(rep.expert)] = -1;
+        else sole[std::size_t(rep.expert)] = t.empty() ? -1 : t.front();
       }
+    }
     // The experts each GPU computes this layer (its own, and copies some source sends it), so
     // that building a GPU's expert op costs its experts × sources, not all experts × sources.
     computes_.emplace_back(G);
@@ -408,6 +414,12 @@ int LayerOps::target(int l, int s, int e) const {
   return t.size() == std::size_t(experts_) ? t[std::size_t(e)] : t[std::size_t(s) * experts_ + e];
 }
 
+int LayerOps::sole_target(int l, int e) const {
+  if (placement_.kind == ExpertPlacement::data_parallel) return gpus_ == 1 ? 0 : -1;
+  const auto& t = target_[std::size_t(l)];
+  return t.size() == std::size_t(experts_) ? t[std::size_t(e)] : sole_target_[std::size_t(l)][std::size_t(e)];
+}
+
 // FastMoE's prepare_forward (laekov/fastmoe fmoe/functions.py): each GPU sends every other its
 // per-expert counts (expert_exchange: an all-to-all of E/G int64 counts per peer), then reads them
 // on the host (.item(), .cpu()) to size the dispatch: a host sync, after which the GPU waits for the
@@ -572,8 +584,8 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
         t = long(total);
       else if (local)  // its own tokens only (a shadowed expert's copy: the smart schedule's C_0)
         t = from <= r && r < to ? long(R.at(r, e)) : 0;
-      else if (target_[std::size_t(l)].size() == std::size_t(experts_))  // every source's to one GPU
-        t = target(l, 0, e) == r ? column_sum(l, from, to, e) : 0;
+      else if (const int sole = sole_target(l, e); sole >= 0)  // every source's to one GPU
+        t = sole == r ? column_sum(l, from, to, e) : 0;
       else
         for (int s = from; s < to; ++s)
           if (target(l, s, e) == r) t += long(R.at(s, e));
