@@ -43,7 +43,7 @@ int run(RunOptions o) {
   fmt::print("{}", summary_table(ex, result));
   fmt::print("\n  wrote {0}/summary.json and {0}/timeline.json (open the timeline in https://ui.perfetto.dev)\n", o.out);
   if (const int stride = timeline_stride(result); stride > 1)
-    fmt::print("  the timeline shows every {}th GPU: all of them would be more than {} events\n", stride, kMaxTimelineEvents);
+    fmt::print("  the timeline shows {}: all of them would be more than {} events\n", every_nth_gpu(stride), kMaxTimelineEvents);
   if (!demo) return 0;
   // The demo also draws: the speedup of every policy and the routing's expert-load heatmap.
   if (gnuplot_path().empty()) {

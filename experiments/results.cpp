@@ -227,6 +227,12 @@ int timeline_stride(const ExperimentResult& result, std::size_t max_events) {
   return int(std::max<std::size_t>(1, (events + max_events - 1) / max_events));
 }
 
+std::string every_nth_gpu(int stride) {
+  const int last = stride % 10, tens = stride % 100 / 10;
+  const char* suffix = tens == 1 || last == 0 || last > 3 ? "th" : last == 1 ? "st" : last == 2 ? "nd" : "rd";
+  return fmt::format("every {}{} GPU", stride, suffix);
+}
+
 void write_timeline(std::ostream& out, const ExperimentResult& result, std::size_t max_events) {
   // Streamed event by event: a DOM of every event of every variant would take about 2 KB per
   // event (a gigabyte for the demo's twelve 64-GPU variants).
@@ -239,7 +245,7 @@ void write_timeline(std::ostream& out, const ExperimentResult& result, std::size
   };
   out << "{\"displayTimeUnit\": \"ms\", ";
   if (stride > 1)
-    out << fmt::format("\"otherData\": {{\"gpus\": \"every {}th GPU (the timeline keeps under {} events)\"}}, ", stride, max_events);
+    out << fmt::format("\"otherData\": {{\"gpus\": \"{} (the timeline keeps under {} events)\"}}, ", every_nth_gpu(stride), max_events);
   out << "\"traceEvents\": [";
   for (std::size_t v = 0; v < result.runs.size(); ++v) {
     const auto& r = result.runs[v];

@@ -23,6 +23,8 @@ inline constexpr std::size_t kMaxTimelineEvents = 2'000'000;
 /// micro-batches has 24 million, 6 GB of JSON that no viewer opens) the smallest stride that keeps
 /// the timeline under it: only GPUs 0, stride, 2·stride, ... are written.
 int timeline_stride(const ExperimentResult& r, std::size_t max_events = kMaxTimelineEvents);
+/// "every 2nd GPU", "every 3rd GPU", "every 11th GPU": which GPUs a timeline of that stride shows.
+std::string every_nth_gpu(int stride);
 /// Chrome trace of the first iterations of every run (variants one after another in pid blocks),
 /// every timeline_stride()-th GPU of each.
 void write_timeline(std::ostream& out, const ExperimentResult& r, std::size_t max_events = kMaxTimelineEvents);

@@ -208,6 +208,12 @@ TEST_CASE("a timeline over its event limit shows every stride-th GPU, and says s
   write_timeline(out, r, limit);
   const auto trace = nlohmann::json::parse(out.str());
   CHECK(trace.at("otherData").at("gpus") == fmt::format("every 4th GPU (the timeline keeps under {} events)", limit));
+  CHECK(every_nth_gpu(2) == "every 2nd GPU");
+  CHECK(every_nth_gpu(3) == "every 3rd GPU");
+  CHECK(every_nth_gpu(11) == "every 11th GPU");
+  CHECK(every_nth_gpu(12) == "every 12th GPU");
+  CHECK(every_nth_gpu(21) == "every 21st GPU");
+  CHECK(every_nth_gpu(112) == "every 112th GPU");
   const auto processes = timeline_processes(trace, "timeline.json");
   CHECK(processes.size() == 4u);  // GPUs 0, 4, 8, 12
   for (const auto& [pid, who] : processes) CHECK(who.second % 4 == 0);

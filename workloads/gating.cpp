@@ -405,7 +405,7 @@ static GatingCheck validate_source(const spec::GatingSpec& g, const MoeModel& mo
                                  available, iterations));
   GatingCheck check{"trace",
                     fmt::format("trace {}: iterations {}-{}{} of its {}-layer, {}-expert records{}", t.path(), first, last,
-                                stride > 1 ? fmt::format(" (every {}th)", stride) : "", h.layers(), h.experts(),
+                                stride > 1 ? fmt::format(" (one in {})", stride) : "", h.layers(), h.experts(),
                                 splits && E != model.experts()
                                     ? fmt::format(", each expert split over {}{}", model.experts() / E,
                                                   model.top_k() != k ? fmt::format(", top-{} as top-{}", k, model.top_k()) : "")
