@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <set>
+#include <tuple>
 
 #include "helpers.hpp"
 #include "policy.hpp"
@@ -203,6 +204,35 @@ TEST_CASE("a group step of a byte matrix keeps the entries from each group to th
   CHECK_THROWS(whole.group_step(2, 3));            // only 3 steps
   CHECK_THROWS(whole.transposed().group_step(2, 0));
   CHECK_THROWS(whole.group_step(2, 1).group_step(2, 1));
+}
+
+TEST_CASE("with_stored_rows visits what for_each visits, in the same order, for every kind of view and width") {
+  // 6 ranks in groups of 2; counts (i, j) = 6i + j, some above 16 bits in the wide copy.
+  const std::size_t n = 6;
+  std::vector<std::int32_t> wide(n * n);
+  std::vector<std::uint16_t> narrow(n * n);
+  for (std::size_t k = 0; k < n * n; ++k) wide[k] = std::int32_t(k) * 3001, narrow[k] = std::uint16_t(k);
+  const CollectiveBytes sources[] = {CollectiveBytes(CountVector(wide), 2048.0), CollectiveBytes(CountVector(narrow), 2048.0),
+                                     CollectiveBytes(std::vector<double>(wide.begin(), wide.end()))};
+  for (const auto& m : sources) {
+    const CollectiveBytes views[] = {m, m.transposed(), m.scaled(0.25).transposed(), m.group_step(2, 1),
+                                     m.group_step(2, 2).transposed(), m.group_step(2, 0).scaled(3)};
+    for (const auto& v : views) {
+      std::vector<std::tuple<std::size_t, std::size_t, double>> walked, rowed;
+      v.for_each(n, [&](std::size_t i, std::size_t j, double b) { return walked.emplace_back(i, j, b), true; });
+      v.with_stored_rows(n, [&](const auto& row_of, const auto& value) {
+        for (std::size_t p = 0; p < n; ++p) {
+          const auto [values, first, count] = row_of(p);
+          for (std::size_t k = 0; k < count; ++k) {
+            const std::size_t q = first + k;
+            rowed.emplace_back(v.is_transposed() ? q : p, v.is_transposed() ? p : q, value(values[k]));
+          }
+        }
+      });
+      CHECK(rowed == walked);  // the same entries, bytes to the last bit, in the same order
+      CHECK(rowed.size() == (v.is_group_step() ? n * 2 : n * n));
+    }
+  }
 }
 
 TEST_CASE("every op of every policy has a known name, and docs/timeline.md explains each name") {
