@@ -98,8 +98,8 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
       for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
         const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert));
         for (int s = 0; s < G; ++s) target_[l][std::size_t(s) * E + rep.expert] = t[std::size_t(s)];
-        if (std::any_of(t.begin(), t.end(), [&](int x) { return x != t.front(); })) sole[std::size_t(rep.expert)] = -1;
-        else sole[std::size_t(rep.expert)] = t.empty() ? -1 : t.front();
+        const bool one_gpu = std::all_of(t.begin(), t.end(), [&](int x) { return x == t.front(); });
+        sole[std::size_t(rep.expert)] = one_gpu ? t.front() : -1;
       }
     }
     // The experts each GPU computes this layer (its own, and copies some source sends it), so

@@ -125,10 +125,7 @@ class CollectiveBytes {
   /// fast way through a big matrix), until f returns false.
   template <class F>
   [[gnu::always_inline]] void for_each(std::size_t n, const F& f) const {  // inlined, so that f's state stays in registers
-    if (counts_)
-      counts_->visit([&](const auto* counts) __attribute__((always_inline)) { walk(n, counts, f); });
-    else
-      walk(n, values_->data(), f);
+    visit_stored([&](const auto* v) __attribute__((always_inline)) { walk(n, v, f); });
   }
   /// The rows of the n × n matrix as stored, in one call: f(row_of, value), where row_of(p) is
   /// {values, first, count}: the `count` values stored row p holds, of columns first, first + 1,
@@ -143,24 +140,16 @@ class CollectiveBytes {
   };
   template <class F>
   [[gnu::always_inline]] void with_stored_rows(std::size_t n, const F& f) const {
-    auto rows = [&](const auto* v) __attribute__((always_inline)) {
+    visit_stored([&](const auto* v) __attribute__((always_inline)) {
       using T = std::remove_cvref_t<decltype(*v)>;
-      const double scale = scale_, unit = unit_;
-      auto value = [scale, unit](T x) __attribute__((always_inline)) {  // as walk()'s, to the last bit
-        if constexpr (std::is_same_v<T, double>) return scale * x;
-        else return scale * (double(x) * unit);
-      };
+      const auto value = value_of<T>();
       if (group_)
         f([v, this](std::size_t p) __attribute__((always_inline)) {
             return StoredRow<T>{v + p * group_, to_group(p / group_) * group_, group_};
           }, value);
       else
         f([v, n](std::size_t p) __attribute__((always_inline)) { return StoredRow<T>{v + p * n, 0, n}; }, value);
-    };
-    if (counts_)
-      counts_->visit(rows);
-    else
-      rows(values_->data());
+    });
   }
   bool is_transposed() const { return transposed_; }
   double total() const;
@@ -180,13 +169,25 @@ class CollectiveBytes {
     return (a + m - step_) % m;
   }
   bool kept(std::size_t p, std::size_t q) const { return q / group_ == to_group(p / group_); }
-  template <class T, class F>
-  [[gnu::always_inline]] void walk(std::size_t n, const T* v, const F& f) const {
-    const double scale = scale_, unit = unit_;
-    auto value = [&](T x) {  // scale · stored(k), to the last bit
+  // f(the stored values' data) for whichever storage this matrix has (counts of either width, or doubles).
+  template <class F>
+  [[gnu::always_inline]] void visit_stored(const F& f) const {
+    if (counts_)
+      counts_->visit(f);
+    else
+      f(values_->data());
+  }
+  // A stored value's bytes: scale · stored(k), to the last bit (walk() and with_stored_rows()).
+  template <class T>
+  auto value_of() const {
+    return [scale = scale_, unit = unit_](T x) __attribute__((always_inline)) {
       if constexpr (std::is_same_v<T, double>) return scale * x;
       else return scale * (double(x) * unit);
     };
+  }
+  template <class T, class F>
+  [[gnu::always_inline]] void walk(std::size_t n, const T* v, const F& f) const {
+    const auto value = value_of<T>();
     if (group_) {  // row p: its `group` entries, the columns of the group its group sends to
       for (std::size_t p = 0; p < n; ++p, v += group_)
         for (std::size_t k = 0, q = to_group(p / group_) * group_; k < group_; ++k, ++q)

@@ -364,7 +364,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
         const std::size_t local_src = std::size_t(local_of[src]);
         const double bytes = (sent + overhead_of[local_src] * per_message) * rounds * one;
         crossed |= one > 0;
-        latency = std::max(latency, (0 + nic_of[local_src]) * one);
+        latency = std::max(latency, nic_of[local_src] * one);
         fixed_sum += bytes;
         (transposed ? outs[src] : ins[dst]) += bytes;
         if (const std::size_t at = std::size_t(a) * N + std::size_t(b); at != cell) {

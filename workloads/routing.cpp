@@ -231,6 +231,22 @@ int draw_excluding(const std::vector<double>& popularity, const Allowed& allowed
 // popularity alone (docs/model.md).
 // `on_token(chosen)`, after each token, is given its experts (TokenSpread's counting; a no-op
 // otherwise, inlined away).
+// A token's draw that chose an expert not `allowed` (one it already has, or outside its groups):
+// drawn again, up to kRedraws draws in all, then exactly from the allowed experts. Out of line and
+// given the generator by value (returned with the expert), so that the samplers' common path keeps
+// it in registers.
+struct Redrawn {
+  int expert;
+  Rng rng;
+};
+template <class Allowed>
+[[gnu::noinline]] Redrawn redraw(const AliasTable& table, const std::vector<double>& popularity, const Allowed& allowed, Rng rng) {
+  for (int tries = 1; tries < kRedraws; ++tries)
+    if (const int x = int(table.draw(rng)); allowed(x)) return {x, rng};
+  const int e = draw_excluding(popularity, allowed, rng);
+  return {e, rng};
+}
+
 template <class Row, class OnToken>
 void count_tokens_with(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
                        const GroupLimit& limit, Rng& rng, Row& row, const OnToken& on_token) {
@@ -244,10 +260,11 @@ void count_tokens_with(const AliasTable& table, const std::vector<double>& popul
         return !limit.on() || int(groups.size()) < limit.per_token ||
                std::find(groups.begin(), groups.end(), x / size) != groups.end();
       };
-      int e = -1;
-      for (int tries = 0; tries < kRedraws && e < 0; ++tries)
-        if (const int x = int(table.draw(rng)); allowed(x)) e = x;
-      if (e < 0) e = draw_excluding(popularity, allowed, rng);
+      int e = int(table.draw(rng));
+      if (!allowed(e)) {
+        const Redrawn r = redraw(table, popularity, allowed, rng);
+        e = r.expert, rng = r.rng;
+      }
       chosen[std::size_t(j)] = e;
       if (limit.on() && std::find(groups.begin(), groups.end(), e / size) == groups.end()) groups.push_back(e / size);
       ++row[std::size_t(e)];
@@ -259,22 +276,6 @@ void count_tokens_with(const AliasTable& table, const std::vector<double>& popul
 struct NoTokenHook {
   void operator()(const std::vector<int>&) const {}
 };
-
-// A token's draw j that chose an expert it already has: drawn again, as count_tokens_with() does.
-// Out of line and given the generator by value (returned with the expert), so that the common
-// path keeps it in registers.
-struct Redrawn {
-  int expert;
-  Rng rng;
-};
-[[gnu::noinline]] Redrawn redraw(const AliasTable& table, const std::vector<double>& popularity, const int* chosen, int j,
-                                 Rng rng) {
-  auto allowed = [&](int x) { return std::find(chosen, chosen + j, x) == chosen + j; };
-  for (int tries = 1; tries < kRedraws; ++tries)
-    if (const int x = int(table.draw(rng)); allowed(x)) return {x, rng};
-  const int e = draw_excluding(popularity, allowed, rng);
-  return {e, rng};
-}
 
 // count_tokens_with() without a group limit: the same draws (a test compares them where a limit
 // never binds), in a loop that keeps the generator in registers, 22% faster a draw (EP's routing
@@ -290,7 +291,7 @@ void count_tokens_unlimited(const AliasTable& table, const std::vector<double>& 
     for (int j = 0; j < top_k; ++j) {
       int e = int(table.template draw<kPow2>(rng));
       if (std::find(first, first + j, e) != first + j) [[unlikely]] {
-        const Redrawn r = redraw(table, popularity, first, j, rng);
+        const Redrawn r = redraw(table, popularity, [&](int x) { return std::find(first, first + j, x) == first + j; }, rng);
         e = r.expert, rng = r.rng;
       }
       first[j] = e;
