@@ -106,31 +106,46 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
     // that building a GPU's expert op costs its experts × sources, not all experts × sources.
     computes_.emplace_back(G);
     const auto& R = plans[l].routing;
-    if (!zero && target_[l].size() == std::size_t(E)) {  // one GPU per expert: its whole load
-      std::vector<std::int64_t> load(std::size_t(E), 0);
-      for (int s = 0; s < G; ++s)
-        for (int e = 0; e < E; ++e) load[std::size_t(e)] += R.at(s, e);
-      for (int e = 0; e < E; ++e)
-        if (load[std::size_t(e)] > 0) computes_[l][std::size_t(target_[l][std::size_t(e)])].push_back({e, load[std::size_t(e)]});
-    } else if (zero) {  // every GPU its own tokens: row s as it is, in expert order
+    auto& on_gpu = computes_[l];
+    if (zero) {  // every GPU its own tokens: row s as it is, in expert order
       for (int s = 0; s < G; ++s)
         for (int e = 0; e < E; ++e)
-          if (const std::int64_t x = R.at(s, e); x != 0) computes_[l][std::size_t(s)].push_back({e, x});
-    } else {
-      std::vector<std::int32_t> at(std::size_t(G) * E, -1);  // (GPU, expert) -> its place in computes_
-      for (int s = 0; s < G; ++s)
-        for (int e = 0; e < E; ++e) {
-          const std::int64_t x = R.at(s, e);
-          if (x == 0) continue;
-          const int t = target(int(l), s, e);
-          auto& k = at[std::size_t(t) * E + e];
-          if (k < 0) k = std::int32_t(computes_[l][std::size_t(t)].size()), computes_[l][std::size_t(t)].push_back({e, 0, true});
-          auto& load = computes_[l][std::size_t(t)][std::size_t(k)];
-          load.tokens += x;
-          load.local = load.local && s == t;
-        }
-      for (auto& list : computes_[l]) std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.expert < b.expert; });
+          if (const std::int64_t x = R.at(s, e); x != 0) on_gpu[std::size_t(s)].push_back({e, x});
+      continue;
     }
+    // An expert whose every source's tokens go to one GPU: its column's sum there, all the GPU's
+    // own tokens when no other source sends any. Summed row by row, as the counts are stored.
+    const std::vector<int>& sole = by_pair ? sole_target_[l] : target_[l];
+    std::vector<std::int64_t> load(std::size_t(E), 0);
+    std::vector<std::uint8_t> others(std::size_t(E), 0);  // a source other than that GPU sends some
+    R.counts().visit([&](const auto* row) {
+      for (int s = 0; s < G; ++s, row += E)
+        for (int e = 0; e < E; ++e) {
+          load[std::size_t(e)] += row[e];
+          others[std::size_t(e)] |= std::uint8_t((row[e] != 0) & (s != sole[std::size_t(e)]));
+        }
+    });
+    for (int e = 0; e < E; ++e)
+      if (const int t = sole[std::size_t(e)]; t >= 0 && load[std::size_t(e)] > 0)
+        on_gpu[std::size_t(t)].push_back({e, load[std::size_t(e)], by_pair && !others[std::size_t(e)]});
+    // An expert whose copies take some sources' tokens: each GPU's share, down its column.
+    std::vector<std::int32_t> at(std::size_t(G), -1);  // GPU -> the expert's place in its list
+    for (int e = 0; e < E; ++e) {
+      if (sole[std::size_t(e)] >= 0) continue;
+      std::fill(at.begin(), at.end(), -1);
+      for (int s = 0; s < G; ++s) {
+        const std::int64_t x = R.at(s, e);
+        if (x == 0) continue;
+        const int t = target(int(l), s, e);
+        auto& k = at[std::size_t(t)];
+        if (k < 0) k = std::int32_t(on_gpu[std::size_t(t)].size()), on_gpu[std::size_t(t)].push_back({e, 0, true});
+        auto& share = on_gpu[std::size_t(t)][std::size_t(k)];
+        share.tokens += x;
+        share.local = share.local && s == t;
+      }
+    }
+    if (by_pair)
+      for (auto& list : on_gpu) std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.expert < b.expert; });
   }
   account_iteration(in, plan, computes_);
   trans_sent_.assign(plans.size(), 0);
@@ -573,7 +588,7 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
   Computes c;
   c.ranks = everyone_;
   c.work_of.reserve(std::size_t(G));
-  auto& [works, work_of_tokens] = expert_works_[int(pass)];
+  auto& [works, work_of_tokens, work_of_count] = expert_works_[int(pass)];
   std::vector<long> tokens;
   for (int r = 0; r < G; ++r) {
     const auto [from, to] = sources[std::size_t(r)];
@@ -593,13 +608,15 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
       if (r != owner(l, e)) return per_gpu();  // a copy's
       tokens.push_back(t);
     }
-    const auto [it, fresh] = work_of_tokens.try_emplace(tokens, std::uint32_t(works->size()));
-    if (fresh) {
+    const auto next = std::uint32_t(works->size());
+    const std::uint32_t work = tokens.size() == 1 ? work_of_count.try_emplace(tokens[0], next).first->second
+                                                  : work_of_tokens.try_emplace(tokens, next).first->second;
+    if (work == next) {  // a new one
       std::vector<OpId> none;
       std::vector<int> copies;
       works->push_back(expert_work(l, r, from, to, pass, none, copies, 0, 1));
     }
-    c.work_of.push_back(it->second);
+    c.work_of.push_back(work);
   }
   c.works = works;
   return {graph_.add_computes(label, std::move(c), deps)};
@@ -620,9 +637,14 @@ long LayerOps::column_sum(int l, int from, int to, int e) {
   auto& [size, sums] = block_sums_[std::size_t(l)];
   if (size != b) {
     size = b;
-    sums.assign(std::size_t(gpus_ / b) * std::size_t(experts_), 0);
-    for (int s = 0; s < gpus_; ++s)
-      for (int x = 0; x < experts_; ++x) sums[std::size_t(s / b) * std::size_t(experts_) + std::size_t(x)] += long(R.at(s, x));
+    const std::size_t E = std::size_t(experts_);
+    sums.assign(std::size_t(gpus_ / b) * E, 0);
+    R.counts().visit([&](const auto* row) {
+      for (int s = 0; s < gpus_; ++s, row += E) {
+        long* block = sums.data() + std::size_t(s / b) * E;
+        for (std::size_t x = 0; x < E; ++x) block[x] += long(row[x]);
+      }
+    });
   }
   return sums[std::size_t(from / b) * std::size_t(experts_) + std::size_t(e)];
 }
@@ -659,11 +681,24 @@ Collective LayerOps::exchange(int l, bool transpose, int step, int group_size) {
       network_[{l, true}] = network_[{l, false}].transposed();
     } else if (expert_e_on_gpu_e) {  // the routing's own counts (shared, not copied) × bytes per token
       there = CollectiveBytes(R.shared_counts(), token_bytes_);
-    } else if (!sharded) {  // whole token-slots, counted by target GPU
-      std::vector<std::int32_t> counts(std::size_t(G) * G, 0);  // each at most a GPU's tokens × k
-      for (int s = 0; s < G; ++s)
-        for (int e = 0; e < E; ++e) counts[std::size_t(s) * G + target(l, s, e)] += R.at(s, e);
-      there = CollectiveBytes(std::move(counts), token_bytes_);
+    } else if (!sharded) {  // whole token-slots, counted by target GPU: at most a source's row sum,
+                            // so in 16 bits where every row's sum fits (CountVector)
+      std::vector<int> sole(std::size_t(E), -1);
+      for (int e = 0; e < E; ++e) sole[std::size_t(e)] = sole_target(l, e);
+      auto count = [&]<class T>(std::vector<T> counts) {
+        R.counts().visit([&](const auto* row) {
+          for (int s = 0; s < G; ++s, row += E) {
+            T* to = counts.data() + std::size_t(s) * G;
+            for (int e = 0; e < E; ++e) to[sole[std::size_t(e)] >= 0 ? sole[std::size_t(e)] : target(l, s, e)] += T(row[e]);
+          }
+        });
+        return std::make_shared<const CountVector>(std::move(counts));
+      };
+      std::int64_t widest = 0;
+      for (int s = 0; s < G; ++s) widest = std::max(widest, R.row_sum(s));
+      const std::size_t cells = std::size_t(G) * G;
+      there = CollectiveBytes(widest <= 65535 ? count(std::vector<std::uint16_t>(cells, 0)) : count(std::vector<std::int32_t>(cells, 0)),
+                              token_bytes_);
     } else {  // shares of token-slots
       auto tokens = exchanged(l);
       for (auto& x : tokens) x *= token_bytes_;

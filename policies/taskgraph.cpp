@@ -341,7 +341,7 @@ TaskGraph::Waits TaskGraph::waits() const {
     } else {
       for (int r : op.ranks()) {
         Node& slot = last[std::size_t(r) * kNumStreams + int(op.stream)];
-        if (slot != kNoNode) p.push_back(slot);
+        if (slot != kNoNode && (p.empty() || p.back() != slot)) p.push_back(slot);  // a run of one op's ranks: once
         slot = op.id;
       }
     }

@@ -130,7 +130,9 @@ class LayerOps {
   // experts' token counts in order, the only input of expert_work() in that case.
   struct WorkTable {
     std::shared_ptr<std::vector<Compute>> works = std::make_shared<std::vector<Compute>>();
-    std::unordered_map<std::vector<long>, std::uint32_t, boost::hash<std::vector<long>>> index;  // 3 million look-ups an iteration
+    std::unordered_map<std::vector<long>, std::uint32_t, boost::hash<std::vector<long>>> index;
+    std::unordered_map<long, std::uint32_t> single;  // the works of one expert, by its count: most of
+                                                     // the smart schedule's 3 million look-ups an iteration
   };
   WorkTable expert_works_[2];
   std::vector<std::pair<int, std::vector<long>>> block_sums_;  // per layer: column_sum()'s block size and sums
