@@ -126,6 +126,23 @@ TEST_CASE("moesim calibrate writes a GPU profile the simulator takes, reproducin
   CHECK(!fs::exists(dir + "/bad"));
 }
 
+TEST_CASE("the CUDA libraries are loaded on first use only, not by a simulation") {
+  // The loader's own account (LD_DEBUG=libs: each library it opens, as "calling init: PATH"): a
+  // command that simulates opens no CUDA library; --version, which reports the CUDA backend, loads
+  // the module where this build has one.
+  std::string out;
+  REQUIRE(test::run_command("LD_DEBUG=libs " + kBin + " run " + kSpec + kTiny + " --out " + test::temp_dir("no-cuda"), out) == 0);
+  CHECK_THAT(out, Contains("calling init:") && Contains("libmoesim_proto.so"));  // the account is there
+  CHECK_THAT(out, !Contains("libcublas") && !Contains("libnccl") && !Contains("libcudart") && !Contains("libmoesim_cuda"));
+  REQUIRE(test::run_command("LD_DEBUG=libs " + kBin + " --version", out) == 0);
+  if (hw_backend_built()) {
+    CHECK_THAT(out, Contains("libmoesim_cuda.so"));
+    CHECK_THAT(out, Contains("hw backend: CUDA runtime") || Contains("CUDA backend not loadable"));
+  } else {
+    CHECK_THAT(out, !Contains("libmoesim_cuda") && Contains("built without CUDA"));
+  }
+}
+
 TEST_CASE("moesim run --backend hw refuses clearly where it cannot run") {
   if (visible_gpus() > 0) {
     WARN("a GPU is visible: the refusal is not what happens here (tests/gpu covers the GPU runs)");
