@@ -13,6 +13,7 @@
 #include "cost_model.hpp"
 #include "gpu.hpp"
 #include "helpers.hpp"
+#include "routing.hpp"
 #include "simgrid_backend.hpp"
 
 using namespace moesim;
@@ -101,6 +102,40 @@ TEST_CASE("a node's ring follows its fastest links; each channel enters the node
   CHECK(Cluster(one).ring_channels() == 1);
   one.mutable_node()->set_ring_channels(65);
   CHECK_THROWS_WITH(Cluster(one), Catch::Matchers::Contains("node.ring_channels"));
+}
+
+TEST_CASE("rings(): each channel's ring is the group by node from group[0]'s, then by ring position from the channel's entry") {
+  // The definition, a sort per channel, against rings() (one sort, each node's run rotated to its
+  // entry), on random groups of random sizes, rooted and not, over platforms whose rings and
+  // entries differ (DGX-1's cube-mesh order, p4d's two GPUs a NIC, DGX-A100's NIC a GPU).
+  Rng rng(7);
+  for (const char* platform : {"dgx1-v100", "p4d-a100", "dgx-a100"}) {
+    const Cluster c(test::platform(platform, 5));
+    const int G = c.num_gpus(), g = c.gpus_per_node(), N = c.nodes();
+    std::vector<int> position(std::size_t(g), 0);
+    for (int p = 0; p < g; ++p) position[std::size_t(c.ring_order()[std::size_t(p)])] = p;
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<int> group(std::size_t(G), 0);
+      std::iota(group.begin(), group.end(), 0);
+      for (int i = G - 1; i > 0; --i) std::swap(group[std::size_t(i)], group[std::size_t(rng.below(std::uint64_t(i) + 1))]);
+      group.resize(std::size_t(1 + rng.below(std::uint64_t(G))));
+      for (const bool rooted : {false, true}) {
+        const auto got = rings(group, c, rooted);
+        REQUIRE(int(got.size()) == c.ring_channels());
+        for (int ch = 0; ch < c.ring_channels(); ++ch) {
+          std::vector<std::tuple<int, int, int>> keyed;
+          for (const int r : group)
+            keyed.emplace_back((c.node_of(r) - c.node_of(group.front()) + N) % N,
+                               (position[std::size_t(c.local_of(r))] - c.channel_entry(ch) + g) % g, r);
+          std::sort(keyed.begin(), keyed.end());
+          std::vector<int> want;
+          for (const auto& k : keyed) want.push_back(std::get<2>(k));
+          if (rooted) std::rotate(want.begin(), std::find(want.begin(), want.end(), group.front()), want.end());
+          CHECK(got[std::size_t(ch)] == want);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("a broadcast rooted on the middle node of three leaves and enters each node once per channel") {

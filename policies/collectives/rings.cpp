@@ -19,19 +19,26 @@ std::vector<std::vector<int>> rings(const std::vector<int>& group, const Cluster
   std::vector<int> position(static_cast<std::size_t>(g), 0);  // of each local GPU in the node's ring
   for (int p = 0; p < g; ++p) position[std::size_t(cluster.ring_order()[std::size_t(p)])] = p;
   const int first_node = cluster.node_of(group.front());
-  std::vector<std::vector<int>> out;
-  std::vector<std::tuple<int, int, int>> keyed;  // (nodes after group[0]'s, position after the entry, rank)
+  // The members node by node from group[0]'s, inside a node by ring position: sorted once. A
+  // channel's ring enters each node at its own GPU, so inside each node it is this order rotated to
+  // the first member at or after the entry's position.
+  std::vector<std::tuple<int, int, int>> keyed;  // (nodes after group[0]'s, ring position, rank)
   keyed.reserve(group.size());
+  for (const int rank : group)
+    keyed.emplace_back((cluster.node_of(rank) - first_node + N) % N, position[std::size_t(cluster.local_of(rank))], rank);
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<std::vector<int>> out;
   for (int c = 0; c < cluster.ring_channels(); ++c) {
-    keyed.clear();
     const int entry = cluster.channel_entry(c);
-    for (const int rank : group)
-      keyed.emplace_back((cluster.node_of(rank) - first_node + N) % N,
-                         (position[std::size_t(cluster.local_of(rank))] - entry + g) % g, rank);
-    std::sort(keyed.begin(), keyed.end());
     auto& ring = out.emplace_back();
     ring.reserve(group.size());
-    for (const auto& k : keyed) ring.push_back(std::get<2>(k));
+    for (auto node = keyed.begin(); node != keyed.end();) {
+      const auto next = std::find_if(node, keyed.end(), [&](const auto& k) { return std::get<0>(k) != std::get<0>(*node); });
+      const auto from = std::find_if(node, next, [&](const auto& k) { return std::get<1>(k) >= entry; });
+      for (auto k = from; k != next; ++k) ring.push_back(std::get<2>(*k));
+      for (auto k = node; k != from; ++k) ring.push_back(std::get<2>(*k));
+      node = next;
+    }
     if (rooted) std::rotate(ring.begin(), std::find(ring.begin(), ring.end(), group.front()), ring.end());
   }
   return out;
