@@ -220,17 +220,6 @@ int draw_excluding(const std::vector<double>& popularity, const Allowed& allowed
   return best;  // u ran past the end by rounding
 }
 
-// Each token's top_k distinct experts, drawn in proportion to popularity without replacement,
-// counted into row. Without replacement: an expert this token already chose is drawn again; a
-// skewed enough popularity (the first choices hold nearly all the mass) would redraw for ever, so
-// after kRedraws the draw is exact from the experts still allowed, renormalized.
-// Group-limited: a token's draws come in the order of its affinities (the first is the likeliest
-// to be its highest); the groups of its first draws are its groups, until it has `per_token` of
-// them, after which only experts of those groups are drawn. DeepSeek-V3 chooses a token's nodes by
-// the sum of its highest affinities on each; this is our reading of it for a gate modelled by
-// popularity alone (docs/model.md).
-// `on_token(chosen)`, after each token, is given its experts (TokenSpread's counting; a no-op
-// otherwise, inlined away).
 // A token's draw that chose an expert not `allowed` (one it already has, or outside its groups):
 // drawn again, up to kRedraws draws in all, then exactly from the allowed experts. Out of line and
 // given the generator by value (returned with the expert), so that the samplers' common path keeps
@@ -247,6 +236,17 @@ template <class Allowed>
   return {e, rng};
 }
 
+// Each token's top_k distinct experts, drawn in proportion to popularity without replacement,
+// counted into row. Without replacement: an expert this token already chose is drawn again; a
+// skewed enough popularity (the first choices hold nearly all the mass) would redraw for ever, so
+// after kRedraws the draw is exact from the experts still allowed, renormalized.
+// Group-limited: a token's draws come in the order of its affinities (the first is the likeliest
+// to be its highest); the groups of its first draws are its groups, until it has `per_token` of
+// them, after which only experts of those groups are drawn. DeepSeek-V3 chooses a token's nodes by
+// the sum of its highest affinities on each; this is our reading of it for a gate modelled by
+// popularity alone (docs/model.md).
+// `on_token(chosen)`, after each token, is given its experts (TokenSpread's counting; a no-op
+// otherwise, inlined away).
 template <class Row, class OnToken>
 void count_tokens_with(const AliasTable& table, const std::vector<double>& popularity, int tokens, int top_k,
                        const GroupLimit& limit, Rng& rng, Row& row, const OnToken& on_token) {
