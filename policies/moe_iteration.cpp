@@ -91,17 +91,17 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
         target_[l][k] = sharded ? e * (G / E) : owner(int(l), e);
       }
     }
-    sole_target_.emplace_back();
-    if (by_pair) {
-      auto& sole = sole_target_.back();
-      for (int e = 0; e < E; ++e) sole.push_back(owner(int(l), e));
+    // sole_target(): by expert, the GPU every source's tokens go to (ZeRO: each GPU its own), or −1.
+    auto& sole = sole_target_.emplace_back(std::size_t(E), G == 1 ? 0 : -1);
+    if (!zero)
+      for (int e = 0; e < E; ++e) sole[std::size_t(e)] = target_[l][std::size_t(e)];  // source 0's: everyone's until a replica
+    if (by_pair)
       for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
         const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert));
         for (int s = 0; s < G; ++s) target_[l][std::size_t(s) * E + rep.expert] = t[std::size_t(s)];
         const bool one_gpu = std::all_of(t.begin(), t.end(), [&](int x) { return x == t.front(); });
         sole[std::size_t(rep.expert)] = one_gpu ? t.front() : -1;
       }
-    }
     // The experts each GPU computes this layer (its own, and copies some source sends it), so
     // that building a GPU's expert op costs its experts × sources, not all experts × sources.
     computes_.emplace_back(G);
@@ -115,7 +115,6 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
     }
     // An expert whose every source's tokens go to one GPU: its column's sum there, all the GPU's
     // own tokens when no other source sends any. Summed row by row, as the counts are stored.
-    const std::vector<int>& sole = by_pair ? sole_target_[l] : target_[l];
     std::vector<std::int64_t> load(std::size_t(E), 0);
     std::vector<std::uint8_t> others(std::size_t(E), 0);  // a source other than that GPU sends some
     R.counts().visit([&](const auto* row) {
@@ -429,12 +428,6 @@ int LayerOps::target(int l, int s, int e) const {
   return t.size() == std::size_t(experts_) ? t[std::size_t(e)] : t[std::size_t(s) * experts_ + e];
 }
 
-int LayerOps::sole_target(int l, int e) const {
-  if (placement_.kind == ExpertPlacement::data_parallel) return gpus_ == 1 ? 0 : -1;
-  const auto& t = target_[std::size_t(l)];
-  return t.size() == std::size_t(experts_) ? t[std::size_t(e)] : sole_target_[std::size_t(l)][std::size_t(e)];
-}
-
 // FastMoE's prepare_forward (laekov/fastmoe fmoe/functions.py): each GPU sends every other its
 // per-expert counts (expert_exchange: an all-to-all of E/G int64 counts per peer), then reads them
 // on the host (.item(), .cpu()) to size the dispatch: a host sync, after which the GPU waits for the
@@ -683,8 +676,7 @@ Collective LayerOps::exchange(int l, bool transpose, int step, int group_size) {
       there = CollectiveBytes(R.shared_counts(), token_bytes_);
     } else if (!sharded) {  // whole token-slots, counted by target GPU: at most a source's row sum,
                             // so in 16 bits where every row's sum fits (CountVector)
-      std::vector<int> sole(std::size_t(E), -1);
-      for (int e = 0; e < E; ++e) sole[std::size_t(e)] = sole_target(l, e);
+      const auto& sole = sole_target_[std::size_t(l)];
       auto count = [&]<class T>(std::vector<T> counts) {
         R.counts().visit([&](const auto* row) {
           for (int s = 0; s < G; ++s, row += E) {

@@ -82,7 +82,7 @@ class LayerOps {
   int target(int l, int s, int e) const;
   /// The GPU that every source's tokens for expert e go to in layer l, or −1 where a replica makes
   /// it depend on the source.
-  int sole_target(int l, int e) const;
+  int sole_target(int l, int e) const { return sole_target_[std::size_t(l)][std::size_t(e)]; }
   std::string all_reduce_algorithm(const std::vector<int>& group, double bytes) const;
   /// Tensor parallelism's sequence-parallel collective on each group of tp consecutive GPUs
   /// ("<label>.g<group>"): `tensors` tensors of the group's tokens × d_model gathered (before a
@@ -117,7 +117,7 @@ class LayerOps {
   std::shared_ptr<const CountVector> nothing_;  // join()s' G × G zeros, shared by all
   std::vector<std::vector<int>> target_;  // per layer: [source · E + expert] -> GPU, or [expert] when
                                           // no replica makes it depend on the source (target())
-  std::vector<std::vector<int>> sole_target_;  // per layer, by expert: sole_target(), where target_ is by source
+  std::vector<std::vector<int>> sole_target_;  // per layer, by expert: sole_target()
   ExpertLoads computes_;                  // per layer, per GPU: the experts it computes, in order
   std::vector<std::map<int, OpId>> bcast_;                  // per layer: expert -> its broadcast
   std::map<std::pair<int, int>, OpId> late_bcast_;          // (layer, expert) -> its calibration broadcast
