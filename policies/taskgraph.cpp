@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <stdexcept>
 #include <string_view>
@@ -189,6 +190,13 @@ CollectiveBytes CollectiveBytes::transposed() const {
   if (!group_) t.side_ = square_side("transposing");
   t.transposed_ = !transposed_;
   return t;
+}
+
+std::size_t CollectiveBytes::view_hash() const {
+  std::size_t h = std::hash<const void*>{}(counts_ ? static_cast<const void*>(counts_.get()) : values_.get());
+  for (const std::size_t x : {std::size_t(transposed_), group_, step_, std::hash<double>{}(scale_)})
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);  // boost::hash_combine's mix
+  return h;
 }
 
 CollectiveBytes CollectiveBytes::group_step(std::size_t group, std::size_t step) const {

@@ -158,6 +158,8 @@ class CollectiveBytes {
     return values_ == o.values_ && counts_ == o.counts_ && transposed_ == o.transposed_ && scale_ == o.scale_ &&
            group_ == o.group_ && step_ == o.step_;
   }
+  /// A hash of the view: equal for two that are the same_view().
+  std::size_t view_hash() const;
 
  private:
   double stored(std::size_t k) const { return counts_ ? double((*counts_)[k]) * unit_ : (*values_)[k]; }

@@ -286,7 +286,8 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   auto w = graph.waits();
   Run r;
   // Which network ops may overlap which, for timed steps (timed_steps.cpp), up to 128 MB of analysis.
-  overlaps = options.aggregate ? network_overlaps(graph, w, std::uint64_t(1) << 30) : Overlaps{};
+  overlaps.words = 0;
+  if (options.aggregate) network_overlaps(graph, w, std::uint64_t(1) << 30, overlaps);
   r.graph = &graph;
   r.parts_from = Node(n);
   r.successors.resize(n);
@@ -332,8 +333,9 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
     if (r.waiting[op.id] == 0) issue_op(op.id);
   engine->run();
   run = nullptr;
-  overlaps = {};
+  overlaps.words = 0;
   measured.clear();
+  timed_seconds.clear();
   for (auto& c : chain) c.clear();
   for (const auto& op : graph.ops()) {
     if (!r.ended[op.id])

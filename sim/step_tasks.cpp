@@ -299,8 +299,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
         }
         std::vector<sg4::ExecPtr> flows;
         if (timed && step.sends()) {  // a gate its seconds after the step starts (timed_steps.cpp)
-          double seconds = 0;
-          aggregated_tasks(bytes(), &seconds);
+          const double seconds = alone_seconds(step, bytes);
           auto gate = marker(op.rank);
           all.push_back(gate);  // started by its timer
           floors[last.get()].push_back({gate, seconds});

@@ -36,9 +36,9 @@ void transpose64(std::uint64_t a[64]) {
 // earlier Computes op, only that op's own deps count (a subset of what the part waits for), so
 // every "precedes" found is true, and so is every "cannot overlap". Kept per network op: those
 // before it and those after it.
-SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits) const {
+void SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph::Waits& w, std::uint64_t max_bits, Overlaps& o) const {
   const std::size_t N = graph.size();
-  Overlaps o;
+  o.words = 0;
   o.index.assign(N, -1);
   std::size_t M = 0;
   for (const auto& op : graph.ops())
@@ -46,7 +46,7 @@ SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& g
   const std::size_t W = (M + 63) / 64;
   // Bits a column block holds per op while the ops are swept: 64·B network ops at a time, B as
   // large as fits.
-  if (M == 0 || std::uint64_t(M) * W * 64 * 2 + std::uint64_t(N) * 64 * 2 > max_bits) return {};
+  if (M == 0 || std::uint64_t(M) * W * 64 * 2 + std::uint64_t(N) * 64 * 2 > max_bits) return;
   const std::size_t B = std::max<std::size_t>(
       1, std::min<std::size_t>({W, 32, std::size_t((max_bits - std::uint64_t(M) * W * 64 * 2) / (std::uint64_t(N) * 64 * 2))}));
   // Each network op's nodes, as a range, and whether they span leaf switches.
@@ -65,7 +65,8 @@ SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& g
   o.before.assign(M * W, 0);
   o.after.assign(M * W, 0);
   o.ended.assign(W, 0);
-  std::vector<std::uint64_t> full(N * B), in(N * B);  // waited for: with the op itself, without
+  auto &full = o.full, &in = o.in;  // waited for: with the op itself, without
+  full.resize(N * B), in.resize(N * B);
   // A Computes op's parts' predecessors on their streams, each once (a part as its op), found once
   // for every sweep: by op, [source_from[op], source_from[op + 1]) of `sources`.
   std::vector<Node> sources;
@@ -115,7 +116,6 @@ SimBackend::Impl::Overlaps SimBackend::Impl::network_overlaps(const TaskGraph& g
     }
   // Bits past the last network op count as ended.
   if (M % 64) o.ended[W - 1] = ~std::uint64_t(0) << (M % 64);
-  return o;
 }
 
 // Whether every network op that may overlap network op `id` (neither before nor after it) has
