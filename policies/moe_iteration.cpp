@@ -146,6 +146,12 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
     if (by_pair)
       for (auto& list : on_gpu) std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.expert < b.expert; });
   }
+  for (const auto& on_gpu : computes_) {
+    auto& remote = remote_.emplace_back(on_gpu.size());
+    for (std::size_t r = 0; r < on_gpu.size(); ++r)
+      for (std::size_t k = 0; k < on_gpu[r].size(); ++k)
+        if (!on_gpu[r][k].local) remote[r].push_back(std::uint32_t(k));
+  }
   account_iteration(in, plan, computes_);
   trans_sent_.assign(plans.size(), 0);
   agg_sent_.assign(plans.size(), 0);
@@ -586,7 +592,12 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
   for (int r = 0; r < G; ++r) {
     const auto [from, to] = sources[std::size_t(r)];
     tokens.clear();
-    for (const auto& [e, total, local] : computes_[std::size_t(l)][std::size_t(r)]) {
+    const auto& experts = computes_[std::size_t(l)][std::size_t(r)];
+    const auto& remote = remote_[std::size_t(l)][std::size_t(r)];
+    // Without the GPU's own tokens, its local copies count nothing: only the others are visited.
+    const bool all = (from == 0 && to == G) || (from <= r && r < to);
+    for (std::size_t k = 0, n = all ? experts.size() : remote.size(); k < n; ++k) {
+      const auto& [e, total, local] = experts[all ? k : remote[k]];
       long t = 0;
       if (from == 0 && to == G)
         t = long(total);

@@ -119,6 +119,10 @@ class LayerOps {
                                           // no replica makes it depend on the source (target())
   std::vector<std::vector<int>> sole_target_;  // per layer, by expert: sole_target()
   ExpertLoads computes_;                  // per layer, per GPU: the experts it computes, in order
+  // Per layer, per GPU: the places in its computes_ list of the experts not `local`, the only ones
+  // a step without the GPU's own tokens counts (FasterMoE's smart schedule: every step but C_0,
+  // where each GPU's list also holds its copies of every shadowed expert).
+  std::vector<std::vector<std::vector<std::uint32_t>>> remote_;
   std::vector<std::map<int, OpId>> bcast_;                  // per layer: expert -> its broadcast
   std::map<std::pair<int, int>, OpId> late_bcast_;          // (layer, expert) -> its calibration broadcast
   std::map<std::pair<int, int>, OpId> regather_;            // (layer, expert) -> its re-materialization
