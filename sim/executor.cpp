@@ -335,7 +335,7 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   run = nullptr;
   overlaps.words = 0;
   measured.clear();
-  timed_seconds.clear();
+  timed_steps.clear();
   for (auto& c : chain) c.clear();
   for (const auto& op : graph.ops()) {
     if (!r.ended[op.id])

@@ -438,17 +438,18 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure_once(const Step& st
   return measured.back().s;
 }
 
-double SimBackend::Impl::alone_seconds(const Step& step, const std::function<const StepBytes&()>& bytes) {
-  auto seconds_of = [&] {
-    double seconds = 0;
-    aggregated_tasks(bytes(), &seconds);
-    return seconds;
+SimBackend::Impl::TimedStep SimBackend::Impl::timed_step(const Step& step) {
+  auto time = [&] {
+    const StepBytes& s = measure(step);
+    TimedStep t{0, latency_bound(step, s)};
+    aggregated_tasks(s, &t.seconds);
+    return t;
   };
   const Collective* c = step.all_pairs;
-  if (!c) return seconds_of();
-  const StepView view{c->bytes, &c->group, step.rounds, step.messages, step.p2p};
-  if (const auto it = timed_seconds.find(view); it != timed_seconds.end()) return it->second;
-  return timed_seconds.emplace(view, seconds_of()).first->second;
+  if (!c) return time();
+  const StepView view{c->bytes, &c->group, step.rounds, step.serial_rounds, step.messages, step.p2p};
+  if (const auto it = timed_steps.find(view); it != timed_steps.end()) return it->second;
+  return timed_steps.emplace(view, time()).first->second;
 }
 
 }  // namespace moesim

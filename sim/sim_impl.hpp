@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <iterator>
 #include <optional>
 #include <stdexcept>
@@ -121,20 +120,25 @@ struct SimBackend::Impl {
     StepBytes s;
   };
   std::deque<Measured> measured;  // this execute()'s
-  // A timed step's seconds alone (aggregated_tasks(s, &seconds)), by what decides them: the view
-  // of its matrix, its group, rounds, messages and PXN. For this execute(): a layer's forward
-  // and backward send the same matrices, so each of the 3,072 group steps an iteration of
-  // FasterMoE's smart schedule at 1,024 GPUs is timed twice, and measuring one (8,192 entries,
-  // then its links' loads) was a quarter of the simulation. Seconds only (not the StepBytes:
-  // 25 KB a group step).
+  // What issue() needs of a timed step: its seconds alone (aggregated_tasks(s, &seconds)) and
+  // whether its chain of send/recv rounds can outlast its bytes (latency_bound()). Kept for the
+  // execute() by what decides them: the view of its matrix, its group, rounds, serial rounds,
+  // messages and PXN; its StepBytes are not (25 KB a group step, 3 MB a whole matrix at 4,096
+  // GPUs). A layer's forward and backward send the same matrices: each of the 3,072 distinct group
+  // steps an iteration of FasterMoE's smart schedule at 1,024 GPUs (8,192 entries each, then its
+  // links' loads) was measured twice, a quarter of the simulation.
+  struct TimedStep {
+    double seconds;
+    bool latency_bound;
+  };
   struct StepView {
     CollectiveBytes bytes;
     const std::vector<int>* group;  // the op's, alive for the execute()
-    int rounds, messages;
+    int rounds, serial_rounds, messages;
     bool p2p;
     bool operator==(const StepView& o) const {
-      return bytes.same_view(o.bytes) && rounds == o.rounds && messages == o.messages && p2p == o.p2p &&
-             (group == o.group || *group == *o.group);
+      return bytes.same_view(o.bytes) && rounds == o.rounds && serial_rounds == o.serial_rounds && messages == o.messages &&
+             p2p == o.p2p && (group == o.group || *group == *o.group);
     }
   };
   struct StepViewHash {
@@ -142,7 +146,7 @@ struct SimBackend::Impl {
       return v.bytes.view_hash() ^ (std::size_t(v.rounds) << 40) ^ (std::size_t(v.messages) << 20) ^ v.group->size();
     }
   };
-  std::unordered_map<StepView, double, StepViewHash> timed_seconds;  // this execute()'s
+  std::unordered_map<StepView, TimedStep, StepViewHash> timed_steps;  // this execute()'s
   // Ops are issued when their predecessors have finished, not all at once: SimGrid keeps every
   // started-or-vetoed activity of the maestro in one list that each completion walks
   // (ExecImpl::post), so issuing a whole iteration up front made the run quadratic in its
@@ -254,8 +258,8 @@ struct SimBackend::Impl {
   void tabulate();
   const StepBytes& measure(const Step& step);
   const StepBytes& measure_once(const Step& step);
-  /// A timed step's seconds alone: aggregated_tasks(bytes(), &seconds), once per StepView.
-  double alone_seconds(const Step& step, const std::function<const StepBytes&()>& bytes);
+  /// A timed step's seconds alone and latency_bound(), measured once per StepView.
+  TimedStep timed_step(const Step& step);
 
   // step_tasks.cpp
   Transfer chain_route(const Step& step) const;

@@ -268,8 +268,9 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
     for (const auto& lane : lowering) {
       sg4::ExecPtr last = start;
       for (const auto& step : lane) {
-        const StepBytes* measured = nullptr;  // measure(step), once
+        const StepBytes* measured = nullptr;  // measure(step), once (a timed step: timed_step())
         auto bytes = [&]() -> const StepBytes& { return measured ? *measured : *(measured = &measure_once(step)); };
+        const std::optional<TimedStep> alone = timed && step.sends() ? std::optional(timed_step(step)) : std::nullopt;
         std::vector<sg4::ExecPtr> ends;  // the activities the step is done with
         // The step's copies start with it (start_copies()) and end at a gate.
         Run::Copies copies{op.id, {}, 0, nullptr};
@@ -286,7 +287,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
         // The channel's chain of send/recv rounds: serial_rounds tiny messages one after another
         // on the step's longest route (an inter-node pair if there is one), each paying the
         // route latency; the step ends when both the chain and the bytes are done.
-        if (step.serial_rounds > 1 && step.sends() && latency_bound(step, bytes())) {
+        if (step.serial_rounds > 1 && step.sends() && (alone ? alone->latency_bound : latency_bound(step, bytes()))) {
           Transfer probe = chain_route(step);
           probe.bytes = 1;
           sg4::ExecPtr prev = last;
@@ -298,11 +299,10 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
           ends.push_back(prev);
         }
         std::vector<sg4::ExecPtr> flows;
-        if (timed && step.sends()) {  // a gate its seconds after the step starts (timed_steps.cpp)
-          const double seconds = alone_seconds(step, bytes);
+        if (alone) {  // a gate its seconds after the step starts (timed_steps.cpp)
           auto gate = marker(op.rank);
           all.push_back(gate);  // started by its timer
-          floors[last.get()].push_back({gate, seconds});
+          floors[last.get()].push_back({gate, alone->seconds});
           ends.push_back(gate);
         } else if (options.aggregate && step.sends())
           flows = aggregated_tasks(bytes());
