@@ -9,7 +9,7 @@ std::vector<int> participants(const Op& op) {
     if (t->src == t->dst) return {t->src};
     return {std::min(t->src, t->dst), std::max(t->src, t->dst)};
   }
-  std::vector<int> ranks = op.ranks();
+  std::vector<int> ranks(op.ranks().begin(), op.ranks().end());
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   return ranks;

@@ -323,7 +323,7 @@ TaskGraph LayoutIteration::merge(const IterationInput& in) {
           const Op& op = cell.last.op(p.from);
           std::vector<OpId> deps;
           for (OpId d : op.deps) deps.push_back(merged(p.c, p.k, d));
-          const std::vector<int> ranks = op.stream == Stream::compute ? op.ranks() : std::vector<int>{};
+          const auto ranks = op.stream == Stream::compute ? op.ranks() : std::span<const int>{};
           if (std::any_of(ranks.begin(), ranks.end(), [&](int rank) { return p.waiting[std::size_t(rank)]; })) {
             deps.insert(deps.end(), p.arrived->begin(), p.arrived->end());
             for (int rank : ranks) p.waiting[std::size_t(rank)] = 0;

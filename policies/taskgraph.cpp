@@ -278,10 +278,10 @@ OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> dep
   return add(std::move(copy));  // a Computes op's parts numbered anew there
 }
 
-std::vector<int> Op::ranks() const {
+std::span<const int> Op::ranks() const {
   if (const auto* c = std::get_if<Collective>(&body)) return c->group;
   if (const auto* c = std::get_if<Computes>(&body)) return c->ranks;
-  return {rank};
+  return {&rank, 1};
 }
 
 OpId TaskGraph::add(Op op) {

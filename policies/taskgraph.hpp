@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -301,8 +302,8 @@ struct Op {
   std::variant<Compute, Transfer, Collective, Computes> body;
   Phase phase = Phase::dense_compute;  // set by TaskGraph::add from the label and the body
 
-  /// Ranks whose `stream` this op occupies.
-  std::vector<int> ranks() const;
+  /// Ranks whose `stream` this op occupies (a view of the op's own: no copy of a collective's group).
+  std::span<const int> ranks() const;
 };
 
 /// A node of a graph's schedule: an op (its id) or a part of a Computes op (the graph's size() plus

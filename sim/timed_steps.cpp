@@ -55,9 +55,12 @@ void SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph:
   for (const auto& op : graph.ops())
     if (const std::int64_t x = o.index[op.id]; x >= 0) {
       int lo = cluster.nodes(), hi = -1;
-      for (const int r : op.ranks()) lo = std::min(lo, cluster.node_of(r)), hi = std::max(hi, cluster.node_of(r));
-      if (const auto* t = std::get_if<Transfer>(&op.body))
-        for (const int r : {t->src, t->dst}) lo = std::min(lo, cluster.node_of(r)), hi = std::max(hi, cluster.node_of(r));
+      auto span = [&](int r) {
+        const int node = node_of_rank[std::size_t(r)];
+        lo = std::min(lo, node), hi = std::max(hi, node);
+      };
+      for (const int r : op.ranks()) span(r);
+      if (const auto* t = std::get_if<Transfer>(&op.body)) span(t->src), span(t->dst);
       o.first_node[std::size_t(x)] = lo, o.last_node[std::size_t(x)] = hi;
       o.spans_leaves[std::size_t(x)] = cluster.nodes() > per_leaf && lo / per_leaf != hi / per_leaf;
     }
@@ -75,7 +78,10 @@ void SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph:
     source_from[op.id] = sources.size();
     if (const auto* c = std::get_if<Computes>(&op.body)) {
       for (std::size_t i = c->first_part; i < c->first_part + c->parts(); ++i)
-        if (const Node pred = w.stream_pred[i]; pred != kNoNode) sources.push_back(pred < N ? pred : N + w.op_of[pred - N]);
+        if (const Node pred = w.stream_pred[i]; pred != kNoNode) {
+          const Node source = pred < N ? pred : N + w.op_of[pred - N];
+          if (sources.size() == source_from[op.id] || sources.back() != source) sources.push_back(source);  // a run: once
+        }
       std::sort(sources.begin() + std::ptrdiff_t(source_from[op.id]), sources.end());
       sources.erase(std::unique(sources.begin() + std::ptrdiff_t(source_from[op.id]), sources.end()), sources.end());
     }
