@@ -55,8 +55,9 @@ std::vector<int> dynamic_shadowing(const CostModel& cost, const MoeModel& model,
   const double feature = model.token_bytes() / w_net;                              // one token over the network
   const double params = 2 * model.expert_params() * model.dtype_bytes() / w_net;  // broadcast + reduce
   std::vector<double> load(E), comp(G, 0.0), received(G, 0.0);  // comp(B_w) and A_w per worker
+  const auto loads = R.expert_loads();
   for (int e = 0; e < E; ++e) {
-    load[e] = double(R.expert_load(e));
+    load[e] = double(loads[std::size_t(e)]);
     const int o = expert_owner(e, E, G);
     comp[o] += cost.expert_time(model, load[e]);
     received[o] += load[e];
@@ -69,13 +70,23 @@ std::vector<int> dynamic_shadowing(const CostModel& cost, const MoeModel& model,
   std::vector<int> order(E);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return load[a] > load[b]; });
+  // comp() of a worker's own tokens of a shadowed expert, kept by their count (up to 65,535): G of
+  // them a candidate, most of them small counts seen before.
+  std::vector<double> own_time;
+  auto own = [&](std::int64_t tokens) {
+    if (tokens < 0 || tokens > 65535) return cost.expert_time(model, double(tokens));
+    if (std::size_t(tokens) >= own_time.size()) own_time.resize(std::size_t(tokens) + 1, -1.0);
+    double& t = own_time[std::size_t(tokens)];
+    if (t < 0) t = cost.expert_time(model, double(tokens));
+    return t;
+  };
   double best = latency(0);  // c_min = Lat_imbl
   std::size_t best_r = 0;
   for (std::size_t i = 0; i < order.size() && load[order[i]] > 0 && double(i + 1) * params < best; ++i) {
     const int e = order[i], o = expert_owner(e, E, G);
     comp[o] -= cost.expert_time(model, load[e]);
     received[o] -= load[e];
-    for (int w = 0; w < G; ++w) comp[w] += cost.expert_time(model, double(R.at(w, e)));
+    for (int w = 0; w < G; ++w) comp[w] += own(R.at(w, e));
     const double c = latency(double(i + 1));
     if (c < best) best = c, best_r = i + 1;
   }

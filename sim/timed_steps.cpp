@@ -120,6 +120,17 @@ void SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph:
       transpose64(block);
       for (std::size_t c = 0; c < 64 && 64 * k + c < M; ++c) o.after[(64 * k + c) * W + j] = block[c];
     }
+  o.open_from.assign(M + 1, 0), o.open_words.clear();
+  for (std::size_t x = 0; x < M; ++x) {
+    o.open_from[x] = std::uint32_t(o.open_words.size());
+    for (std::size_t k = 0; k < W; ++k) {
+      std::uint64_t ordered = o.before[x * W + k] | o.after[x * W + k];
+      if (k == x / 64) ordered |= std::uint64_t(1) << (x % 64);
+      if (k == W - 1 && M % 64) ordered |= ~std::uint64_t(0) << (M % 64);  // past the last network op
+      if (~ordered) o.open_words.push_back(std::uint32_t(k));
+    }
+  }
+  o.open_from[M] = std::uint32_t(o.open_words.size());
   // Bits past the last network op count as ended.
   if (M % 64) o.ended[W - 1] = ~std::uint64_t(0) << (M % 64);
 }
@@ -131,7 +142,8 @@ void SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph:
 bool SimBackend::Impl::Overlaps::alone(OpId id) const {
   if (words == 0) return false;
   const std::size_t x = std::size_t(index[id]), W = words;
-  for (std::size_t k = 0; k < W; ++k) {
+  for (std::size_t w = open_from[x]; w < open_from[x + 1]; ++w) {
+    const std::size_t k = open_words[w];
     std::uint64_t ordered = before[x * W + k] | after[x * W + k] | ended[k];
     if (k == x / 64) ordered |= std::uint64_t(1) << (x % 64);
     for (std::uint64_t open = ~ordered; open; open &= open - 1) {

@@ -135,6 +135,15 @@ std::int64_t RoutingMatrix::expert_load(int e) const {
   return sum;
 }
 
+std::vector<std::int64_t> RoutingMatrix::expert_loads() const {
+  std::vector<std::int64_t> load(std::size_t(experts), 0);
+  counts().visit([&](const auto* row) {
+    for (int s = 0; s < sources; ++s, row += experts)
+      for (int e = 0; e < experts; ++e) load[std::size_t(e)] += row[e];
+  });
+  return load;
+}
+
 std::int64_t RoutingMatrix::row_sum(int src) const {
   std::int64_t sum = 0;
   for (int e = 0; e < experts; ++e) sum += at(src, e);

@@ -58,6 +58,8 @@ class RoutingMatrix {
   RoutingMatrix rows(int from, int to) const;
 
   std::int64_t expert_load(int e) const;
+  /// expert_load() of every expert, in one pass over the rows (a column's entries are a row apart).
+  std::vector<std::int64_t> expert_loads() const;
   std::int64_t row_sum(int src) const;
   /// The largest (source, expert) count: the capacity that drops nothing.
   std::int64_t largest_count() const;
