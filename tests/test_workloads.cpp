@@ -1,6 +1,8 @@
 // The model's shapes and parameter counts, and the seeded routing generators.
 #include <catch2/catch.hpp>
+
 #include <cmath>
+#include <numeric>
 
 #include "helpers.hpp"
 #include "errors.hpp"
@@ -85,6 +87,16 @@ TEST_CASE("routing rows sum to tokens times k and a token never picks an expert 
     CHECK(r.row_sum(s) == 2000);
     for (int e = 0; e < 16; ++e) CHECK(r.at(s, e) <= 1000);
   }
+  // Every expert's load at once: each column's sum, and together every token-slot.
+  const auto loads = r.expert_loads();
+  REQUIRE(loads.size() == 16);
+  for (int e = 0; e < 16; ++e) {
+    std::int64_t column = 0;
+    for (int s = 0; s < 8; ++s) column += r.at(s, e);
+    CHECK(loads[std::size_t(e)] == column);
+    CHECK(r.expert_load(e) == column);
+  }
+  CHECK(std::accumulate(loads.begin(), loads.end(), std::int64_t(0)) == 8 * 2000);
 }
 
 TEST_CASE("routing is a function of seed, iteration and layer") {
