@@ -43,8 +43,36 @@ SimBackend::Impl::Impl(const Cluster& c, const GpuModel& g, SimOptions o) : clus
   sms_held.assign(hosts.size(), 0);
 }
 
-// One node: a Full zone with the GPUs as hosts, the node's links, explicit routes between GPUs
-// and, when there is a fabric, from each GPU through its NIC to the node's gateway.
+// Every node's links (node_links, nic_links, port_links), in one zone of their own made before the
+// nodes' zones, whose routes take them from there (a route may take any zone's links). SimGrid
+// 3.32 checks a new link's name against every zone built so far (StandardLinkImpl's constructor
+// searches the whole tree): made in each node's zone, a link cost a search of every node before
+// it, quadratic in the nodes (a tenth of EP at 4,096 GPUs, 10 s of the platform at 16,384).
+void SimBackend::Impl::build_links(sg4::NetZone* world, bool fabric) {
+  auto* zone = sg4::create_full_zone("links");
+  zone->set_parent(world);
+  for (int n = 0; n < cluster.nodes(); ++n) {
+    const std::string prefix = fmt::format("n{}", n);
+    for (const auto& l : cluster.node_links())
+      node_links[std::size_t(n)].push_back(
+          zone->create_split_duplex_link(prefix + "-" + l.name, l.bandwidth)->set_latency(l.latency)->seal());
+    if (!fabric) continue;
+    for (const auto& nic : cluster.nics())
+      nic_links[std::size_t(n)].push_back(
+          zone->create_split_duplex_link(prefix + "-" + nic.name, nic.bandwidth)->set_latency(nic.latency)->seal());
+    // The node's port: port -> gateway is a link that never binds, whose latency is that of the
+    // longest GPU -> NIC route, so that port -> port costs the latency of a full GPU -> GPU route
+    // (an aggregated task's latency, aggregated_task()); it also gives the fabric's routes.
+    double nic_latency = 0;
+    for (int i = 0; i < cluster.gpus_per_node(); ++i)
+      nic_latency = std::max(nic_latency, cluster.route_latency(cluster.nic_route(i)) + cluster.nics()[cluster.nic_of(i)].latency);
+    port_links.push_back(zone->create_split_duplex_link(prefix + "-port", 1e18)->set_latency(nic_latency)->seal());
+  }
+  zone->seal();
+}
+
+// One node: a Full zone with the GPUs as hosts, explicit routes between GPUs over the node's links
+// (build_links()) and, when there is a fabric, from each GPU through its NIC to the node's gateway.
 std::pair<NetPoint*, NetPoint*> SimBackend::Impl::build_node(const sg4::NetZone* parent, bool fabric, int n) {
   const std::string prefix = fmt::format("n{}", n);
   auto* zone = sg4::create_full_zone(prefix);
@@ -56,9 +84,7 @@ std::pair<NetPoint*, NetPoint*> SimBackend::Impl::build_node(const sg4::NetZone*
   for (int k = 1; k < sms; ++k) speeds.push_back(gpu.peak_flops() * double(sms - k) / sms);
   for (int i = 0; i < g; ++i)
     hosts[n * g + i] = zone->create_host(fmt::format("{}-gpu{}", prefix, i), speeds)->seal();
-  auto& links = node_links[std::size_t(n)];
-  for (const auto& l : cluster.node_links())
-    links.push_back(zone->create_split_duplex_link(prefix + "-" + l.name, l.bandwidth)->set_latency(l.latency)->seal());
+  const auto& links = node_links[std::size_t(n)];
   for (int i = 0; i < g; ++i)
     for (int j = 0; j < g; ++j)
       if (i != j)
@@ -67,18 +93,9 @@ std::pair<NetPoint*, NetPoint*> SimBackend::Impl::build_node(const sg4::NetZone*
   NetPoint* gateway = nullptr;
   if (fabric) {
     gateway = zone->create_router(prefix + "-gw");
-    auto& nics = nic_links[std::size_t(n)];
-    for (const auto& nic : cluster.nics())
-      nics.push_back(
-          zone->create_split_duplex_link(prefix + "-" + nic.name, nic.bandwidth)->set_latency(nic.latency)->seal());
-    // The node's port: port -> gateway is a link that never binds, whose latency is that of the
-    // longest GPU -> NIC route, so that port -> port costs the latency of a full GPU -> GPU route
-    // (an aggregated task's latency, aggregated_task()); it also gives the fabric's routes.
+    const auto& nics = nic_links[std::size_t(n)];
     ports[n] = zone->create_host(prefix + "-port", 1.0)->seal();
-    double nic_latency = 0;
-    for (int i = 0; i < g; ++i)
-      nic_latency = std::max(nic_latency, cluster.route_latency(cluster.nic_route(i)) + cluster.nics()[cluster.nic_of(i)].latency);
-    auto* port_link = zone->create_split_duplex_link(prefix + "-port", 1e18)->set_latency(nic_latency)->seal();
+    sg4::Link* const port_link = port_links[std::size_t(n)];
     zone->add_route(ports[n]->get_netpoint(), gateway, nullptr, nullptr, {{port_link, Dir::UP}}, false);
     zone->add_route(gateway, ports[n]->get_netpoint(), nullptr, nullptr, {{port_link, Dir::DOWN}}, false);
     // Each GPU reaches the gateway through its route to its NIC, then the NIC.
@@ -96,6 +113,7 @@ std::pair<NetPoint*, NetPoint*> SimBackend::Impl::build_node(const sg4::NetZone*
 }
 
 void SimBackend::Impl::build_platform(sg4::NetZone* world) {
+  build_links(world, cluster.nodes() > 1);
   if (cluster.nodes() == 1) {
     build_node(world, false, 0);
     return;

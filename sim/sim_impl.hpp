@@ -44,6 +44,7 @@ struct SimBackend::Impl {
   std::vector<sg4::Host*> hosts;  // by rank
   std::vector<sg4::Host*> ports;  // by node: a host at the node's uplink (see build_node)
   std::vector<std::vector<sg4::Link*>> node_links, nic_links;  // by node, then cluster link / NIC index
+  std::vector<sg4::Link*> port_links;                           // by node: its port's (build_node())
   // Aggregated collective steps (aggregated_tasks()): each (link, direction) an aggregated task may
   // load is a group, the route between a pair of hosts of its share's own zone ("agg<share>") that
   // crosses that one link. Node groups are numbered node by node, the fabric's after them.
@@ -252,6 +253,7 @@ struct SimBackend::Impl {
 
   // platform.cpp
   Impl(const Cluster& c, const GpuModel& g, SimOptions o);
+  void build_links(sg4::NetZone* world, bool fabric);
   std::pair<NetPoint*, NetPoint*> build_node(const sg4::NetZone* parent, bool fabric, int n);
   void build_platform(sg4::NetZone* world);
 
