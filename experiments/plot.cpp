@@ -613,7 +613,8 @@ Figure heatmap_figure(const Inputs& in, const PlotOptions& o) {
       const auto m = record_matrix(reader.header(), rec);
       if (columns.empty() || columns.back().first != double(rec.iteration()))
         columns.emplace_back(double(rec.iteration()), std::vector<double>(std::size_t(m.experts), 0.0));
-      for (int e = 0; e < m.experts; ++e) columns.back().second[std::size_t(e)] += double(m.expert_load(e));
+      const auto loads = m.expert_loads();
+      for (int e = 0; e < m.experts; ++e) columns.back().second[std::size_t(e)] += double(loads[std::size_t(e)]);
     }
     return heatmap_of(columns, fmt::format("{}, layer {}", fs::path(in.trace).filename().string(), o.layer));
   }

@@ -107,7 +107,8 @@ double max_mean_gpu_load(const std::vector<RoutingMatrix>& routing, int gpus) {
   for (const auto& R : routing) {
     const int local = std::max(1, R.experts / gpus), slots = R.experts < gpus ? R.experts : gpus;
     std::vector<double> load(std::size_t(slots), 0.0);
-    for (int e = 0; e < R.experts; ++e) load[std::size_t(e / local)] += double(R.expert_load(e));
+    const auto loads = R.expert_loads();
+    for (int e = 0; e < R.experts; ++e) load[std::size_t(e / local)] += double(loads[std::size_t(e)]);
     double total = 0;
     for (double x : load) total += x;
     sum += total > 0 ? *std::max_element(load.begin(), load.end()) / (total / double(slots)) : 1.0;
@@ -179,8 +180,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
       if (gpu.memory_bytes() > 0 && report.gpu_memory[g] > gpu.memory_bytes()) rec.over_memory.push_back(int(g));
     for (double m : timing.memory_peak) rec.device_memory_peak = std::max(rec.device_memory_peak, m);
     for (const auto& R : routed) {
-      auto& loads = rec.expert_load.emplace_back(std::size_t(R.experts), 0);
-      for (int e = 0; e < R.experts; ++e) loads[std::size_t(e)] = R.expert_load(e);
+      rec.expert_load.push_back(R.expert_loads());
     }
     result.iterations.push_back(rec);
     if (it >= result.first_graph && it < result.first_graph + keep) {

@@ -149,10 +149,11 @@ double CostModel::expert_time(const MoeModel& model, double tokens) const {
 
 double CostModel::expert_phase_time(const MoeModel& model, const RoutingMatrix& R) const {
   const int G = cluster_.num_gpus(), local = R.experts / G;
+  const auto loads = R.expert_loads();
   double worst = 0;
   for (int w = 0; w < G; ++w) {
     double t = 0;
-    for (int e = w * local; e < (w + 1) * local; ++e) t += expert_time(model, double(R.expert_load(e)));
+    for (int e = w * local; e < (w + 1) * local; ++e) t += expert_time(model, double(loads[std::size_t(e)]));
     worst = std::max(worst, t);
   }
   return worst;
@@ -174,9 +175,9 @@ Roofline CostModel::roofline(const MoeModel& model, const RoutingMatrix& R) cons
   r.r_cc = r.lat_comm > 0 ? r.lat_comp / r.lat_comm : 0;
   r.lat_e2e = 3 * r.lat_comp + 4 * r.lat_comm;
   double tokens = 0, biggest = 0;
-  for (int e = 0; e < R.experts; ++e) {
-    tokens += double(R.expert_load(e));
-    biggest = std::max(biggest, double(R.expert_load(e)));
+  for (const std::int64_t load : R.expert_loads()) {
+    tokens += double(load);
+    biggest = std::max(biggest, double(load));
   }
   const double per_token = 3 * 2 * model.expert_params();  // 12 α H² flops (fwd + bwd: 3 × 2 FLOPs per parameter)
   r.p_bar = r.lat_e2e > 0 ? per_token * tokens / (G * r.lat_e2e) : 0;

@@ -228,9 +228,11 @@ class Eplb final : public Policy {
       }
       plans.push_back(std::move(plan));
     }
-    std::vector<std::vector<double>> loads(L, std::vector<double>(std::size_t(E)));
-    for (std::size_t l = 0; l < L; ++l)
-      for (int e = 0; e < E; ++e) loads[l][std::size_t(e)] = double(in.routing[l].expert_load(e));
+    std::vector<std::vector<double>> loads;
+    for (std::size_t l = 0; l < L; ++l) {
+      const auto layer = in.routing[l].expert_loads();
+      loads.emplace_back(layer.begin(), layer.end());
+    }
     history_.push_back(std::move(loads));
     if (int(history_.size()) > window) history_.pop_front();
     ++seen_;

@@ -117,7 +117,7 @@ std::vector<int> released_shadowing(double d, const RoutingMatrix& R, ReleasedCo
   const double comp = 4 * alpha_h2 / k.bw_mm;
   std::vector<double> B;
   if (counting == ReleasedCounting::per_expert)
-    for (int e = 0; e < R.experts; ++e) B.push_back(double(R.expert_load(e)));
+    for (const std::int64_t load : R.expert_loads()) B.push_back(double(load));
   else
     for (int s = 0; s < R.sources; ++s) B.push_back(double(R.row_sum(s)));
   std::vector<int> order(B.size());

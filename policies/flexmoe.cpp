@@ -54,8 +54,9 @@ class FlexMoe final : public Policy {
       if (seen_ > 0) rebalance(l, G, E, slots, changes, threshold, plan.migrations);
       for (int e = 0; e < E; ++e)
         if (!holders_[l][std::size_t(e)].empty()) plan.replicas.push_back({e, holders_[l][std::size_t(e)]});
+      const auto loads = in.routing[l].expert_loads();
       for (int e = 0; e < E; ++e) {  // the prediction for the next iteration
-        const double tokens = double(in.routing[l].expert_load(e));
+        const double tokens = double(loads[std::size_t(e)]);
         load_[l][std::size_t(e)] = seen_ == 0 ? tokens : 0.5 * load_[l][std::size_t(e)] + 0.5 * tokens;
       }
       plans.push_back(std::move(plan));

@@ -205,8 +205,8 @@ bool calibrate(LayerPlan& plan, int t, int m, const MoeModel& model, const CostM
       has[std::size_t(rep.expert)][std::size_t(g)] = 1;
     }
   const int m_left = m - *std::max_element(held.begin(), held.end());  // the remaining memory capacity
-  std::vector<double> F(static_cast<std::size_t>(E));                               // the real loads
-  for (int e = 0; e < E; ++e) F[std::size_t(e)] = double(plan.routing.expert_load(e));
+  const auto loads = plan.routing.expert_loads();
+  const std::vector<double> F(loads.begin(), loads.end());  // the real loads
   const auto extra = sparse_materialize(F, owner, t, m_left, cluster);
   LayerPlan calibrated = plan;
   double broadcasts = 0;  // the extra spAG, one broadcast after another on the critical path
@@ -297,9 +297,8 @@ class Hecate final : public Policy {
       }
       if (spec.calibrate()) calibrate(plan, t, m, in.model, cost);
       for (const auto& rep : plan.replicas) in.report.shadowed_experts += rep.holders.empty() ? 0 : 1;
-      std::vector<double> now(static_cast<std::size_t>(E), 0.0);
-      for (int e = 0; e < E; ++e) now[std::size_t(e)] = double(in.routing[std::size_t(l)].expert_load(e));
-      history_[std::size_t(l)].push_back(std::move(now));
+      const auto now = in.routing[std::size_t(l)].expert_loads();
+      history_[std::size_t(l)].emplace_back(now.begin(), now.end());
       if (history_[std::size_t(l)].size() > 5) history_[std::size_t(l)].pop_front();  // w = 5
       plans.push_back(std::move(plan));
     }

@@ -257,8 +257,7 @@ ProphetPlan greedy_search(const ProphetModel& m, const Cluster& cluster, const R
 }
 
 std::vector<int> top_experts(const RoutingMatrix& routing, int k) {
-  std::vector<std::int64_t> load(std::size_t(routing.experts));
-  for (int e = 0; e < routing.experts; ++e) load[std::size_t(e)] = routing.expert_load(e);
+  const std::vector<std::int64_t> load = routing.expert_loads();
   std::vector<int> order(std::size_t(routing.experts));
   std::iota(order.begin(), order.end(), 0);
   const auto top = std::min<std::size_t>(std::size_t(std::max(k, 0)), order.size());

@@ -73,7 +73,8 @@ class SmartMoe final : public Policy {
         std::fill(load_[l].begin(), load_[l].end(), 0.0);
       }
       plan.owner = owner_[l];
-      for (int e = 0; e < E; ++e) load_[l][std::size_t(e)] += double(in.routing[l].expert_load(e));
+      const auto loads = in.routing[l].expert_loads();
+      for (int e = 0; e < E; ++e) load_[l][std::size_t(e)] += double(loads[std::size_t(e)]);
       plans.push_back(std::move(plan));
     }
     ++iteration_;

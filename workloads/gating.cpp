@@ -289,8 +289,8 @@ class AuxFreeSource final : public GatingSource {
       RoutingMatrix& R = layers[l];
       const auto& b = bias_[l];
       if (!drawn) reweight(R, b);
-      std::vector<double> load(b.size());
-      for (std::size_t e = 0; e < b.size(); ++e) load[e] = double(R.expert_load(int(e)));
+      const auto loads = R.expert_loads();
+      const std::vector<double> load(loads.begin(), loads.end());
       const double mean = std::accumulate(load.begin(), load.end(), 0.0) / double(load.size());
       for (std::size_t e = 0; e < b.size(); ++e) bias_[l][e] += load[e] > mean ? -gamma_ : load[e] < mean ? gamma_ : 0.0;
     }

@@ -373,8 +373,8 @@ Fig3 pro_prophet_fig3(const GeneratorParams& p) {
   std::vector<double> top3, bottom3;
   for (int l = 0; l < kLayers; ++l) {
     const RoutingMatrix R = g.next(l);
-    std::vector<double> load(kExperts);
-    for (int e = 0; e < kExperts; ++e) load[std::size_t(e)] = double(R.expert_load(e));
+    const auto loads = R.expert_loads();
+    std::vector<double> load(loads.begin(), loads.end());
     std::sort(load.rbegin(), load.rend());
     const double total = std::accumulate(load.begin(), load.end(), 0.0);
     top3.push_back((load[0] + load[1] + load[2]) / total);
