@@ -431,11 +431,9 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
 const SimBackend::Impl::StepBytes& SimBackend::Impl::measure_once(const Step& step) {
   const Collective* c = step.all_pairs;
   if (!c || c->bytes.is_group_step()) return measure(step);
-  for (const auto& m : measured)
-    if (m.bytes.same_view(c->bytes) && m.rounds == step.rounds && m.messages == step.messages && m.group == c->group)
-      return m.s;
-  measured.push_back({c->bytes, c->group, step.rounds, step.messages, measure(step)});
-  return measured.back().s;
+  const StepView view(step, *c);
+  if (const auto it = measured.find(view); it != measured.end()) return it->second;
+  return measured.emplace(view, measure(step)).first->second;
 }
 
 SimBackend::Impl::TimedStep SimBackend::Impl::timed_step(const Step& step) {
@@ -447,7 +445,7 @@ SimBackend::Impl::TimedStep SimBackend::Impl::timed_step(const Step& step) {
   };
   const Collective* c = step.all_pairs;
   if (!c) return time();
-  const StepView view{c->bytes, &c->group, step.rounds, step.serial_rounds, step.messages, step.p2p};
+  const StepView view(step, *c);
   if (const auto it = timed_steps.find(view); it != timed_steps.end()) return it->second;
   return timed_steps.emplace(view, time()).first->second;
 }

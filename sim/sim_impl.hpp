@@ -110,33 +110,16 @@ struct SimBackend::Impl {
   // of Cluster's accessors, done once: they were a fifth of a large step's cost).
   std::vector<int> node_of_rank, local_of_rank;
   std::vector<double> overhead_of_local, nic_latency_of_local, nic_bandwidth_of_local;
-  // measure(), but an unlisted step (an all-to-all's whole matrix) is measured once per execute()
-  // for each view of each matrix: a layer's forward and backward all-to-alls send the same bytes.
-  // Not a group step's (FasterMoE's smart schedule): n · group entries cost less to read again
-  // than its copy of the StepBytes (G · g + N² doubles; 12,288 steps an iteration at 1,024 GPUs).
-  struct Measured {
-    CollectiveBytes bytes;  // held, so that its values outlive the entry
-    std::vector<int> group;
-    int rounds = 1, messages = 1;
-    StepBytes s;
-  };
-  std::deque<Measured> measured;  // this execute()'s
-  // What issue() needs of a timed step: its seconds alone (aggregated_tasks(s, &seconds)) and
-  // whether its chain of send/recv rounds can outlast its bytes (latency_bound()). Kept for the
-  // execute() by what decides them: the view of its matrix, its group, rounds, serial rounds,
-  // messages and PXN; its StepBytes are not (25 KB a group step, 3 MB a whole matrix at 4,096
-  // GPUs). A layer's forward and backward send the same matrices: each of the 3,072 distinct group
-  // steps an iteration of FasterMoE's smart schedule at 1,024 GPUs (8,192 entries each, then its
-  // links' loads) was measured twice, a quarter of the simulation.
-  struct TimedStep {
-    double seconds;
-    bool latency_bound;
-  };
+  // What decides a step's StepBytes, and so its time: the view of its matrix, its group, rounds,
+  // serial rounds, messages and PXN (the caches below are keyed by it, for one execute()).
   struct StepView {
-    CollectiveBytes bytes;
+    CollectiveBytes bytes;          // held, so that its values outlive the entry
     const std::vector<int>* group;  // the op's, alive for the execute()
     int rounds, serial_rounds, messages;
     bool p2p;
+    StepView(const Step& step, const Collective& c)
+        : bytes(c.bytes), group(&c.group), rounds(step.rounds), serial_rounds(step.serial_rounds), messages(step.messages),
+          p2p(step.p2p) {}
     bool operator==(const StepView& o) const {
       return bytes.same_view(o.bytes) && rounds == o.rounds && serial_rounds == o.serial_rounds && messages == o.messages &&
              p2p == o.p2p && (group == o.group || *group == *o.group);
@@ -146,6 +129,21 @@ struct SimBackend::Impl {
     std::size_t operator()(const StepView& v) const {
       return v.bytes.view_hash() ^ (std::size_t(v.rounds) << 40) ^ (std::size_t(v.messages) << 20) ^ v.group->size();
     }
+  };
+  // measure(), but an unlisted step (an all-to-all's whole matrix) is measured once per execute()
+  // for each view of each matrix: a layer's forward and backward all-to-alls send the same bytes.
+  // Not a group step's (FasterMoE's smart schedule): n · group entries cost less to read again
+  // than its copy of the StepBytes (G · g + N² doubles; 12,288 steps an iteration at 1,024 GPUs).
+  std::unordered_map<StepView, StepBytes, StepViewHash> measured;  // this execute()'s
+  // What issue() needs of a timed step: its seconds alone (aggregated_tasks(s, &seconds)) and
+  // whether its chain of send/recv rounds can outlast its bytes (latency_bound()), kept by its
+  // view; its StepBytes are not (25 KB a group step, 3 MB a whole matrix at 4,096 GPUs). A layer's
+  // forward and backward send the same matrices: each of the 6,144 distinct group steps an
+  // iteration of FasterMoE's smart schedule at 1,024 GPUs (8,192 entries each, then its links'
+  // loads) was measured twice, a quarter of the simulation.
+  struct TimedStep {
+    double seconds;
+    bool latency_bound;
   };
   std::unordered_map<StepView, TimedStep, StepViewHash> timed_steps;  // this execute()'s
   // Ops are issued when their predecessors have finished, not all at once: SimGrid keeps every
