@@ -120,19 +120,19 @@ void SimBackend::Impl::network_overlaps(const TaskGraph& graph, const TaskGraph:
       transpose64(block);
       for (std::size_t c = 0; c < 64 && 64 * k + c < M; ++c) o.after[(64 * k + c) * W + j] = block[c];
     }
+  // Bits past the last network op count as ended.
+  if (M % 64) o.ended[W - 1] = ~std::uint64_t(0) << (M % 64);
+  // Each op's words with an op neither before nor after it (ended: none yet, but the bits past the last).
   o.open_from.assign(M + 1, 0), o.open_words.clear();
   for (std::size_t x = 0; x < M; ++x) {
     o.open_from[x] = std::uint32_t(o.open_words.size());
     for (std::size_t k = 0; k < W; ++k) {
-      std::uint64_t ordered = o.before[x * W + k] | o.after[x * W + k];
+      std::uint64_t ordered = o.before[x * W + k] | o.after[x * W + k] | o.ended[k];
       if (k == x / 64) ordered |= std::uint64_t(1) << (x % 64);
-      if (k == W - 1 && M % 64) ordered |= ~std::uint64_t(0) << (M % 64);  // past the last network op
       if (~ordered) o.open_words.push_back(std::uint32_t(k));
     }
   }
   o.open_from[M] = std::uint32_t(o.open_words.size());
-  // Bits past the last network op count as ended.
-  if (M % 64) o.ended[W - 1] = ~std::uint64_t(0) << (M % 64);
 }
 
 // Whether every network op that may overlap network op `id` (neither before nor after it) has
