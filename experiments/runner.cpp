@@ -123,10 +123,10 @@ namespace {
 RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const GpuModel& gpu, Backend& backend,
                   const std::function<void()>& iteration_done) {
   // EP groups inside data and pipeline parallelism (parallel): a policy per group and stage, their
-  // micro-batches merged. The routing has a source per GPU of a stage; under tensor parallelism
-  // each GPU routes its share of its group's tokens.
+  // micro-batches merged. The routing has a source per GPU of a stage; under tensor and context
+  // parallelism each GPU routes its share of its group's tokens.
   const ParallelLayout layout = parallel_layout(s.parallel(), cluster);
-  const MoeModel model = MoeModel(s.model()).tensor_parallel(layout.tp);
+  const MoeModel model = MoeModel(s.model()).tensor_parallel(layout.tp).context_parallel(layout.cp);
   const int ep = layout.ep, sources = layout.stage_gpus();
   LayoutIteration policy(cluster.spec(), model, layout, s.policy());
   RunResult result;

@@ -233,7 +233,7 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       // Inside EP groups (parallel.ep) the policy runs on a group's GPUs as if they were the
       // cluster, and on a pipeline stage's blocks (parallel.pp) as if they were the model.
       const ParallelLayout layout = parallel_layout(run.parallel(), *cluster);
-      const MoeModel per_gpu = model->tensor_parallel(layout.tp);
+      const MoeModel per_gpu = model->tensor_parallel(layout.tp).context_parallel(layout.cp);
       for (const auto& stage : pipeline_stages(per_gpu, layout.model_parts()))
         make_policy(run.policy())->validate(Cluster(ep_group_cluster(ex.cluster_spec, layout.ep)), stage_model(per_gpu, stage), run.policy());
       deepep_sm_share(run.policy(), ex.cluster_spec.gpu());  // policy.deepep.sms within the GPU's

@@ -202,20 +202,40 @@ TaskGraph LayerOps::build() {
     scattered = tp_collectives(pass + ".tp_reduce_scatter" + what, CollectiveType::reduce_scatter, tensors, {id});
     return id;
   };
-  std::vector<OpId> before_layer = start;  // with tp: what layer l's all-gather waits for
-  if (!dense_blocks.empty())
-    before_layer = {tp_op("fwd", ".blocks", 2 * in_.model.dense_layers(), start, [&](std::vector<OpId> deps) {
+  // Context parallelism (cp > 1): beside each attention (of `blocks` blocks), its keys and values
+  // exchanged across the CP group (cp_collectives), issued with what the attention waits for, after
+  // its TP all-gather (ring attention overlaps the exchange with the slices' scores); the next
+  // compute waits for the exchange too (`exchanged`). The ring's fill and drain, the QKV projection before the first
+  // send and the last slice's scores after the last arrival, are not modelled.
+  const bool cp = in_.model.cp() > 1;
+  std::vector<OpId> exchanged;
+  auto cp_beside = [&](const std::string& pass, const std::string& what, int blocks, Pass direction, const std::vector<OpId>& deps) {
+    if (cp) exchanged = cp_collectives(pass, what, blocks, direction, deps);
+  };
+  // What the compute after an attention waits for: its TP reduce-scatters and its CP exchange.
+  auto after_attention = [&] {
+    std::vector<OpId> deps = tp ? scattered : std::vector<OpId>{};
+    deps.insert(deps.end(), exchanged.begin(), exchanged.end());
+    return deps;
+  };
+  std::vector<OpId> before_layer = start;  // with tp: what layer l's all-gather waits for; with cp, its exchange
+  if (!dense_blocks.empty()) {
+    const OpId blocks = tp_op("fwd", ".blocks", 2 * in_.model.dense_layers(), start, [&](std::vector<OpId> deps) {
+      cp_beside("fwd", ".blocks", in_.model.dense_layers(), Pass::forward, deps);
       return every_gpu("fwd.dense_blocks", {ComputeKind::gemm, repeated(dense_blocks), dense_block_bytes}, std::move(deps));
-    })};
-  if (tp && !dense_blocks.empty()) before_layer = scattered;
+    });
+    before_layer = tp ? scattered : std::vector<OpId>{blocks};
+    before_layer.insert(before_layer.end(), exchanged.begin(), exchanged.end());
+  }
   if (mode == RS::second_stream && L > 0) broadcast_replicas(0, Stream::comm2);
   for (int l = 0; l < L; ++l) {
     if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
     if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm, l == 0 ? start : std::vector<OpId>{});  // spAG under attention_l
     tp_op(fmt::format("L{}.fwd", l), "", 1, tp ? before_layer : l == 0 ? start : std::vector<OpId>{}, [&](std::vector<OpId> deps) {
+      cp_beside(fmt::format("L{}.fwd", l), "", 1, Pass::forward, tp ? deps : before_layer);  // not before the last layer's decode
       return every_gpu(fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, std::move(deps));
     });
-    every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, tp ? scattered : std::vector<OpId>{});
+    every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, after_attention());
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; })};
     if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
@@ -239,7 +259,7 @@ TaskGraph LayerOps::build() {
   }
   for (int l = L - 1; l >= 0; --l) {
     ready_ = {every_gpu(fmt::format("L{}.bwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; },
-                        tp ? scattered : std::vector<OpId>{})};
+                        after_attention())};
     shared_experts(l, Pass::backward);
     const OpId done = schedule_.emit(*this, l, Pass::backward);
     // Replicas' gradients go back to their owners (a reduce each): on the second stream, under
@@ -259,18 +279,24 @@ TaskGraph LayerOps::build() {
     every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; }, after);
     const OpId gate_done = every_gpu(fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
     ready_ = {tp_op(fmt::format("L{}.bwd", l), "", 1, {gate_done}, [&](std::vector<OpId> deps) {
+      cp_beside(fmt::format("L{}.bwd", l), "", 1, Pass::backward, deps);
       return every_gpu(fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, dense_backward, 2 * dense_bytes}, std::move(deps));
     })};
   }
-  if (!dense_blocks.empty())
-    ready_ = {tp_op("bwd", ".blocks", 2 * in_.model.dense_layers(), tp ? scattered : std::vector<OpId>{}, [&](std::vector<OpId> deps) {
+  if (!dense_blocks.empty()) {
+    const std::vector<OpId> after = after_attention();
+    std::vector<OpId> issued = after;  // the blocks' backward follows the last attention's
+    issued.insert(issued.end(), ready_.begin(), ready_.end());
+    ready_ = {tp_op("bwd", ".blocks", 2 * in_.model.dense_layers(), after, [&](std::vector<OpId> deps) {
+      cp_beside("bwd", ".blocks", in_.model.dense_layers(), Pass::backward, tp ? deps : issued);
       return every_gpu("bwd.dense_blocks", {ComputeKind::gemm, repeated(with_recompute(backward_gemms(dense_blocks))), 2 * dense_block_bytes},
                        std::move(deps));
     })};
+  }
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
   const double dense_params = in_.model.dense_params_per_gpu();
   std::vector<OpId> before_ar(ready_);
-  if (tp) before_ar.insert(before_ar.end(), scattered.begin(), scattered.end());
+  for (const OpId id : after_attention()) before_ar.push_back(id);
   before_ar.insert(before_ar.end(), reduces_.begin(), reduces_.end());
   const OpId allreduce = graph_.add_collective(
       Stream::comm, "allreduce.dense",
@@ -285,6 +311,25 @@ TaskGraph LayerOps::build() {
   const std::vector<OpId> steps{every_gpu("optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce})};
   schedule_.after_optimizer(*this, steps);
   return std::move(graph_);
+}
+
+std::vector<OpId> LayerOps::cp_collectives(const std::string& pass, const std::string& what, int blocks, Pass direction,
+                                           const std::vector<OpId>& deps) {
+  const int tp = in_.model.tp(), cp = in_.model.cp();
+  const double bytes = blocks * in_.model.kv_gathered_bytes();
+  std::vector<OpId> ops;
+  for (int first = 0; first < gpus_; first += tp * cp)
+    for (int j = 0; j < tp; ++j) {
+      std::vector<int> group;
+      for (int i = 0; i < cp; ++i) group.push_back(first + j + i * tp);
+      const int g = first / cp + j;
+      ops.push_back(graph_.add_collective(Stream::comm, fmt::format("{}.cp_allgather{}.g{}", pass, what, g),
+                                          {CollectiveType::all_gather, group, {bytes}, "ring"}, deps));
+      if (direction == Pass::backward)
+        ops.push_back(graph_.add_collective(Stream::comm, fmt::format("{}.cp_reduce_scatter{}.g{}", pass, what, g),
+                                            {CollectiveType::reduce_scatter, std::move(group), {bytes}, "ring"}, deps));
+    }
+  return ops;
 }
 
 std::vector<OpId> LayerOps::tp_collectives(const std::string& label, CollectiveType type, int tensors, std::vector<OpId> deps) {

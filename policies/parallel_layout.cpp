@@ -145,6 +145,11 @@ ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster
   out.tp = std::max(1, int(std::min<std::uint32_t>(parallel.tp(), 1u << 20)));
   if (n % out.tp != 0)
     throw FieldError("parallel.tp", fmt::format("{} GPUs per tensor-parallel group do not divide a node's {}: a group is inside a node", out.tp, n));
+  out.cp = std::max(1, int(std::min<std::uint32_t>(parallel.cp(), 1u << 20)));
+  if (out.cp > 1 && out.ep % (out.tp * out.cp) != 0)
+    throw FieldError("parallel.cp", fmt::format("{} GPUs per context-parallel group, {} GPUs with tensor parallelism's {}, do not divide "
+                                                "an EP group's {}: a CP group is inside an EP group",
+                                                out.cp, out.tp * out.cp, out.tp, out.ep));
   out.distributed_optimizer = parallel.distributed_optimizer();
   const std::string order = parallel.order().empty() ? "tp-cp-ep-dp-pp" : parallel.order();
   try {

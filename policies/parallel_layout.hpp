@@ -84,6 +84,7 @@ std::vector<PipelinePass> dualpipe_v(int stage, int stages, int micro_batches);
 /// Who is where: the EP groups (cells) of a ParallelSpec on a cluster.
 struct ParallelLayout {
   int pp = 1, dp = 1, ep = 1, micro_batches = 1, tp = 1, chunks = 1;
+  int cp = 1;  // GPUs per context-parallel group: cp GPUs tp apart, inside an EP group (parallel.cp)
   bool distributed_optimizer = false;  // ZeRO-1: Adam's states sharded (IterationInput's shards)
   /// The pipeline's order (parallel.schedule): 1F1B (interleaved with chunks > 1), DualPipe (two
   /// pipelines the opposite ways, each stage holding a part of each: chunks = 2) or DualPipeV (one
@@ -108,10 +109,10 @@ struct ParallelLayout {
   /// A stage's GPUs: the routing's sources (a GPU's index in its stage is replica · ep + place).
   int stage_gpus() const { return dp * ep; }
 };
-/// FieldError ("parallel.ep", "parallel.pp", "parallel.tp", "parallel.micro_batches",
-/// "parallel.order") where tp does not divide a node's GPUs, ep does not divide a stage's GPUs into
-/// whole nodes or parts of one, pp does not divide the GPUs, or the order makes
-/// an EP group other than consecutive GPUs. ep 0: one group per stage.
+/// FieldError ("parallel.ep", "parallel.pp", "parallel.tp", "parallel.cp", "parallel.micro_batches",
+/// "parallel.order") where tp does not divide a node's GPUs, tp·cp (cp > 1) does not divide ep,
+/// ep does not divide a stage's GPUs into whole nodes or parts of one, pp does not divide the GPUs,
+/// or the order makes an EP group other than consecutive GPUs. ep 0: one group per stage.
 ParallelLayout parallel_layout(const spec::ParallelSpec& parallel, const Cluster& cluster);
 
 /// The cluster one EP group sees: the platform with ep / (GPUs per node) nodes, or one node of its

@@ -6,7 +6,7 @@
 // A group of some dimensions holds the ranks that differ only in those, in the order of their
 // coordinates. DeepSeek-V3's EP 64 over 8 whole nodes, beside PP 16 and ZeRO-1 DP, is the same
 // order with tp = cp = 1: EP innermost, so that an EP group is consecutive ranks (whole nodes).
-// The building block of expert parallelism inside DP/PP/TP layouts (not yet used by the builder).
+// parallel_layout() takes the EP groups, stages and DP coordinates from it.
 #pragma once
 #include <map>
 #include <string>

@@ -63,6 +63,7 @@ const PhaseNames& phase_names(Phase p) {
       {"optimizer", "optim", "optimizer"},
       {"stage_send", "pp.send", "stage send"},
       {"tensor_parallel", "tp", "tensor parallel"},
+      {"context_parallel", "cp", "context parallel"},
       {"idle", "idle", "idle"},
   };
   return kPhases[static_cast<int>(p)];
@@ -98,6 +99,7 @@ constexpr OpName kOpNames[] = {
     {"optimizer", Phase::optimizer},              {"dense_blocks", Phase::dense_compute},
     {"shared_experts", Phase::expert_compute},  {"stage_send", Phase::stage_send},
     {"tp_allgather", Phase::tensor_parallel},     {"tp_reduce_scatter", Phase::tensor_parallel},
+    {"cp_allgather", Phase::context_parallel},    {"cp_reduce_scatter", Phase::context_parallel},
 };
 
 // <name> of a label (see kOpNames), without its step number.

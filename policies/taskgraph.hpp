@@ -274,9 +274,10 @@ enum class Phase : std::uint8_t {
   optimizer,          // the optimizer step
   stage_send,         // activations and their gradients sent between pipeline stages
   tensor_parallel,    // tensor parallelism's all-gathers and reduce-scatters around attention and dense FFNs
+  context_parallel,   // context parallelism's keys and values gathered for attention, their gradients reduce-scattered
   idle,               // on the critical path, no op runs (waiting; only in critical-path figures)
 };
-constexpr int kNumPhases = 17;
+constexpr int kNumPhases = 18;
 /// A phase's names, the one table of them: `name` in summary.json, CSVs and results.db; `column` in
 /// the console's tables; `title` in figures' keys.
 struct PhaseNames {

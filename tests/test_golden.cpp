@@ -53,4 +53,5 @@ TEST_CASE("golden: Tutel pipelined layer of degree 2") { check_golden("tutel_pip
 TEST_CASE("golden: ZeRO-3 over the experts") { check_golden("zero3_2node_a100"); }
 TEST_CASE("golden: two pipeline stages, three micro-batches in 1F1B order") { check_golden("pipeline_1f1b_2node_a100"); }
 TEST_CASE("golden: the layer with tensor parallelism 2") { check_golden("tp2_2node_a100"); }
+TEST_CASE("golden: the layer with context parallelism 2") { check_golden("cp2_2node_a100"); }
 TEST_CASE("golden: EPLB's redundant experts, placed from the first iteration's loads") { check_golden("eplb_2node_a100"); }

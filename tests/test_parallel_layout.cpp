@@ -1,14 +1,17 @@
 // Parallel layouts (policies/parallel_layout.cpp): EP groups inside data parallelism, pipeline
-// stages and their 1F1B schedule, checked against hand layouts, Megatron's order and the 1F1B
-// bubble formula.
+// stages and their 1F1B schedule, tensor and context parallelism, checked against hand layouts,
+// Megatron's order and the 1F1B bubble formula.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <map>
 #include <set>
+#include <string>
 
 #include "errors.hpp"
 #include "helpers.hpp"
 #include "memory_model.hpp"
 #include "parallel_layout.hpp"
+#include "rank_layout.hpp"
 #include "simgrid_backend.hpp"
 
 using namespace moesim;
@@ -593,4 +596,92 @@ TEST_CASE("tensor parallelism: each TP op between an all-gather and a reduce-sca
   parallel.set_tp(3);
   CHECK_THROWS_WITH(parallel_layout(parallel, cluster), Catch::Contains("parallel.tp") || Catch::Contains("inside a node"));
   CHECK_THROWS_WITH(whole.tensor_parallel(32), Catch::Contains("heads"));
+}
+
+TEST_CASE("context parallelism: each GPU attends its 1/cp slice of each sequence to the whole, K and V gathered in its CP group") {
+  // One DGX-A100 node, TP 2 and CP 2 (Megatron's order tp-cp: CP groups {0,2} {1,3} {4,6} {5,7}),
+  // one EP group of 8. A TP × CP group's micro-batch is 2 sequences of 1,024 tokens; each GPU holds
+  // 512 tokens of each (its CP slice), routes 1/2 of its TP group's 1,024: 512, and attends its
+  // slices' 512 queries a sequence to all 1,024 keys, with 8 of the 16 heads and 2 of the 4 K/V heads.
+  auto s = test::model_spec(2, 1024, 4096, 8, 2, 1024, 2048, 16);
+  s.set_kv_heads(4);
+  s.set_dense_layers(1);
+  const MoeModel whole(s), model = whole.tensor_parallel(2).context_parallel(2);
+  CHECK(model.cp() == 2);
+  CHECK(model.tokens_per_gpu() == 512);
+  CHECK(model.group_tokens() == 1024);
+  auto flops = [](const std::vector<Gemm>& gemms) {
+    double f = 0;
+    for (const auto& g : gemms) f += g.flops();
+    return f;
+  };
+  // Every part of the attention a quarter: the tokens by cp, the heads by tp.
+  CHECK(flops(model.dense_forward_gemms()) == Approx(flops(whole.dense_forward_gemms()) / 4));
+  CHECK(model.dense_forward_gemms()[1].m == 512);  // a slice's queries
+  CHECK(model.dense_forward_gemms()[1].n == 1024);  // against the whole sequence's keys
+  CHECK(whole.context_parallel(2).tensor_parallel(2).tokens_per_gpu() == 512);  // either order
+  CHECK(whole.kv_gathered_bytes() == 0);
+  // K and V of both whole sequences (2,048 tokens), 2 K/V heads of 64, 2 bytes.
+  const double kv = 2048.0 * 2 * 2 * 64 * 2;
+  CHECK(model.kv_gathered_bytes() == kv);
+
+  const Cluster cluster(test::platform("dgx-a100", 1));
+  const GpuModel gpu(cluster.spec().gpu(), model.dtype());
+  std::vector<RoutingMatrix> routing;
+  for (int l = 0; l < model.layers(); ++l)
+    routing.push_back(generate_routing({}, 8, model.experts(), model.tokens_per_gpu(), model.top_k(), 1, 0, l));
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  PolicyReport report;
+  const TaskGraph g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+  CHECK(test::forward_tokens(g) == 8L * 512 * 2 * 2);  // each GPU's own 512 tokens, top-2, 2 layers
+  std::map<std::string, OpId> by_label;
+  for (const auto& op : g.ops()) by_label[op.label] = op.id;
+  int gathers = 0, scatters = 0;
+  std::set<std::vector<int>> groups;
+  for (const auto& op : g.ops()) {
+    if (op.phase != Phase::context_parallel) continue;
+    const auto& c = std::get<Collective>(op.body);
+    REQUIRE(c.group.size() == 2u);
+    groups.insert(std::vector<int>(c.group.begin(), c.group.end()));
+    CHECK(c.group[0] % 4 < 2);               // the first of a TP × CP block's two TP places
+    CHECK(c.group[1] == c.group[0] + 2);     // cp GPUs tp apart
+    const bool blocks = op.label.find(".blocks") != std::string::npos;
+    CHECK(c.total_bytes() == kv);            // one dense block, or one MoE layer
+    (c.type == CollectiveType::all_gather ? gathers : scatters)++;
+    // Beside the attention, not after it.
+    const std::string attention = blocks ? (op.label.rfind("fwd", 0) == 0 ? "fwd.dense_blocks" : "bwd.dense_blocks")
+                                         : op.label.substr(0, op.label.find(".cp_")) + ".attention";
+    REQUIRE(by_label.count(attention));
+    CHECK(std::count(op.deps.begin(), op.deps.end(), by_label[attention]) == 0);
+  }
+  // Per CP group (4): the dense block's and 2 MoE layers' attention, a gather forward, a gather and a
+  // reduce-scatter backward.
+  CHECK(gathers == 4 * 3 * 2);
+  CHECK(scatters == 4 * 3);
+  // The CP groups are Megatron's for the order tp-cp-dp (tp 2, cp 2, the rest 2).
+  const auto megatron = RankLayout("tp-cp-dp", {2, 2, 2}).groups("cp");
+  CHECK(groups == std::set<std::vector<int>>(megatron.begin(), megatron.end()));
+  const auto& gate = g.ops()[by_label.at("L1.fwd.gate")];
+  CHECK(std::count(gate.deps.begin(), gate.deps.end(), by_label.at("L1.fwd.cp_allgather.g3")) == 1);  // the gate waits for it
+
+  // Simulated: a ring's (cp - 1)/cp of the gathered bytes through each GPU's NVLink port (300 GB/s
+  // a direction on the DGX A100) is the least an exchange takes.
+  SimBackend sim(cluster, gpu);
+  const Timing timing = sim.execute(g);
+  const OpId first = by_label.at("L0.fwd.cp_allgather.g0");
+  CHECK(timing.end[first] - timing.start[first] >= kv / 2 / 300e9);
+  // The attention starts while it runs, after the TP all-gather (which the exchange does not delay).
+  CHECK(timing.start[by_label.at("L0.fwd.attention")] < timing.end[first]);
+  CHECK(timing.start[first] >= timing.end[by_label.at("L0.fwd.tp_allgather.g0")]);
+
+  // Refused: a CP group across EP groups; cp not dividing seq_len.
+  spec::ParallelSpec parallel;
+  parallel.set_tp(2);
+  parallel.set_cp(8);
+  CHECK_THROWS_WITH(parallel_layout(parallel, cluster), Catch::Contains("parallel.cp") || Catch::Contains("inside an EP group"));
+  parallel.set_cp(2);
+  parallel.set_ep(2);
+  CHECK_THROWS_WITH(parallel_layout(parallel, cluster), Catch::Contains("inside an EP group"));
+  CHECK_THROWS_WITH(whole.context_parallel(3), Catch::Contains("seq_len"));
 }

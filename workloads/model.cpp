@@ -81,17 +81,38 @@ MoeModel MoeModel::tensor_parallel(int tp) const {
   return out;
 }
 
+MoeModel MoeModel::context_parallel(int cp) const {
+  if (cp == cp_) return *this;
+  if (cp_ != 1 || cp < 1) throw FieldError("parallel.cp", "must be at least 1");
+  for (const auto& [n, what] : {std::pair{spec_.seq_len(), "seq_len"}, std::pair{spec_.tokens_per_gpu(), "tokens_per_gpu"}})
+    if (n % std::uint32_t(cp) != 0)
+      throw FieldError("parallel.cp", fmt::format("{} GPUs per context-parallel group do not divide the model's {} ({})", cp, what, n));
+  MoeModel out = *this;
+  out.spec_.set_tokens_per_gpu(spec_.tokens_per_gpu() / std::uint32_t(cp));
+  out.cp_ = cp;
+  return out;
+}
+
+double MoeModel::kv_gathered_bytes() const {
+  if (cp_ == 1) return 0;
+  const double d = spec_.d_model(), dh = spec_.head_dim() ? spec_.head_dim() : d / spec_.heads();
+  const double kv = double(spec_.kv_heads() ? spec_.kv_heads() : spec_.heads()) / tp_;
+  return double(group_tokens()) * cp_ * 2 * kv * dh * dtype_bytes();
+}
+
 std::vector<Gemm> MoeModel::dense_forward_gemms() const {
   // Under tensor parallelism: the group's tokens, 1/tp of the heads (Megatron's column- and
-  // row-parallel attention).
-  const std::uint64_t t = group_tokens(), d = spec_.d_model(), s = spec_.seq_len(), tp = std::uint64_t(tp_);
-  const std::uint64_t dh = spec_.head_dim() ? spec_.head_dim() : d / spec_.heads(), h = spec_.heads() / tp, sequences = t / s;
+  // row-parallel attention). Under context parallelism the tokens are 1/cp of each of their
+  // sequences: seq_len/cp queries a sequence, each against all seq_len keys.
+  const std::uint64_t t = group_tokens(), d = spec_.d_model(), s = spec_.seq_len(), tp = std::uint64_t(tp_), cp = std::uint64_t(cp_);
+  const std::uint64_t dh = spec_.head_dim() ? spec_.head_dim() : d / spec_.heads(), h = spec_.heads() / tp;
+  const std::uint64_t sequences = t * cp / s, queries = s / cp;
   const std::uint64_t kv = (spec_.kv_heads() ? spec_.kv_heads() : spec_.heads()) / tp;
   std::vector<Gemm> gemms = {
-      {t, (h + 2 * kv) * dh, d, 1},  // QKV projection (3d for multi-head attention)
-      {s, s, dh, sequences * h},     // scores Q·Kᵀ per sequence and head
-      {s, dh, s, sequences * h},     // context scores·V
-      {t, d, h * dh, 1},             // output projection
+      {t, (h + 2 * kv) * dh, d, 1},         // QKV projection (3d for multi-head attention)
+      {queries, s, dh, sequences * h},      // scores Q·Kᵀ per sequence (slice) and head
+      {queries, dh, s, sequences * h},      // context scores·V
+      {t, d, h * dh, 1},                    // output projection
   };
   for (const auto& g : spec_.extra_dense_gemms()) gemms.push_back({g.m(), g.n(), g.k(), g.batch() ? g.batch() : 1});
   return gemms;
@@ -101,8 +122,8 @@ double MoeModel::dense_forward_memory_bytes() const {
   // Scores of 1/tp of the heads over the group's sequences; norms and residuals on the GPU's own
   // 1/tp of the tokens (sequence parallelism).
   const double t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len(), h = double(spec_.heads()) / tp_;
-  const double b = dtype_bytes(), sequences = std::floor(double(group_tokens()) / s);
-  const double scores = spec_.flash_attention() ? 0 : h * sequences * s * s * (4 * b + 1);
+  const double b = dtype_bytes(), sequences = std::floor(double(group_tokens()) * cp_ / s);
+  const double scores = spec_.flash_attention() ? 0 : h * sequences * (s / cp_) * s * (4 * b + 1);
   return scores + t * d * (10 * b + 2);
 }
 

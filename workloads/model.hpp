@@ -26,8 +26,22 @@ class MoeModel {
   /// the heads, the K/V heads or d_ffn.
   MoeModel tensor_parallel(int tp) const;
   int tp() const { return tp_; }
-  /// The tokens a tensor-parallel group's attention runs on: every GPU's of the group.
+  /// The model as one GPU of a context-parallel group of `cp` GPUs sees it (Megatron-Core's CP,
+  /// ParallelSpec.cp): each sequence in cp slices, the GPU holding one, so tokens_per_gpu() becomes
+  /// 1/cp of it (what it routes and keeps activations of); its attention runs its slices' queries,
+  /// seq_len/cp of each sequence, against all seq_len keys and values (kv_gathered_bytes()).
+  /// Composes with tensor_parallel() in either order. FieldError "parallel.cp" where cp does not
+  /// divide seq_len or the tokens.
+  MoeModel context_parallel(int cp) const;
+  int cp() const { return cp_; }
+  /// The tokens a tensor-parallel group's attention runs on: every GPU's of the group (of its
+  /// sequences' slices, under context parallelism).
   std::uint64_t group_tokens() const { return std::uint64_t(spec_.tokens_per_gpu()) * std::uint64_t(tp_); }
+  /// Under context parallelism, the keys and values one GPU's attention reads, of whole sequences
+  /// and of its 1/tp of the K/V heads: what the CP group's all-gather brings it (cp · group_tokens()
+  /// tokens × 2 · kv_heads/tp · head_dim × dtype), and in the backward what the reduce-scatter of
+  /// their gradients sends. 0 without context parallelism.
+  double kv_gathered_bytes() const;
   int layers() const { return int(spec_.layers()); }
   int experts() const { return int(spec_.experts()); }
   int top_k() const { return int(spec_.top_k()); }
@@ -101,7 +115,7 @@ class MoeModel {
   double attention_params() const;
   std::vector<Gemm> ffn_gemms(std::uint64_t tokens, std::uint64_t f) const;
   spec::ModelSpec spec_;
-  int tp_ = 1;
+  int tp_ = 1, cp_ = 1;
 };
 
 }  // namespace moesim

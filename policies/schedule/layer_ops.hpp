@@ -88,6 +88,12 @@ class LayerOps {
   /// ("<label>.g<group>"): `tensors` tensors of the group's tokens × d_model gathered (before a
   /// tensor-parallel op) or reduce-scattered (after it), on the comm stream.
   std::vector<OpId> tp_collectives(const std::string& label, CollectiveType type, int tensors, std::vector<OpId> deps);
+  /// Context parallelism's exchange beside `blocks` attention blocks, on each group of cp GPUs tp
+  /// apart ("<pass>.cp_allgather<what>.g<group>"): every GPU's keys and values gathered (the
+  /// forward), gathered again and their gradients reduce-scattered (the backward), on the comm
+  /// stream after `deps`, what the attention itself waits for.
+  std::vector<OpId> cp_collectives(const std::string& pass, const std::string& what, int blocks, Pass direction,
+                                   const std::vector<OpId>& deps);
   std::vector<int> group_of(int l, const Replica& rep, std::size_t from = 0, std::size_t to = SIZE_MAX) const;
   void broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps = {}, int limit = -1);
   void broadcast_late(int l);
