@@ -179,6 +179,10 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
       throw in_spec("cluster.gpus_per_node", e.message());
     }
   }
+  if (const auto channels = s.cluster().nccl_net_channels_per_peer(); channels > 0) {  // the NCCL the experiment ran
+    if (channels > 64) throw in_spec("cluster.nccl_net_channels_per_peer", fmt::format("{}: at most 64 (NCCL's MAXCHANNELS)", channels));
+    ex.cluster_spec.mutable_node()->set_nccl_net_channels_per_peer(channels);
+  }
   if (!s.cluster().gpu_profile().empty()) {  // a measured GPU in place of the catalog's
     relative_to_spec(s.mutable_cluster()->mutable_gpu_profile(), "cluster.gpu_profile");
     try {

@@ -181,6 +181,7 @@ Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
   require(node.cpu_vendor().empty() || node.cpu_vendor() == "intel" || node.cpu_vendor() == "amd", "node.cpu_vendor",
           "'" + node.cpu_vendor() + "' is not \"intel\" or \"amd\"");
   if (node.has_nccl_call_latency_us()) require_in(node.nccl_call_latency_us(), 0, kMaxLatencyUs, "node.nccl_call_latency_us", "µs");
+  require(node.nccl_net_channels_per_peer() <= 64, "node.nccl_net_channels_per_peer", "at most 64 (NCCL's MAXCHANNELS)");
   nccl_call_latency_ = (node.has_nccl_call_latency_us() ? node.nccl_call_latency_us() : nccl::baseLat[1][nccl::kSimple]) * 1e-6;
 
   // Vertices: gpu0..gpuN-1 first, then every other name in link order.

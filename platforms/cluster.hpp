@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moesim.pb.h"
+#include "nccl_constants.hpp"
 
 namespace moesim {
 
@@ -57,6 +58,11 @@ class Cluster {
   /// Seconds one NCCL call costs before its bytes move (NodeSpec.nccl_call_latency_us; NCCL's
   /// baseLat for the Simple protocol by default).
   double nccl_call_latency() const { return nccl_call_latency_; }
+  /// Bytes/s at most of the send/recv messages from one GPU to one peer on another node: NCCL's
+  /// channels to such a peer × 14 GB/s (NodeSpec.nccl_net_channels_per_peer); 0: no such cap.
+  double net_peer_bandwidth() const {
+    return spec_.node().nccl_net_channels_per_peer() * nccl::p2pPerChannelNetBw * 1e9;
+  }
 
   /// The links of one node (every node has the same).
   const std::vector<NodeLink>& node_links() const { return links_; }

@@ -15,4 +15,8 @@ inline constexpr int kSimple = 2;
 /// still have to launch nsteps * net overhead").
 constexpr double net_overhead_us(bool amd_cpu, bool simple) { return (amd_cpu ? 2.0 : 1.0) * (simple ? 3 : 1); }
 
+/// src/graph/paths.cc, NCCL_PARAM(P2pPerChannelNetBw, "P2P_PER_CHANNEL_NET_BW", 14): GB/s one p2p
+/// channel moves through the network, by which NCCL sizes a remote peer's channels.
+inline constexpr double p2pPerChannelNetBw = 14;
+
 }  // namespace moesim::nccl

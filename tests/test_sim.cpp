@@ -513,6 +513,42 @@ TEST_CASE("with PXN the sender's NIC on the receivers' rail carries every messag
 }
 TEST_CASE("with PXN one flow per message gives the aggregated step's time") { CHECK(pxn_incast(true, false) == Approx(2).epsilon(1e-3)); }
 
+// NCCL's channels to a send/recv peer on another node (NodeSpec.nccl_net_channels_per_peer), 14 GB/s
+// each: on 2 DGX A100s (25 GB/s NICs) GPU i of node 0 and GPU i of node 1 exchange B, each GPU's one
+// remote peer (2DH's inter-node phase on 2 nodes). With one channel (NCCL before 2.12) the exchange
+// lasts B / 14 GB/s, with two (28 GB/s) or none set the NIC binds: B / 25 GB/s. A linear all-to-all
+// of the 16 GPUs, 8 remote peers each, is the same with the cap and without. Returns the
+// all-to-all's time over B / 14 GB/s, simulated (sim) or as the cost model times it.
+double peer_capped(int channels, bool one_peer, bool sim_backend) {
+  auto spec = test::platform("dgx-a100", 2);
+  spec.mutable_node()->set_nccl_net_channels_per_peer(std::uint32_t(channels));
+  const Cluster cluster(spec);
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  const double B = 1e9;
+  std::vector<double> bytes(16 * 16, one_peer ? 0.0 : B / 8);
+  if (one_peer)
+    for (std::size_t i = 0; i < 8; ++i) bytes[i * 16 + i + 8] = bytes[(i + 8) * 16 + i] = B;
+  Collective c{CollectiveType::all_to_all, {}, bytes, "linear"};
+  for (int i = 0; i < 16; ++i) c.group.push_back(i);
+  if (!sim_backend) return CostModel(cluster, gpu).collective_time(c) / (B / 14e9);
+  SimBackend sim(cluster, gpu);
+  TaskGraph g(cluster.num_gpus());
+  const OpId a2a = g.add_collective(Stream::comm, "a2a", c);
+  return duration(sim.execute(g), a2a) / (B / 14e9);
+}
+
+TEST_CASE("one NCCL channel to a remote peer caps its messages at 14 GB/s below the NIC's 25") {
+  CHECK(peer_capped(1, true, true) == Approx(1).epsilon(1e-3));
+  CHECK(peer_capped(1, true, false) == Approx(1).epsilon(1e-3));  // the cost model agrees
+}
+TEST_CASE("two NCCL channels to a remote peer leave the NIC to bind") {
+  CHECK(peer_capped(2, true, true) == Approx(14.0 / 25).epsilon(2e-3));
+  CHECK(peer_capped(0, true, false) == Approx(14.0 / 25).epsilon(2e-3));  // no cap set, in the cost model
+}
+TEST_CASE("a linear all-to-all with 8 remote peers a GPU is the same under a one-channel cap") {
+  CHECK(peer_capped(1, false, true) == Approx(peer_capped(0, false, false)).epsilon(0.05));
+}
+
 TEST_CASE("a transfer between nodes under PXN leaves through the receiver's rail, sharing that NIC") {
   // 3 DGX H100s with PXN: GPU 0 -> GPU 1 of node 1 and GPU 1 -> GPU 1 of node 2, side by side, both
   // through node 0's NIC 1 (GPU 0's message over NVLink to GPU 1 first): each at half of 50 GB/s.

@@ -40,13 +40,40 @@ const CollectiveAlgorithm& algorithm_of(const Collective& c) {
   return *a;
 }
 
+// NCCL's channels to a peer on another node (Cluster::net_peer_bandwidth()): a step of send/recv
+// pairs lasts at least its largest message between two nodes (its rounds together) over what those
+// channels move. Only where the platform sets the cap (an older NCCL); rings, trees and DeepEP's
+// kernels are not send/recv pairs.
+Lowering with_net_peer_cap(Lowering lowering, const Cluster& cluster) {
+  const double cap = cluster.net_peer_bandwidth();
+  if (!(cap > 0) || cluster.nodes() < 2) return lowering;
+  for (auto& lane : lowering)
+    for (auto& step : lane) {
+      if (!step.p2p) continue;
+      double largest = 0;
+      auto note = [&](int src, int dst, double bytes) {
+        if (cluster.node_of(src) != cluster.node_of(dst)) largest = std::max(largest, bytes);
+      };
+      if (const Collective* c = step.all_pairs) {
+        c->bytes.for_each(c->group.size(), [&](std::size_t i, std::size_t j, double b) {
+          note(c->group[i], c->group[j], b);
+          return true;
+        });
+      } else {
+        for (const auto& t : step.transfers) note(t.src, t.dst, t.bytes);
+      }
+      step.min_seconds = std::max(step.min_seconds, largest * step.rounds / cap);
+    }
+  return lowering;
+}
+
 }  // namespace
 
-Lowering lower(const Collective& c, const Cluster& cluster) { return algorithm_of(c).lower(c, cluster); }
+Lowering lower(const Collective& c, const Cluster& cluster) { return with_net_peer_cap(algorithm_of(c).lower(c, cluster), cluster); }
 
 Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
   const CollectiveAlgorithm& a = algorithm_of(c);
-  return a.lower_unlisted ? a.lower_unlisted(c, cluster) : a.lower(c, cluster);
+  return with_net_peer_cap(a.lower_unlisted ? a.lower_unlisted(c, cluster) : a.lower(c, cluster), cluster);
 }
 
 const char* bus_bandwidth_formula(CollectiveType type) {

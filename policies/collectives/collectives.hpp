@@ -36,7 +36,8 @@ struct Step {
   /// per-message overhead.
   int messages = 1;
   /// The step lasts at least this many seconds whatever its links allow: a kernel's throughput
-  /// limit (NCCL's per-channel Tree cap, tree_allreduce.cpp). 0: none.
+  /// limit (NCCL's per-channel Tree cap, tree_allreduce.cpp; its channels to a remote send/recv
+  /// peer, Cluster::net_peer_bandwidth(), set by lower()). 0: none.
   double min_seconds = 0;
   /// Set by lower_unlisted() instead of `transfers`: the step sends from every group[i] to every
   /// group[j], i ≠ j, the bytes[i·n + j] > 0 of this all-to-all (rotating_pairs()'s transfers).

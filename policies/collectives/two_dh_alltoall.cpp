@@ -44,9 +44,10 @@ Lowering lower_2dh(const Collective& c, const Cluster& cluster) {
     for (std::size_t r = 0; r < n; ++r) s.copies.push_back({c.group[r], bytes[r]});
     return s;
   };
-  // Several disjoint exchanges (one per node, or one per rail) as one step.
+  // Several disjoint exchanges (one per node, or one per rail) as one step of send/recv pairs.
   auto side_by_side = [](const std::vector<Step>& steps) {
     Step out;
+    out.p2p = true;
     for (const auto& s : steps) {
       out.transfers.insert(out.transfers.end(), s.transfers.begin(), s.transfers.end());
       out.serial_rounds = std::max(out.serial_rounds, s.serial_rounds);
