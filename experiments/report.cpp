@@ -126,11 +126,14 @@ std::string parameter_table(const std::vector<ReportEntry>& entries) {
 
 OrderScore ordering_score(const std::vector<PaperComparison>& claims) {
   constexpr double kTie = 0.02;  // a paper's ratios within 2% state no order
+  // Two systems the simulation times alike (the same schedule chosen, both bound by the same link)
+  // are in no order, so not in the paper's: a tie's last bits would otherwise decide it.
+  constexpr double kSimulatedTie = 1e-9;
   OrderScore o;
   auto count = [&](double paper, double simulated) {  // log-ratios: > 0 the first system ahead
     if (std::abs(paper) < std::log1p(kTie)) return;
     ++o.pairs;
-    if ((paper > 0) == (simulated > 0)) ++o.match;
+    if (std::abs(simulated) > kSimulatedTie && (paper > 0) == (simulated > 0)) ++o.match;
   };
   std::vector<const PaperComparison*> ran;
   // A bandwidth (a routed collective's, in GB/s) states no order of two systems: left out.

@@ -252,6 +252,12 @@ TEST_CASE("report: the ordering score counts the pairs of systems the simulation
   CHECK(o.match == 5);
   const auto none = ordering_score({comparison("x", "X", "base", 2.0, std::numeric_limits<double>::quiet_NaN())});
   CHECK(none.pairs == 0);  // not run: no pair
+  // A simulated tie (the same time, to the last bits or not) is in no order: counted, never a match.
+  for (const double tie : {1.0, 1.0 + 1e-12, 1.0 - 1e-12}) {
+    const auto t = ordering_score({comparison("t", "T", "base", 1.14, tie)});
+    CHECK(t.pairs == 1);
+    CHECK(t.match == 0);
+  }
   const std::string md = report_markdown({entry("x", claims)}, "moesim report");
   CHECK_THAT(md, Contains("5 of 7 pairs of systems in the paper's order"));
   CHECK_THAT(md, Contains("| [x](#x) | 5 | 0 | 5 | 0 | 5/7 |"));

@@ -31,6 +31,6 @@ EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
-set key top left horizontal
+set key outside right top vertical Left reverse samplen 1 font ',7'
 set xtics rotate by 20 right
 plot for [i=0:4] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

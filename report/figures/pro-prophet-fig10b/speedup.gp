@@ -33,5 +33,5 @@ set style data histograms
 set style histogram errorbars lw 1 gap 1
 set boxwidth 0.9
 set key top left horizontal
-set xtics rotate by 20 right
+set xtics rotate by 30 right font ',7'
 plot for [i=0:2] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx2080ti-pcie × 32 GPUs; 4 models; uniform: every expert alike, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over tutel (x)'
-set yrange [0:1.808]
+set yrange [0:1.745]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "tutel" ci "fastermoe" ci "schemoe" ci
-"x12" 1.0000 0.0000 1.0254 0.0000 1.4283 0.0000
-"x16" 1.0000 0.0000 1.0273 0.0000 1.4745 0.0000
-"x20" 1.0000 0.0000 1.0286 0.0000 1.5073 0.0000
-"x24" 1.0000 0.0000 1.0295 0.0000 1.5318 0.0000
+"x12" 1.0000 0.0000 1.0239 0.0000 1.3934 0.0000
+"x16" 1.0000 0.0000 1.0256 0.0000 1.4320 0.0000
+"x20" 1.0000 0.0000 1.0267 0.0000 1.4590 0.0000
+"x24" 1.0000 0.0000 1.0275 0.0000 1.4790 0.0000
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
