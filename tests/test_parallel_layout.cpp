@@ -543,6 +543,27 @@ TEST_CASE("ZeRO-1: each GPU keeps and updates 1/N of the dense optimizer states 
   CHECK(steps == 2);
 }
 
+namespace {
+
+double flops(const std::vector<Gemm>& gemms) {
+  double f = 0;
+  for (const auto& g : gemms) f += g.flops();
+  return f;
+}
+
+// Plain EP's iteration of `model` over the cluster's GPUs, each GPU's tokens routed at random.
+TaskGraph ep_iteration(const Cluster& cluster, const GpuModel& gpu, const MoeModel& model) {
+  std::vector<RoutingMatrix> routing;
+  for (int l = 0; l < model.layers(); ++l)
+    routing.push_back(generate_routing({}, cluster.num_gpus(), model.experts(), model.tokens_per_gpu(), model.top_k(), 1, 0, l));
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  PolicyReport report;
+  return make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+}
+
+}  // namespace
+
 TEST_CASE("tensor parallelism: each TP op between an all-gather and a reduce-scatter of its group's tokens, 1/tp of its work") {
   // One DGX-A100 node, TP 2 (4 groups of 2 consecutive GPUs) with sequence parallelism: a group's
   // micro-batch is 2,048 tokens, each GPU routes its 1,024 to the experts.
@@ -552,24 +573,13 @@ TEST_CASE("tensor parallelism: each TP op between an all-gather and a reduce-sca
   const MoeModel whole(s), model = whole.tensor_parallel(2);
   CHECK(model.tp() == 2);
   CHECK(model.tokens_per_gpu() == 1024);
-  auto flops = [](const std::vector<Gemm>& gemms) {
-    double f = 0;
-    for (const auto& g : gemms) f += g.flops();
-    return f;
-  };
   CHECK(flops(model.dense_forward_gemms()) == Approx(flops(whole.dense_forward_gemms()) / 2));  // heads split
   CHECK(flops(model.dense_block_gemms()) == Approx(flops(whole.dense_block_gemms()) / 2));      // and d_ffn
   CHECK(flops(model.output_forward_gemms()) == Approx(flops(whole.output_forward_gemms()) / 2));  // and the vocabulary
   CHECK(model.dense_params_per_gpu() == Approx(whole.dense_params_per_gpu() / 2));
   const Cluster cluster(test::platform("dgx-a100", 1));
   const GpuModel gpu(cluster.spec().gpu(), model.dtype());
-  std::vector<RoutingMatrix> routing;
-  for (int l = 0; l < model.layers(); ++l)
-    routing.push_back(generate_routing({}, 8, model.experts(), model.tokens_per_gpu(), model.top_k(), 1, 0, l));
-  spec::PolicySpec ps;
-  ps.set_name("ep");
-  PolicyReport report;
-  const TaskGraph g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+  const TaskGraph g = ep_iteration(cluster, gpu, model);
   CHECK(test::forward_tokens(g) == 8L * 1024 * 2 * 2);  // each GPU's own 1,024 tokens, top-2, 2 layers
   const double tensor = 2048.0 * 1024 * 2;  // the group's tokens × d_model × 2 bytes
   int gathers = 0, scatters = 0;
@@ -610,11 +620,6 @@ TEST_CASE("context parallelism: each GPU attends its 1/cp slice of each sequence
   CHECK(model.cp() == 2);
   CHECK(model.tokens_per_gpu() == 512);
   CHECK(model.group_tokens() == 1024);
-  auto flops = [](const std::vector<Gemm>& gemms) {
-    double f = 0;
-    for (const auto& g : gemms) f += g.flops();
-    return f;
-  };
   // Every part of the attention a quarter: the tokens by cp, the heads by tp.
   CHECK(flops(model.dense_forward_gemms()) == Approx(flops(whole.dense_forward_gemms()) / 4));
   CHECK(model.dense_forward_gemms()[1].m == 512);  // a slice's queries
@@ -627,13 +632,7 @@ TEST_CASE("context parallelism: each GPU attends its 1/cp slice of each sequence
 
   const Cluster cluster(test::platform("dgx-a100", 1));
   const GpuModel gpu(cluster.spec().gpu(), model.dtype());
-  std::vector<RoutingMatrix> routing;
-  for (int l = 0; l < model.layers(); ++l)
-    routing.push_back(generate_routing({}, 8, model.experts(), model.tokens_per_gpu(), model.top_k(), 1, 0, l));
-  spec::PolicySpec ps;
-  ps.set_name("ep");
-  PolicyReport report;
-  const TaskGraph g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+  const TaskGraph g = ep_iteration(cluster, gpu, model);
   CHECK(test::forward_tokens(g) == 8L * 512 * 2 * 2);  // each GPU's own 512 tokens, top-2, 2 layers
   std::map<std::string, OpId> by_label;
   for (const auto& op : g.ops()) by_label[op.label] = op.id;
