@@ -236,7 +236,7 @@ TaskGraph LayerOps::build() {
       return every_gpu(fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, std::move(deps));
     });
     every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, after_attention());
-    ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; })};
+    ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::forward); })};
     if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
     if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
@@ -245,7 +245,7 @@ TaskGraph LayerOps::build() {
     const OpId done = schedule_.emit(*this, l, Pass::forward);
     if (mode == RS::block_wise && l + 1 < L) broadcast_replicas(l + 1, Stream::comm);  // SubTrans2, the rest
     before_layer = {every_gpu(fmt::format("L{}.fwd.decode", l),
-                              [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; }, {done})};
+                              [&](int r) { return codec(l, r, ComputeKind::decode, Pass::forward); }, {done})};
   }
   // The output projection and its loss, forward then backward, between the blocks' two passes
   // (the embedding lookup and its gradient are counted in its bytes).
@@ -258,7 +258,7 @@ TaskGraph LayerOps::build() {
     });
   }
   for (int l = L - 1; l >= 0; --l) {
-    ready_ = {every_gpu(fmt::format("L{}.bwd.decode", l), [&](int r) { return Compute{ComputeKind::decode, codec_gemms(l, r), permute_bytes_}; },
+    ready_ = {every_gpu(fmt::format("L{}.bwd.decode", l), [&](int r) { return codec(l, r, ComputeKind::decode, Pass::backward); },
                         after_attention())};
     shared_experts(l, Pass::backward);
     const OpId done = schedule_.emit(*this, l, Pass::backward);
@@ -276,7 +276,7 @@ TaskGraph LayerOps::build() {
         after.insert(after.end(), reduces_.end() - std::ptrdiff_t(plan_.layers[std::size_t(l)].replicas.size()), reduces_.end());
     }
     if (replicas_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
-    every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return Compute{ComputeKind::encode, codec_gemms(l, r), permute_bytes_}; }, after);
+    every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::backward); }, after);
     const OpId gate_done = every_gpu(fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
     ready_ = {tp_op(fmt::format("L{}.bwd", l), "", 1, {gate_done}, [&](std::vector<OpId> deps) {
       cp_beside(fmt::format("L{}.bwd", l), "", 1, Pass::backward, deps);
@@ -508,15 +508,31 @@ OpId LayerOps::join(std::string label, std::vector<OpId> deps) {
                                std::move(deps));
 }
 
-// Fairseq's dense encode (or decode) on rank r (docs/spec/tutel.md §4.4): einsum "TEC,TM->ECM" over the
-// one-hot dispatch mask, a GEMM of (E·C) × M × T with C the rank's padded capacity per expert.
-// Tutel's sparse kernels are memory-bound only (permute_bytes_): no GEMM.
-std::vector<Gemm> LayerOps::codec_gemms(int l, int r) const {
-  if (!plan_.kernels.dense_encode) return {};
+// GPU r's encode or decode of layer l. Tutel's sparse kernels read and write each routed token
+// (permute_bytes_). Fairseq's dense path (fairseq/modules/moe at the moe branch: top2gate.py
+// top2gating, moe_layer.py MOELayer.forward; docs/spec/tutel.md §4.4), with s = the GPU's tokens, E
+// experts, C its padded capacity per expert, M = d_model and b the dtype's bytes (the gate's
+// default precision, moe_gating_use_fp32 off):
+//   forward encode: the combine weights built over s × E × C (two bmm "se,sc->sec" written, added,
+//     .bool() to the dispatch mask, the mask cast back to b bytes: 7b + 2 bytes an element, and the
+//     two one-hot s × C int64 location tensors cast to b bytes), then the einsum "sec,sm->ecm", a
+//     GEMM of (E·C) × M × s;
+//   forward decode: the einsum "sec,ecm->sm", the same GEMM's FLOPs;
+//   backward decode: two of them, the expert outputs' gradient and the combine weights' (the gate's
+//     probabilities carry a gradient);
+//   backward encode: the input's gradient (the bool mask has none), and the two bmm's backward
+//     reading the combine weights' gradient (2b an element).
+Compute LayerOps::codec(int l, int r, ComputeKind kind, Pass pass) const {
+  if (!plan_.kernels.dense_encode) return {kind, {}, permute_bytes_};
   const auto& R = routing(l);
   std::int64_t C = 0;
   for (int e = 0; e < experts_; ++e) C = std::max<std::int64_t>(C, R.at(r, e));
-  return {{std::uint64_t(experts_) * std::uint64_t(C), in_.model.spec().d_model(), std::uint64_t(in_.model.tokens_per_gpu()), 1}};
+  const double s = in_.model.tokens_per_gpu(), b = in_.model.dtype_bytes(), sec = s * double(experts_) * double(C);
+  Gemm gemm{std::uint64_t(experts_) * std::uint64_t(C), in_.model.spec().d_model(), std::uint64_t(in_.model.tokens_per_gpu()), 1};
+  const bool encode = kind == ComputeKind::encode, forward = pass == Pass::forward;
+  if (!encode && !forward) gemm.repeat = 2;
+  const double bytes = !encode ? 0 : forward ? sec * (7 * b + 2) + 2 * s * double(C) * (8 + 8 + b) : sec * 2 * b;
+  return {kind, {gemm}, bytes};
 }
 
 std::vector<double> LayerOps::exchanged(int l) const {

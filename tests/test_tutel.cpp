@@ -286,3 +286,51 @@ TEST_CASE("a tutel spec asking for two layer schedules that do not compose is re
       CHECK_NOTHROW(check());
   }
 }
+
+TEST_CASE("Fairseq's dense encode and decode cost its one-hot einsums as released, two GEMMs in the backward decode") {
+  // fairseq/modules/moe (top2gate.py, moe_layer.py): the combine weights built over s × E × C, the
+  // dispatch einsum "sec,sm->ecm" and the combine einsum "sec,ecm->sm", each a GEMM of
+  // (E·C) × M × s; the backward decode also computes the combine weights' gradient.
+  const Layer t({"gate.capacity_factor=1", "gate.pad_to_capacity=true"});
+  const auto& [ex, cluster, model, gpu, routing] = t;
+  spec::PolicySpec ps;
+  ps.set_name("tutel");
+  auto& tutel = *ps.mutable_tutel();
+  tutel.set_parallel_r(1);
+  tutel.set_flexible_alltoall(false);
+  tutel.add_degrees(1);
+  tutel.add_algorithms("linear");
+  const double s = model.tokens_per_gpu(), E = model.experts(), M = model.spec().d_model(), b = model.dtype_bytes();
+  double C = 0;
+  for (int e = 0; e < model.experts(); ++e) C = std::max(C, double(routing[0].at(0, e)));
+  const double gemm = 2 * E * C * M * s;  // one einsum's FLOPs
+  auto gpu0 = [](const TaskGraph& g, const std::string& label) {
+    Compute c;
+    for (const auto& op : g.ops())
+      if (op.label == label) test::for_each_compute(op, [&](const Compute& w, int rank) { if (rank == 0) c = w; });
+    return c;
+  };
+  for (const bool dense : {true, false}) {
+    INFO((dense ? "Fairseq's dense path" : "Tutel's sparse kernels"));
+    tutel.set_dense_encode(dense);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    const Compute fe = gpu0(g, "L0.fwd.encode"), fd = gpu0(g, "L0.fwd.decode"), bd = gpu0(g, "L0.bwd.decode"), be = gpu0(g, "L0.bwd.encode");
+    if (!dense) {  // each routed token read and written, no GEMM
+      for (const Compute& c : {fe, fd, bd, be}) {
+        CHECK(c.flops() == 0);
+        CHECK(c.memory_bytes == Approx(2 * s * model.top_k() * model.token_bytes()));
+      }
+      continue;
+    }
+    CHECK(fe.flops() == Approx(gemm));
+    CHECK(fd.flops() == Approx(gemm));
+    CHECK(bd.flops() == Approx(2 * gemm));  // the expert outputs' gradient and the combine weights'
+    CHECK(be.flops() == Approx(gemm));      // the input's gradient only: the bool mask has none
+    // Two bmm written, added, .bool(), cast back (7b + 2 an element of s·E·C), the two one-hot s × C
+    // int64 locations zeroed and cast; backward, the two bmm read the combine weights' gradient.
+    CHECK(fe.memory_bytes == Approx(s * E * C * (7 * b + 2) + 2 * s * C * (16 + b)));
+    CHECK(fd.memory_bytes == 0);
+    CHECK(be.memory_bytes == Approx(s * E * C * 2 * b));
+  }
+}

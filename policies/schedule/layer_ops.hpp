@@ -102,7 +102,9 @@ class LayerOps {
   void reduce_replicas(int l, Stream stream, int limit = -1);
   void exchange_counts(int l);
   void shared_experts(int l, Pass pass);
-  std::vector<Gemm> codec_gemms(int l, int r) const;
+  /// GPU r's encode (kind encode) or decode of layer l in a pass: Tutel's sparse kernels (the
+  /// routed tokens read and written), or Fairseq's dense one-hot einsums (ExpertKernels::dense_encode).
+  Compute codec(int l, int r, ComputeKind kind, Pass pass) const;
   long column_sum(int l, int from, int to, int e);
   Compute expert_work(int l, int rank, int from, int to, Pass pass, std::vector<OpId>& deps, std::vector<int>& copies,
                       int part, int parts);
