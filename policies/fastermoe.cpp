@@ -181,6 +181,9 @@ class FasterMoe final : public Policy {
     if (smart(f) && cluster.num_gpus() % std::min<std::int64_t>(gs, cluster.num_gpus()) != 0)
       throw FieldError("policy.fastermoe.group_size",
                        fmt::format("{} GPUs do not split into groups of {}; use a divisor of the GPU count", cluster.num_gpus(), gs));
+    if (f.blocking() && smart(f))
+      throw FieldError("policy.fastermoe.blocking", "the smart schedule overlaps the shadowed experts' transfers by design: "
+                                                    "blocking is for shadowing without it (fastermoe-shadow)");
     if (!(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))  // whatever the gate: never a silent NaN
       throw FieldError("policy.fastermoe.outgoing_fraction", "must be in [0, 1] (0 means the released default, 0.14)");
     if (code_ != Code::released) return;
@@ -213,6 +216,7 @@ class FasterMoe final : public Policy {
       plans.push_back(std::move(plan));
     }
     IterationPlan plan(std::move(plans));
+    if (f.blocking()) plan.replicas.timing = ReplicaSchedule::exposed;
     if (smart(f)) plan.schedule = smart_schedule(int(std::min<std::int64_t>(f.group_size() ? f.group_size() : 4, in.cluster.num_gpus())));
     return plan;
   }
