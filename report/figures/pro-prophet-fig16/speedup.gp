@@ -19,20 +19,20 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 10 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over planner (x)'
-set yrange [0:1.357]
+set yrange [0:1.248]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "fastermoe" ci
-"S-k1" 1.0000 0.0000 1.0488 0.0311
-"S-k2" 1.0000 0.0000 1.0739 0.0762
-"M-k1" 1.0000 0.0000 1.0239 0.0355
-"M-k2" 1.0000 0.0000 1.0478 0.0567
-"L-k1" 1.0000 0.0000 1.0013 0.0425
-"L-k2" 1.0000 0.0000 1.0095 0.0385
-"DS-k1" 1.0000 0.0000 1.0528 0.0408
-"DS-k2" 1.0000 0.0000 1.0729 0.0341
-"DM-k1" 1.0000 0.0000 1.0317 0.0334
-"DM-k2" 1.0000 0.0000 1.0480 0.0428
+"S-k1" 1.0000 0.0000 0.9685 0.0072
+"S-k2" 1.0000 0.0000 0.9953 0.0623
+"M-k1" 1.0000 0.0000 0.9486 0.0060
+"M-k2" 1.0000 0.0000 0.9757 0.0370
+"L-k1" 1.0000 0.0000 0.9403 0.0249
+"L-k2" 1.0000 0.0000 0.9473 0.0038
+"DS-k1" 1.0000 0.0000 0.9711 0.0163
+"DS-k2" 1.0000 0.0000 0.9964 0.0197
+"DM-k1" 1.0000 0.0000 0.9535 0.0066
+"DM-k2" 1.0000 0.0000 0.9786 0.0183
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
