@@ -478,3 +478,33 @@ TEST_CASE("a backward pass's GEMMs read the forward's operands transposed, twice
     for (const auto& [key, f] : fwd_flops) CHECK(bwd_flops[key] == Approx(2 * f));
   }
 }
+
+TEST_CASE("blocking shadowing: the backward's next compute waits for the shadowed experts' reduces") {
+  // Pro-Prophet §5.3's FasterMoE ("scheduling is coarse-grained and blocking",
+  // policy.fastermoe.blocking); by default the reduces run under the rest of the backward.
+  const test::SmallSetup t;
+  const auto routing = t.routing(11);
+  for (const bool blocking : {false, true}) {
+    INFO((blocking ? "blocking" : "in stream order"));
+    spec::PolicySpec ps;
+    ps.set_name("fastermoe-shadow");
+    ps.mutable_fastermoe()->set_blocking(blocking);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    REQUIRE(report.shadowed_experts > 0);
+    int reduces = 0, waited = 0;
+    for (const auto& op : g.ops()) {
+      if (op.phase != Phase::replica_reduce) continue;
+      ++reduces;
+      const std::string layer = op.label.substr(0, op.label.find('.'));
+      for (const auto& next : g.ops())
+        if (next.label == layer + ".bwd.encode") waited += int(std::count(next.deps.begin(), next.deps.end(), op.id));
+    }
+    REQUIRE(reduces > 0);
+    CHECK(waited == (blocking ? reduces : 0));
+  }
+  spec::PolicySpec smart;
+  smart.set_name("fastermoe");
+  smart.mutable_fastermoe()->set_blocking(true);
+  CHECK_THROWS_WITH(make_policy(smart)->validate(t.cluster, t.model, smart), Catch::Contains("policy.fastermoe.blocking"));
+}
