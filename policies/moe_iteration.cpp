@@ -238,6 +238,7 @@ TaskGraph LayerOps::build() {
     every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, after_attention());
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::forward); })};
     if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
+    if (plan_.shadow_search && G > 1) search_shadows(l);           // ready_: after the host has them all
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
     if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
     broadcast_late(l);  // Hecate's calibrated copies, after the gate
@@ -499,6 +500,16 @@ void LayerOps::exchange_counts(int l) {
   Compute sync{ComputeKind::elementwise, {}, 0};
   sync.fixed_seconds = in_.gpu.host_sync_seconds();
   ready_ = {every_gpu(fmt::format("L{}.fwd.host_sync", l), std::move(sync), {exchanged})};
+}
+
+// FasterMoE's shadowing decision (IterationPlan::shadow_search): global_policy all-gathers every
+// GPU's local_expert_count (E int64 each) and reads the stack on the host (.cpu()).
+void LayerOps::search_shadows(int l) {
+  const OpId gathered = graph_.add_collective(Stream::comm, fmt::format("L{}.fwd.count_allgather", l),
+                                              {CollectiveType::all_gather, everyone_, {8.0 * experts_ * gpus_}, "ring"}, ready_);
+  Compute sync{ComputeKind::elementwise, {}, 0};
+  sync.fixed_seconds = in_.gpu.host_sync_seconds();
+  ready_ = {every_gpu(fmt::format("L{}.fwd.host_sync.search", l), std::move(sync), {gathered})};
 }
 
 // An empty all-to-all over every rank.

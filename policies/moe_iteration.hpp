@@ -126,6 +126,11 @@ struct IterationPlan {
   ReplicaOptions replicas = {};
   ExpertKernels kernels = {};
   std::string all_to_all;  // the MoE all-to-alls' algorithm instead of policy.all_to_all
+  /// FasterMoE's shadowing decision on each layer's forward critical path, before its broadcasts
+  /// and dispatch (laekov/fastmoe fmoe/fastermoe/shadow_policy.py global_policy): every GPU's
+  /// per-expert counts all-gathered (`count_allgather`), then copied to the host (.cpu(): a
+  /// host sync), where the rule runs.
+  bool shadow_search = false;
   const LayerSchedule& layer_schedule() const;
   ExpertPlacement placement() const { return layer_schedule().placement(); }
 };

@@ -240,10 +240,20 @@ TEST_CASE("fastermoe-released: the release's switches, off by default, and its s
   // FMOE_FASTER_SCHEDULE_ENABLE alone: the smart schedule.
   const auto smart = build("fastermoe-smart");
   CHECK(build("fastermoe-released", [](auto& r) { r.set_schedule(true); }).first == smart.first);
-  // Both on, counts summed per rank as shipped: every rank sends as many slots, nothing is shadowed.
+  // Both on, counts summed per rank as shipped: every rank sends as many slots, nothing is shadowed;
+  // the smart schedule's ops and, in each layer's forward, the decision: the counts all-gathered and
+  // read on the host (global_policy runs whatever it decides).
   const auto shipped = build("fastermoe-released", [](auto& r) { r.set_schedule(true), r.set_shadow(true); });
   CHECK(shipped.second == 0);
-  CHECK(shipped.first == smart.first);
+  std::vector<std::string> without_search;
+  int searches = 0;
+  for (const auto& label : shipped.first) {
+    const bool search = label.find(".fwd.count_allgather") != std::string::npos || label.find(".fwd.host_sync.search") != std::string::npos;
+    searches += search;
+    if (!search) without_search.push_back(label);
+  }
+  CHECK(searches == 2 * t.model.layers());
+  CHECK(without_search == smart.first);
   // Per expert: the experts the rule picks, layer by layer.
   int expected = 0;
   for (const auto& R : routing)
@@ -507,4 +517,36 @@ TEST_CASE("blocking shadowing: the backward's next compute waits for the shadowe
   smart.set_name("fastermoe");
   smart.mutable_fastermoe()->set_blocking(true);
   CHECK_THROWS_WITH(make_policy(smart)->validate(t.cluster, t.model, smart), Catch::Contains("policy.fastermoe.blocking"));
+}
+
+TEST_CASE("FasterMoE's shadowing decision gathers every GPU's counts and reads them on the host before the dispatch") {
+  // global_policy (laekov/fastmoe fmoe/fastermoe/shadow_policy.py): dist.all_gather of each GPU's
+  // local_expert_count (E int64), then .sum(1).cpu(): an all-gather and a host sync a layer.
+  const test::SmallSetup t;
+  const auto routing = t.routing(11);
+  spec::PolicySpec ps;
+  ps.set_name("fastermoe-shadow");
+  PolicyReport report;
+  const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+  const int G = t.cluster.num_gpus(), E = t.model.experts();
+  std::map<std::string, const Op*> by_label;
+  for (const auto& op : g.ops()) by_label[op.label] = &op;
+  for (int l = 0; l < t.model.layers(); ++l) {
+    const std::string L = "L" + std::to_string(l) + ".fwd.";
+    REQUIRE(by_label.count(L + "count_allgather"));
+    REQUIRE(by_label.count(L + "host_sync.search"));
+    const Op& gather = *by_label[L + "count_allgather"];
+    const auto& c = std::get<Collective>(gather.body);
+    CHECK(c.type == CollectiveType::all_gather);
+    CHECK(int(c.group.size()) == G);
+    CHECK(c.total_bytes() == Approx(8.0 * E * G));
+    const Op& sync = *by_label[L + "host_sync.search"];
+    CHECK(std::count(sync.deps.begin(), sync.deps.end(), gather.id) == 1);
+    const Op& dispatch = *by_label[L + "a2a_dispatch"];  // waits for the decision, through ready()
+    CHECK(std::count(dispatch.deps.begin(), dispatch.deps.end(), sync.id) == 1);
+  }
+  ps.set_name("fastermoe-smart");  // no shadowing, no decision
+  PolicyReport smart_report;
+  for (const auto& op : make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, smart_report}).ops())
+    CHECK(op.label.find("count_allgather") == std::string::npos);
 }

@@ -101,6 +101,7 @@ class LayerOps {
   std::optional<OpId> copy_arrival(int l, int rank, int e, Pass pass) const;
   void reduce_replicas(int l, Stream stream, int limit = -1);
   void exchange_counts(int l);
+  void search_shadows(int l);
   void shared_experts(int l, Pass pass);
   /// GPU r's encode (kind encode) or decode of layer l in a pass: Tutel's sparse kernels (the
   /// routed tokens read and written), or Fairseq's dense one-hot einsums (ExpertKernels::dense_encode).
