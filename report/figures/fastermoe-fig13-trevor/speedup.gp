@@ -19,13 +19,13 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'trevor × 64 GPUs; MoE-BERT-Wide (12 layers, 64 experts, top-2); trace smartmoe-gpt-e32-k2-r1...' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:3.973]
+set yrange [0:3.962]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fastmoe" 1.0000 0.0000
-"shadowing" 2.6794 0.0000
+"shadowing" 2.6734 0.0000
 "smart" 1.3727 0.0000
-"fastermoe" 3.3669 0.0000
+"fastermoe" 3.3574 0.0000
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -23,7 +23,7 @@ set yrange [0:5.385]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"fastermoe" 1.0926 0.0207
+"fastermoe" 1.0900 0.0211
 "smartmoe" 0.9970 0.0856
 "flexmoe" 2.9722 0.7056
 "hecate" 3.7283 0.8356
