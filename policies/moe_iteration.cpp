@@ -569,7 +569,9 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
   const auto& R = routing(l);
   const bool bwd = pass == Pass::backward;
   const bool zero = placement_.kind == ExpertPlacement::data_parallel;
-  const bool per_source = plan_.kernels.per_source_gemms;
+  // The copies to and from the all-to-all's layout (ExpertKernels::layout_copies): two of each
+  // token-slot, read and written.
+  const double copy_bytes = plan_.kernels.layout_copies && experts_ > gpus_ ? 4 * token_bytes_ : 0;
   Compute c{ComputeKind::grouped_gemm, {}, 0};
   auto share = [&](int s, int e) {  // this part's slots of source s for expert e
     const auto x = long(R.at(s, e));
@@ -587,21 +589,14 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
       for (int s = from; s < to; ++s)
         if (target(l, s, e) == rank) tokens += share(s, e);
     if (tokens == 0) continue;
-    if (zero && !per_source) {  // every expert on this GPU's own tokens: E of them
+    if (zero) {  // every expert on this GPU's own tokens: E of them
       if (std::size_t(tokens) >= experts_of_size_.size()) experts_of_size_.resize(std::size_t(tokens) + 1, 0);
       if (experts_of_size_[std::size_t(tokens)]++ == 0) sizes.push_back(tokens);
       c.tokens += tokens;
       continue;
     }
-    std::vector<Gemm> fwd;
-    if (per_source) {  // one GEMM pair per source chunk (the all-to-all layout)
-      std::map<long, std::uint64_t> chunks;  // chunk size -> how many
-      for (int s = local ? std::max(from, rank) : from; s < (local ? std::min(to, rank + 1) : to); ++s)
-        if (target(l, s, e) == rank && R.at(s, e) > 0) ++chunks[share(s, e)];
-      fwd = repeated_expert_gemms({chunks.begin(), chunks.end()});
-    } else {
-      fwd = in_.model.expert_gemms(tokens);
-    }
+    const std::vector<Gemm> fwd = in_.model.expert_gemms(tokens);
+    c.memory_bytes += copy_bytes * double(tokens);
     const auto gemms = bwd ? backward_gemms(fwd) : fwd;
     c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
     c.tokens += tokens;
@@ -645,7 +640,7 @@ OpId LayerOps::expert_op(int l, int rank, const std::string& label, int from, in
 
 // One op of a part per GPU, parts of equal work sharing it: the key of a GPU's work is its experts'
 // token counts in order (the expert GEMMs expert_work() builds from them, its only input outside
-// the per-source, ZeRO and copy cases, which take an op per GPU).
+// the ZeRO and copy cases, which take an op per GPU).
 std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const std::vector<std::pair<int, int>>& sources,
                                        Pass pass, const std::vector<OpId>& deps) {
   const int G = gpus_;
@@ -655,7 +650,7 @@ std::vector<OpId> LayerOps::expert_ops(int l, const std::string& label, const st
     for (int r = 0; r < G; ++r) ids.push_back(expert_op(l, r, label, sources[std::size_t(r)].first, sources[std::size_t(r)].second, pass, deps));
     return ids;
   };
-  if (plan_.kernels.per_source_gemms || placement_.kind == ExpertPlacement::data_parallel) return per_gpu();
+  if (placement_.kind == ExpertPlacement::data_parallel) return per_gpu();
   Computes c;
   c.ranks = everyone_;
   c.work_of.reserve(std::size_t(G));

@@ -112,7 +112,12 @@ struct ReplicaOptions {
 /// The expert kernels' shape (Tutel Fig. 23's baselines, TutelSpec).
 struct ExpertKernels {
   bool dense_encode = false;      // Fairseq's one-hot einsum encode/decode GEMMs
-  bool per_source_gemms = false;  // expert GEMMs per source chunk, the all-to-all's layout
+  /// Without Flexible All-to-All (Tutel v0.1's FusedExpertsNetwork, microsoft/tutel
+  /// tutel/impls/moe_layer.py; Fairseq's MOELayer): each expert's input is copied from the
+  /// all-to-all's layout (W, ΔE, ΔC, M) into (ΔE, W·ΔC, M) for its one GEMM, and its output back,
+  /// a read and a write of each token-slot's d_model values twice, in each pass; with one expert a
+  /// GPU the layouts agree and nothing is copied.
+  bool layout_copies = false;
 };
 
 /// What a policy decides for one iteration; build_moe_iteration() turns it into the TaskGraph and

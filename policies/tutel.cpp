@@ -165,7 +165,7 @@ class Tutel final : public Policy {
     for (const auto& R : in.routing) plan.layers.push_back({R, {}});
     plan.all_to_all = current_.all_to_all;
     plan.kernels.dense_encode = t.dense_encode();
-    plan.kernels.per_source_gemms = t.has_flexible_alltoall() && !t.flexible_alltoall();
+    plan.kernels.layout_copies = t.has_flexible_alltoall() && !t.flexible_alltoall();
     const int W = in.cluster.num_gpus(), E = in.model.experts();
     const int r = t.has_parallel_r() ? t.parallel_r() : released_ ? 1 : switching_rule(in);
     in.report.parallel_r = r;

@@ -334,3 +334,34 @@ TEST_CASE("Fairseq's dense encode and decode cost its one-hot einsums as release
     CHECK(be.memory_bytes == Approx(s * E * C * 2 * b));
   }
 }
+
+TEST_CASE("without Flexible All-to-All each expert's tokens are copied out of the all-to-all's layout and back, one GEMM an expert") {
+  // Tutel v0.1's FusedExpertsNetwork and Fairseq's MOELayer: (W, dE, dC, M) permuted and reshaped
+  // (a copy) into (dE, W*dC, M), one GEMM per expert, the output copied back; the same FLOPs.
+  const Layer t({});
+  const auto& [ex, cluster, model, gpu, routing] = t;
+  REQUIRE(model.experts() > cluster.num_gpus());  // several experts a GPU: the layouts differ
+  spec::PolicySpec ps;
+  ps.set_name("tutel");
+  auto& tutel = *ps.mutable_tutel();
+  tutel.set_parallel_r(1);
+  tutel.add_degrees(1);
+  tutel.add_algorithms("linear");
+  auto experts_op = [&](bool flexible, const std::string& label) {
+    tutel.set_flexible_alltoall(flexible);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report});
+    Compute c;
+    for (const auto& op : g.ops())
+      if (op.label == label) test::for_each_compute(op, [&](const Compute& w, int rank) { if (rank == 0) c = w; });
+    return c;
+  };
+  for (const char* label : {"L0.fwd.experts", "L0.bwd.experts"}) {
+    INFO(label);
+    const Compute flexible = experts_op(true, label), copied = experts_op(false, label);
+    REQUIRE(copied.tokens > 0);
+    CHECK(copied.tokens == flexible.tokens);
+    CHECK(copied.flops() == Approx(flexible.flops()));
+    CHECK(copied.memory_bytes - flexible.memory_bytes == Approx(4.0 * double(copied.tokens) * model.token_bytes()));
+  }
+}
