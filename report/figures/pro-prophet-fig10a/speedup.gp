@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.608]
+set yrange [0:1.642]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.0234 0.0771 1.2212 0.0877
-"M" 1.0000 0.0000 0.9916 0.0794 1.1336 0.1214
-"L" 1.0000 0.0000 0.9641 0.0626 1.0911 0.1757
-"DS" 1.0000 0.0000 1.0586 0.0194 1.2736 0.0894
-"DM" 1.0000 0.0000 1.0238 0.0205 1.1803 0.0765
+"S" 1.0000 0.0000 1.0301 0.0979 1.2386 0.0963
+"M" 1.0000 0.0000 0.9989 0.0722 1.1457 0.1379
+"L" 1.0000 0.0000 0.9635 0.0518 1.0965 0.1742
+"DS" 1.0000 0.0000 1.0588 0.0364 1.2889 0.1025
+"DM" 1.0000 0.0000 1.0255 0.0140 1.1882 0.0853
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

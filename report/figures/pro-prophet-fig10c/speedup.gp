@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.002]
+set yrange [0:2.057]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1743 0.1856 1.4279 0.1126
-"M" 1.0000 0.0000 1.1191 0.1806 1.3086 0.1717
-"L" 1.0000 0.0000 1.0512 0.1496 1.2454 0.2091
-"DS" 1.0000 0.0000 1.2253 0.1351 1.5111 0.1859
-"DM" 1.0000 0.0000 1.1664 0.0994 1.3713 0.1627
+"S" 1.0000 0.0000 1.1792 0.1831 1.4563 0.1215
+"M" 1.0000 0.0000 1.1268 0.1907 1.3326 0.1779
+"L" 1.0000 0.0000 1.0602 0.1650 1.2681 0.2347
+"DS" 1.0000 0.0000 1.2292 0.1364 1.5428 0.2004
+"DM" 1.0000 0.0000 1.1677 0.1140 1.3966 0.1725
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

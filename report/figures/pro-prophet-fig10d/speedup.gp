@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.072]
+set yrange [0:2.121]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1906 0.2610 1.4267 0.3289
-"M" 1.0000 0.0000 1.1484 0.2095 1.3562 0.3442
-"L" 1.0000 0.0000 1.0988 0.1609 1.3228 0.2860
-"DS" 1.0000 0.0000 1.2684 0.1793 1.5073 0.2128
-"DM" 1.0000 0.0000 1.2319 0.1585 1.4362 0.2564
+"S" 1.0000 0.0000 1.1920 0.2480 1.4575 0.3403
+"M" 1.0000 0.0000 1.1510 0.2055 1.3778 0.3636
+"L" 1.0000 0.0000 1.1015 0.1792 1.3408 0.3098
+"DS" 1.0000 0.0000 1.2751 0.1634 1.5488 0.2190
+"DM" 1.0000 0.0000 1.2387 0.1328 1.4702 0.2582
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 2 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over baseline (x)'
-set yrange [0:1.769]
+set yrange [0:1.814]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" ci "planner" ci "scheduler" ci "full" ci
-"k1" 1.0000 0.0000 1.0506 0.0905 1.1334 0.1632 1.1336 0.1214
-"k2" 1.0000 0.0000 1.1506 0.1548 1.2862 0.2130 1.3086 0.1717
+"k1" 1.0000 0.0000 1.0574 0.0905 1.1470 0.1726 1.1457 0.1379
+"k2" 1.0000 0.0000 1.1649 0.1615 1.3127 0.2244 1.3326 0.1779
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

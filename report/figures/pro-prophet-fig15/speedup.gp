@@ -23,8 +23,8 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "top2" ci "top3" ci
-"k1" 1.0000 0.0000 0.8517 0.0192 0.7642 0.0333
-"k2" 1.0000 0.0000 0.9494 0.0188 0.9055 0.0250
+"k1" 1.0000 0.0000 0.8498 0.0239 0.7611 0.0329
+"k2" 1.0000 0.0000 0.9437 0.0155 0.8961 0.0170
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,20 +19,20 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 10 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over planner (x)'
-set yrange [0:1.237]
+set yrange [0:1.208]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "fastermoe" ci
-"S-k1" 1.0000 0.0000 0.9570 0.0073
-"S-k2" 1.0000 0.0000 0.9867 0.0614
-"M-k1" 1.0000 0.0000 0.9439 0.0058
-"M-k2" 1.0000 0.0000 0.9723 0.0368
-"L-k1" 1.0000 0.0000 0.9387 0.0247
-"L-k2" 1.0000 0.0000 0.9462 0.0038
-"DS-k1" 1.0000 0.0000 0.9596 0.0162
-"DS-k2" 1.0000 0.0000 0.9877 0.0195
-"DM-k1" 1.0000 0.0000 0.9488 0.0063
-"DM-k2" 1.0000 0.0000 0.9752 0.0182
+"S-k1" 1.0000 0.0000 0.9581 0.0159
+"S-k2" 1.0000 0.0000 0.9784 0.0455
+"M-k1" 1.0000 0.0000 0.9448 0.0128
+"M-k2" 1.0000 0.0000 0.9668 0.0340
+"L-k1" 1.0000 0.0000 0.9361 0.0115
+"L-k2" 1.0000 0.0000 0.9429 0.0129
+"DS-k1" 1.0000 0.0000 0.9556 0.0244
+"DS-k2" 1.0000 0.0000 0.9791 0.0079
+"DM-k1" 1.0000 0.0000 0.9458 0.0027
+"DM-k2" 1.0000 0.0000 0.9670 0.0273
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
