@@ -497,9 +497,15 @@ void LayerOps::exchange_counts(int l) {
   const OpId exchanged = graph_.add_collective(Stream::comm, fmt::format("L{}.fwd.count_exchange", l),
                                                {CollectiveType::all_to_all, everyone_, CollectiveBytes(peers_, counts_per_peer), "linear"},
                                                ready_);
+  ready_ = {host_sync(fmt::format("L{}.fwd.host_sync", l), exchanged)};
+}
+
+// Every GPU's host reads what `after` produced (.item(), .cpu()): the GPU's host_sync_seconds on
+// its compute stream, after which it waits for the host's next launches.
+OpId LayerOps::host_sync(std::string label, OpId after) {
   Compute sync{ComputeKind::elementwise, {}, 0};
   sync.fixed_seconds = in_.gpu.host_sync_seconds();
-  ready_ = {every_gpu(fmt::format("L{}.fwd.host_sync", l), std::move(sync), {exchanged})};
+  return every_gpu(std::move(label), std::move(sync), {after});
 }
 
 // FasterMoE's shadowing decision (IterationPlan::shadow_search): global_policy all-gathers every
@@ -507,9 +513,7 @@ void LayerOps::exchange_counts(int l) {
 void LayerOps::search_shadows(int l) {
   const OpId gathered = graph_.add_collective(Stream::comm, fmt::format("L{}.fwd.count_allgather", l),
                                               {CollectiveType::all_gather, everyone_, {8.0 * experts_ * gpus_}, "ring"}, ready_);
-  Compute sync{ComputeKind::elementwise, {}, 0};
-  sync.fixed_seconds = in_.gpu.host_sync_seconds();
-  ready_ = {every_gpu(fmt::format("L{}.fwd.host_sync.search", l), std::move(sync), {gathered})};
+  ready_ = {host_sync(fmt::format("L{}.fwd.host_sync.search", l), gathered)};
 }
 
 // An empty all-to-all over every rank.

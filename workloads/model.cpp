@@ -64,12 +64,20 @@ MoeModel MoeModel::blocks(int layers, int dense_layers, bool output) const {
   return out;
 }
 
+namespace {
+
+// FieldError `field` unless a group of `gpus` GPUs (a "tensor-parallel" or "context-parallel" one)
+// divides the model's `what`, of n.
+void require_divides(const char* field, const char* group, int gpus, std::uint32_t n, const char* what) {
+  if (n % std::uint32_t(gpus) != 0)
+    throw FieldError(field, fmt::format("{} GPUs per {} group do not divide the model's {} ({})", gpus, group, what, n));
+}
+
+}  // namespace
+
 MoeModel MoeModel::tensor_parallel(int tp) const {
   if (tp == tp_) return *this;
-  auto divides = [&](std::uint32_t n, const char* what) {
-    if (n % std::uint32_t(tp) != 0)
-      throw FieldError("parallel.tp", fmt::format("{} GPUs per tensor-parallel group do not divide the model's {} ({})", tp, what, n));
-  };
+  auto divides = [&](std::uint32_t n, const char* what) { require_divides("parallel.tp", "tensor-parallel", tp, n, what); };
   if (tp_ != 1 || tp < 1) throw FieldError("parallel.tp", "must be at least 1");
   divides(spec_.tokens_per_gpu(), "tokens_per_gpu");
   divides(spec_.heads(), "heads");
@@ -84,9 +92,8 @@ MoeModel MoeModel::tensor_parallel(int tp) const {
 MoeModel MoeModel::context_parallel(int cp) const {
   if (cp == cp_) return *this;
   if (cp_ != 1 || cp < 1) throw FieldError("parallel.cp", "must be at least 1");
-  for (const auto& [n, what] : {std::pair{spec_.seq_len(), "seq_len"}, std::pair{spec_.tokens_per_gpu(), "tokens_per_gpu"}})
-    if (n % std::uint32_t(cp) != 0)
-      throw FieldError("parallel.cp", fmt::format("{} GPUs per context-parallel group do not divide the model's {} ({})", cp, what, n));
+  require_divides("parallel.cp", "context-parallel", cp, spec_.seq_len(), "seq_len");
+  require_divides("parallel.cp", "context-parallel", cp, spec_.tokens_per_gpu(), "tokens_per_gpu");
   MoeModel out = *this;
   out.spec_.set_tokens_per_gpu(spec_.tokens_per_gpu() / std::uint32_t(cp));
   out.cp_ = cp;

@@ -102,6 +102,7 @@ class LayerOps {
   void reduce_replicas(int l, Stream stream, int limit = -1);
   void exchange_counts(int l);
   void search_shadows(int l);
+  OpId host_sync(std::string label, OpId after);
   void shared_experts(int l, Pass pass);
   /// GPU r's encode (kind encode) or decode of layer l in a pass: Tutel's sparse kernels (the
   /// routed tokens read and written), or Fairseq's dense one-hot einsums (ExpertKernels::dense_encode).
