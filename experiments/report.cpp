@@ -130,24 +130,29 @@ OrderScore ordering_score(const std::vector<PaperComparison>& claims) {
   // are in no order, so not in the paper's: a tie's last bits would otherwise decide it.
   constexpr double kSimulatedTie = 1e-9;
   OrderScore o;
-  auto count = [&](double paper, double simulated) {  // log-ratios: > 0 the first system ahead
+  auto count = [&](double paper, double simulated, const std::string& pair) {  // log-ratios: > 0 the first system ahead
     if (std::abs(paper) < std::log1p(kTie)) return;
     ++o.pairs;
-    if (std::abs(simulated) > kSimulatedTie && (paper > 0) == (simulated > 0)) ++o.match;
+    if (std::abs(simulated) > kSimulatedTie && (paper > 0) == (simulated > 0))
+      ++o.match;
+    else
+      o.out_of_order.push_back(fmt::format("{}: paper {:.3f}, simulated {:.3f}", pair, std::exp(paper), std::exp(simulated)));
   };
   std::vector<const PaperComparison*> ran;
   // A bandwidth (a routed collective's, in GB/s) states no order of two systems: left out.
   for (const auto& c : claims)
     if (std::isfinite(c.simulated) && c.simulated > 0 && c.paper.value() > 0 && c.paper.quantity() != spec::PaperValue::BANDWIDTH)
       ran.push_back(&c);
-  for (const auto* c : ran) count(std::log(c->paper.value()), std::log(c->simulated));
+  for (const auto* c : ran) count(std::log(c->paper.value()), std::log(c->simulated), c->paper.claim());
   for (std::size_t i = 0; i < ran.size(); ++i)
     for (std::size_t j = i + 1; j < ran.size(); ++j) {
       const auto &a = ran[i]->paper, &b = ran[j]->paper;
       const bool comparable = a.variant() != b.variant() && a.quantity() == b.quantity() && a.aggregate() == b.aggregate() &&
                               std::equal(a.baseline().begin(), a.baseline().end(), b.baseline().begin(), b.baseline().end()) &&
                               std::equal(a.groups().begin(), a.groups().end(), b.groups().begin(), b.groups().end());
-      if (comparable) count(std::log(a.value() / b.value()), std::log(ran[i]->simulated / ran[j]->simulated));
+      if (comparable)
+        count(std::log(a.value() / b.value()), std::log(ran[i]->simulated / ran[j]->simulated),
+              "(" + a.claim() + ") over (" + b.claim() + ")");
     }
   return o;
 }
@@ -259,6 +264,12 @@ std::string fidelity_markdown(const std::vector<ReportEntry>& entries, const spe
   md += "## Regressions\n\nClaims that passed in the previous report (its `claims.json`) and miss now.\n\n";
   md += regressions.empty() ? "None.\n" : regressions;
   md += "\n## Claims that miss\n\n| experiment | claim | paper | simulated | ratio | cause |\n|---|---|---:|---:|---:|---|\n" + rows;
+  std::string misordered;
+  for (const auto& e : entries)
+    for (const auto& pair : ordering_score(e.claims).out_of_order) misordered += fmt::format("- {}: {}\n", e.name, pair);
+  md += "\n## Pairs out of the paper's order\n\nPairs of systems (a claim's variant over its baseline, or two claims' "
+        "ratios) that the simulation orders otherwise than the paper, or times alike.\n\n";
+  md += misordered.empty() ? "None.\n" : misordered;
   md += "\n## Causes\n";
   for (const auto& cause : ledger.cause()) {
     md += fmt::format("\n### {}\n\n**{}.** {}\n\n", cause.id(), category_name(cause.category()), cause.cause());

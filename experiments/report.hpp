@@ -36,8 +36,10 @@ ReportCounts count_claims(const std::vector<PaperComparison>& claims);
 /// above or below 1), and two claims of one quantity, baseline set, groups and aggregate but
 /// different variants against each other (which of the two gains more). A pair the paper puts
 /// within 2% of each other states no order and is left out, as is a bandwidth claim (GB/s).
+/// `out_of_order` names each pair the simulation orders otherwise, with both orders' ratios.
 struct OrderScore {
   int match = 0, pairs = 0;
+  std::vector<std::string> out_of_order;
 };
 OrderScore ordering_score(const std::vector<PaperComparison>& claims);
 

@@ -107,6 +107,10 @@ nlohmann::json run_json(const RunResult& r) {
     j["peak_memory_bytes"] = {{"total", m.total()},         {"params", m.params},           {"grads", m.grads},
                               {"optimizer", m.optimizer},   {"activations", m.activations}, {"materialized", m.materialized},
                               {"materialized_params", m.materialized_params}};
+  if (const auto m = r.peak_state_memory(); m.states() > 0)  // the GPU whose model states need the most
+    j["peak_state_memory_bytes"] = {{"states", m.states()},     {"params", m.params},       {"grads", m.grads},
+                                    {"optimizer", m.optimizer}, {"materialized", m.materialized},
+                                    {"materialized_params", m.materialized_params}};
   auto& roof = j["roofline"] = nlohmann::json::array();  // FasterMoE §1.6, first iteration, EP placement
   for (const auto& [layer, x] : r.roofline)
     roof.push_back({{"layer", layer}, {"lat_comp_s", x.lat_comp}, {"lat_comm_s", x.lat_comm}, {"r_cc", x.r_cc},

@@ -76,6 +76,13 @@ MemoryUse RunResult::peak_memory() const {
   return peak;
 }
 
+MemoryUse RunResult::peak_state_memory() const {
+  MemoryUse peak;
+  for (const auto& it : iterations)
+    if (it.state_memory.states() > peak.states()) peak = it.state_memory;
+  return peak;
+}
+
 namespace {
 // Entry by entry, the mean over `its` of a per-iteration vector; empty where an iteration lacks it.
 std::vector<double> mean_of(std::span<const IterationRecord> its, std::vector<double> IterationRecord::*field) {
@@ -176,6 +183,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.load_max_mean_per_layer = report.load_max_mean;
     rec.gpu_load = report.gpu_load;
     rec.memory = report.memory;
+    rec.state_memory = report.state_memory;
     for (std::size_t g = 0; g < report.gpu_memory.size(); ++g)
       if (gpu.memory_bytes() > 0 && report.gpu_memory[g] > gpu.memory_bytes()) rec.over_memory.push_back(int(g));
     for (double m : timing.memory_peak) rec.device_memory_peak = std::max(rec.device_memory_peak, m);
@@ -276,9 +284,9 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
     } else if (p.quantity() == PV::OTHER_COMM) {
       values.push_back(best([](const RunResult& r) { return sparse_collective_seconds(r.mean_breakdown()); }));
     } else if (p.quantity() == PV::MEMORY) {
-      values.push_back(best([](const RunResult& r) { return r.peak_memory().total() - r.peak_memory().activations; }));
+      values.push_back(best([](const RunResult& r) { return r.peak_state_memory().states(); }));
     } else if (p.quantity() == PV::PARAM_MEMORY) {
-      values.push_back(best([](const RunResult& r) { return r.peak_memory().params + r.peak_memory().materialized_params; }));
+      values.push_back(best([](const RunResult& r) { return r.peak_state_memory().params + r.peak_state_memory().materialized_params; }));
     } else {
       const int layers = variant.iterations.empty() ? 0 : int(variant.iterations.front().load_stddev_per_layer.size());
       for (int l = 0; l < layers; ++l) values.push_back(best([l](const RunResult& r) { return r.mean_load_stddev(l); }));

@@ -33,6 +33,7 @@ struct IterationRecord {
   std::vector<double> load_stddev_per_layer;  // std-dev over GPUs of the token-slots each computes
   std::vector<double> gpu_load;               // per GPU, token-slots its experts compute (all layers)
   MemoryUse memory;                           // of the GPU that needs the most (memory_model.hpp)
+  MemoryUse state_memory;                     // of the GPU whose model states need the most (the same)
   std::vector<int> over_memory;               // the GPUs whose memory model exceeds the GPU's memory
   double device_memory_peak = 0;              // hardware backends: the most any rank allocated, bytes
   /// Per layer and expert, the token-slots the gate routed to the expert (after capacity drops).
@@ -86,6 +87,9 @@ struct RunResult {
   std::vector<double> mean_load_max_mean() const;
   /// The most memory any GPU needed in any iteration.
   MemoryUse peak_memory() const;
+  /// The most memory any GPU's model states (all but activations) needed in any iteration: what
+  /// MEMORY and PARAM_MEMORY claims compare (figures that leave activations out).
+  MemoryUse peak_state_memory() const;
 };
 
 /// The half-width of the 95% confidence interval of the mean of `samples` (Student's t with n − 1

@@ -70,8 +70,10 @@ double stddev(const std::vector<double>& x) {
 
 // The memory of the GPU that needs the most: dense state, its experts' state as the placement
 // keeps it, what it gathers or copies, and its activations.
+// Also, in `states`, the GPU whose model states (all but activations) need the most.
 MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const std::vector<double>& activations,
-                      const std::vector<double>& copies, const std::vector<double>& owned, std::vector<double>& each) {
+                      const std::vector<double>& copies, const std::vector<double>& owned, std::vector<double>& each,
+                      MemoryUse& states) {
   const MoeModel& model = in.model;
   const auto b = state_bytes(model.dtype());
   const ExpertPlacement where = plan.placement();
@@ -110,6 +112,7 @@ MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const
     m.materialized_params = experts.materialized_params + copy * b.param;
     each.push_back(m.total());
     if (m.total() > peak.total()) peak = m;
+    if (m.states() > states.states()) states = m;
   }
   return peak;
 }
@@ -145,7 +148,7 @@ void account_iteration(const IterationInput& in, const IterationPlan& plan, cons
     for (std::size_t g = 0; g < H.size(); ++g) in.report.gpu_load[g] += H[g];
   }
   in.report.gpu_memory.clear();
-  in.report.memory = peak_memory(in, plan, activations, copies, owned, in.report.gpu_memory);
+  in.report.memory = peak_memory(in, plan, activations, copies, owned, in.report.gpu_memory, in.report.state_memory);
 }
 
 }  // namespace moesim

@@ -31,6 +31,8 @@ struct MemoryUse {
                            // copies: and their optimizer states)
   double materialized_params = 0;  // of `materialized`, the parameters (Hecate Fig. 13's "Param")
   double total() const { return params + grads + optimizer + activations + materialized; }
+  /// The model states: all but the activations.
+  double states() const { return total() - activations; }
   /// Field by field (a GPU's pipeline chunks together).
   MemoryUse& operator+=(const MemoryUse& o) {
     params += o.params, grads += o.grads, optimizer += o.optimizer, activations += o.activations;

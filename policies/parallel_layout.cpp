@@ -249,7 +249,7 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
   PolicyReport& r = in.report;
   r.gpu_load.assign(std::size_t(in.cluster.num_gpus()), 0.0);
   r.gpu_memory.assign(std::size_t(in.cluster.num_gpus()), 0.0);
-  std::vector<MemoryUse> group_memory(layout_.groups.size());
+  std::vector<MemoryUse> group_memory(layout_.groups.size()), group_states(layout_.groups.size());
   for (std::size_t c = 0; c < cells_.size(); ++c) {
     const PolicyReport& sub = reports[c];
     const Cell& cell = cells_[c];
@@ -260,9 +260,12 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
       if (i < sub.gpu_load.size()) r.gpu_load[std::size_t(cell.gpus[i])] += sub.gpu_load[i];
       if (i < sub.gpu_memory.size()) r.gpu_memory[std::size_t(cell.gpus[i])] += sub.gpu_memory[i];
     }
-    MemoryUse& mine = group_memory[std::size_t(layout_.stage_of(cell.stage) * layout_.dp + cell.replica)];
+    const std::size_t group = std::size_t(layout_.stage_of(cell.stage) * layout_.dp + cell.replica);
+    MemoryUse &mine = group_memory[group], &states = group_states[group];
     mine += sub.memory;
+    states += sub.state_memory;
     if (mine.total() > r.memory.total()) r.memory = mine;
+    if (states.states() > r.state_memory.states()) r.state_memory = states;
     r.parallel_r = std::max(r.parallel_r, sub.parallel_r);
     const std::size_t first = std::size_t(stages_[std::size_t(cell.stage)].first_layer);
     auto most = [&](std::vector<double>& into, const std::vector<double>& from) {

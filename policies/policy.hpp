@@ -33,6 +33,10 @@ struct PolicyReport {
   int parallel_r = -1;  // Tutel's adaptive parallelism: the r in force (-1: not used)
   /// The memory of the GPU that needs the most this iteration (filled by build_moe_iteration()).
   MemoryUse memory;
+  /// The memory of the GPU whose model states (all but its activations) need the most: what a
+  /// memory figure that leaves activations out plots (Hecate Fig. 13). A policy's copies go where
+  /// the load is, often not to the GPU with the most activations.
+  MemoryUse state_memory;
   /// Per GPU, the memory it needs this iteration (MemoryUse::total(), bytes; same source).
   std::vector<double> gpu_memory;
 };

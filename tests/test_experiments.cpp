@@ -82,18 +82,20 @@ TEST_CASE("a paper value's simulated counterpart: best baseline, groups, aggrega
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" value: 1)"), m) == Approx(10.0 / 9));
 
   // ALL_TO_ALL: dispatch and combine (base 3, moe 1.5); OTHER_COMM: the sparse collectives, not
-  // idle time; MEMORY and PARAM_MEMORY: the peak GPU's total without activations and its
-  // parameters (owned + materialized), baseline over variant.
+  // idle time; MEMORY and PARAM_MEMORY: the model states (all but activations) of the GPU whose
+  // states need the most, not of the GPU that needs the most in all, and its parameters (owned +
+  // materialized), baseline over variant.
   base[int(Phase::replica_broadcast)] = 0.5;
   moe[int(Phase::replica_reduce)] = 1;
   moe[int(Phase::expert_moves)] = 1;
   moe[int(Phase::idle)] = 7;
-  m.runs[0].iterations[0].memory = {4, 1, 6, 2, 3, 1};  // total 16, parameters 4 + 1
-  m.runs[1].iterations[0].memory = {4, 1, 6, 1, 0, 0};  // total 12, parameters 4
+  m.runs[0].iterations[0].memory = {4, 1, 6, 2, 3, 1};        // total 16: the most activations, states 14
+  m.runs[0].iterations[0].state_memory = {4, 1, 6, 1, 5, 2};  // states 16, parameters 4 + 2
+  m.runs[1].iterations[0].memory = m.runs[1].iterations[0].state_memory = {4, 1, 6, 1, 0, 0};  // states 11, parameters 4
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: ALL_TO_ALL value: 1)"), m) == Approx(2.0));
   CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: OTHER_COMM value: 1)"), m) == Approx(0.25));
-  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MEMORY value: 1)"), m) == Approx(14.0 / 11));
-  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: PARAM_MEMORY value: 1)"), m) == Approx(5.0 / 4));
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: MEMORY value: 1)"), m) == Approx(16.0 / 11));
+  CHECK(simulated_value(claim(R"(variant: "moe" baseline: "base" quantity: PARAM_MEMORY value: 1)"), m) == Approx(6.0 / 4));
 
   // BALANCE: per layer, std(best baseline) / std(variant), mean over iterations.
   ExperimentResult b;

@@ -193,3 +193,26 @@ TEST_CASE("memory model: every GPU's memory, the most its peak, more where it co
       if (report.gpu_load[a] < report.gpu_load[b]) CHECK(report.gpu_memory[a] < report.gpu_memory[b]);
   CHECK(*std::min_element(report.gpu_memory.begin(), report.gpu_memory.end()) < report.memory.total());  // skewed: not all alike
 }
+
+TEST_CASE("memory model: a figure without activations peaks at the GPU with the most model states") {
+  // Hecate's copies go where its algorithm puts them; EP's hottest GPU holds the most activations.
+  // The model-state peak (Hecate Fig. 13's) is chosen by the states alone: here a GPU with the
+  // same copies and fewer activations than the GPU that needs the most in all.
+  const test::SmallSetup t;
+  spec::PolicySpec ps;
+  ps.set_name("hecate");
+  ps.mutable_hecate()->set_overlap_degree(4);
+  ps.mutable_hecate()->set_memory_slots(4);
+  auto policy = make_policy(ps);
+  PolicyReport report;
+  for (std::uint64_t seed : {3, 4, 5}) {  // the first iteration observes; the later ones materialize
+    report = {};
+    policy->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(seed), report});
+  }
+  const MemoryUse &peak = report.memory, &states = report.state_memory;
+  REQUIRE(states.materialized > 0);
+  CHECK(states.states() >= peak.states());
+  CHECK(states.total() <= peak.total());
+  CHECK(states.activations < peak.activations);  // another GPU than the one with the most in all
+  CHECK(*std::max_element(report.gpu_memory.begin(), report.gpu_memory.end()) == peak.total());
+}

@@ -250,6 +250,9 @@ TEST_CASE("report: the ordering score counts the pairs of systems the simulation
   const auto o = ordering_score(claims);
   CHECK(o.pairs == 7);
   CHECK(o.match == 5);
+  // The two that do not are named, the paper's ratio and the simulated one beside each.
+  CHECK_THAT(o.out_of_order, Catch::Matchers::Equals(std::vector<std::string>{
+                                 "b: paper 0.800, simulated 1.100", "(b) over (c): paper 0.792, simulated 2.200"}));
   const auto none = ordering_score({comparison("x", "X", "base", 2.0, std::numeric_limits<double>::quiet_NaN())});
   CHECK(none.pairs == 0);  // not run: no pair
   // A simulated tie (the same time, to the last bits or not) is in no order: counted, never a match.
@@ -290,6 +293,8 @@ cause { id: "not-in-this-report" category: PAPER cause: "elsewhere" claims: "exp
   CHECK_THAT(md, Contains("- exp1: two (1.05× the paper, passes now)"));
   CHECK_THAT(md, Contains("Evidence: `moesim run e.textproto --set x=1` → one 0.50 -> 0.95"));
   CHECK_THAT(md, Contains("### not-in-this-report"));
+  // Pairs out of order, per experiment: a simulated tie (one) and a reversal (four).
+  CHECK_THAT(md, Contains("- exp1: one: paper 2.000, simulated 1.000\n- exp2: four: paper 1.500, simulated 0.900\n"));
   // Verdicts round-trip through claims.json.
   test::write_file(dir + "/claims.json", verdicts_json(entries));
   const auto back = read_verdicts(dir + "/claims.json");
