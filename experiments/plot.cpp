@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -438,9 +439,10 @@ Figure speedup_figure(const Inputs& in, const PlotOptions& o) {
 
 // Phases as the figures print them (taskgraph.hpp: Phase), and a colour each (Tableau 20's, so that
 // neighbours in a stack differ).
-constexpr const char* kPhaseColor[kNumPhases] = {"#4e79a7", "#f28e2b", "#edc948", "#59a14f", "#b07aa1",
-                                                 "#e15759", "#ff9da7", "#9c755f", "#76b7b2", "#86bcb6",
-                                                 "#8cd17d", "#d37295", "#499894", "#79706e", "#f1ce63", "#a0cbe8", "#bab0ac"};
+constexpr std::array kPhaseColor = {"#4e79a7", "#f28e2b", "#edc948", "#59a14f", "#b07aa1", "#e15759",
+                                    "#ff9da7", "#9c755f", "#76b7b2", "#86bcb6", "#8cd17d", "#d37295",
+                                    "#499894", "#79706e", "#f1ce63", "#a0cbe8", "#d4a6c8", "#bab0ac"};
+static_assert(kPhaseColor.size() == kNumPhases, "a colour for every phase");
 
 Figure breakdown_figure(const Inputs& in, const PlotOptions&) {
   const auto runs = all_runs(in);

@@ -92,8 +92,8 @@ std::string parameter_table(const std::vector<ReportEntry>& entries) {
       "platform file, `moesim platform show NAME`); per experiment, its model and gating are in its section's header "
       "and spec.\n\n"
       "| platform | GPU | peak FP16 / FP32 TFLOP/s | best GEMM efficiency | memory GB/s × efficiency | GPUs per "
-      "node | NICs × Gb/s | NIC latency µs | per-message µs | NCCL call µs | host sync µs | network transport | experiments |\n"
-      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+      "node | NICs × Gb/s | NIC latency µs | per-message µs | NCCL call µs | host sync µs | launch µs | network transport | experiments |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
   for (const auto& [name, value] : platforms) {
     const auto& [c, used_by] = value;
     double fp16 = 0, fp32 = 0, best = 0;
@@ -113,11 +113,11 @@ std::string parameter_table(const std::vector<ReportEntry>& entries) {
     }
     std::string users;
     for (const auto& u : used_by) users += (users.empty() ? "" : ", ") + u;
-    const double host_sync = GpuModel(c.gpu(), c.gpu().peak(0).dtype()).host_sync_seconds() * 1e6;  // with its default
-    md += fmt::format("| {} | {} | {:g} / {:g} | {:g} | {:g} × {:g} | {} | {} | {} | {} | {:g} | {:g} | {} | {} |\n", name,
+    const GpuModel gpu(c.gpu(), c.gpu().peak(0).dtype());  // with its defaults
+    md += fmt::format("| {} | {} | {:g} / {:g} | {:g} | {:g} × {:g} | {} | {} | {} | {} | {:g} | {:g} | {:g} | {} | {} |\n", name,
                       c.gpu().model(), fp16, fp32, best, c.gpu().memory_gbytes_per_s(), c.gpu().memory_efficiency(),
-                      c.node().gpus(), nics, latency, overhead, cluster.nccl_call_latency() * 1e6, host_sync, transport,
-                      users);
+                      c.node().gpus(), nics, latency, overhead, cluster.nccl_call_latency() * 1e6, gpu.host_sync_seconds() * 1e6,
+                      gpu.launch_seconds() * 1e6, transport, users);
   }
   return md;
 }

@@ -41,9 +41,11 @@ class GpuModel {
   double memory_bytes() const { return memory_bytes_; }
   /// Seconds of a host-device round trip on the critical path (GpuSpec.host_sync_us).
   double host_sync_seconds() const { return host_sync_; }
+  /// Seconds the host takes to issue one kernel from the framework (GpuSpec.launch_us).
+  double launch_seconds() const { return launch_; }
 
  private:
-  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0, host_sync_ = 20e-6, element_bytes_ = 2;
+  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0, host_sync_ = 15e-6, launch_ = 7e-6, element_bytes_ = 2;
   std::vector<std::pair<double, double>> curve_;  // (log gflops, efficiency), sorted
 };
 

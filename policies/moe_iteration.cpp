@@ -505,6 +505,7 @@ void LayerOps::exchange_counts(int l) {
 OpId LayerOps::host_sync(std::string label, OpId after) {
   Compute sync{ComputeKind::elementwise, {}, 0};
   sync.fixed_seconds = in_.gpu.host_sync_seconds();
+  sync.blocks_host = true;
   return every_gpu(std::move(label), std::move(sync), {after});
 }
 

@@ -175,6 +175,12 @@ double Compute::flops() const {
   return f;
 }
 
+std::uint64_t Compute::kernels() const {
+  std::uint64_t k = memory_bytes > 0 || gemms.empty() ? 1 : 0;
+  for (const auto& g : gemms) k += g.repeat ? g.repeat : 1;
+  return k;
+}
+
 double Compute::seconds(const GpuModel& gpu) const {
   double t = fixed_seconds + gpu.memory_time(memory_bytes);
   for (const auto& g : gemms) t += gpu.gemm_time(g);

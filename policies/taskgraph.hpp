@@ -39,7 +39,12 @@ struct Compute {
   double memory_bytes = 0;
   long tokens = 0;  // token-slots an expert op computes (0 for other ops)
   double fixed_seconds = 0;  // time given directly (a compressor's modelled throughput)
+  /// Its GPU's host waits for it to end before issuing anything more (a host sync: .item(), .cpu()).
+  bool blocks_host = false;
   double flops() const;
+  /// The kernels its GPU's host launches for it: one per GEMM run, and one for its memory-bound
+  /// traffic or fixed time (at least one).
+  std::uint64_t kernels() const;
   /// Seconds on one GPU: its GEMMs through the GEMM-efficiency curve plus its memory traffic.
   double seconds(const GpuModel& gpu) const;
   /// Field by field (equal works are one work of an op of parts).

@@ -9,10 +9,12 @@
 namespace moesim {
 
 void SimBackend::Impl::issue_op(OpId id) {
+  const Op& op = run->graph->op(id);
+  const auto* parts = std::get_if<Computes>(&op.body);
+  if (!parts && held_by_hosts(id)) return;  // (a Computes op's parts wait for their hosts, each its own)
   const double now = sg4::Engine::get_clock();
   run->timing.start[id] = now;  // its entry starts as it is issued
-  const Op& op = run->graph->op(id);
-  if (const auto* parts = std::get_if<Computes>(&op.body)) {  // its deps are done: each part's gate opens
+  if (parts) {  // its deps are done: each part's gate opens
     for (std::size_t i = parts->first_part; i < parts->first_part + parts->parts(); ++i)
       if (--run->part_waiting[i] == 0) schedule_part(i);
     return;
@@ -87,22 +89,44 @@ sg4::ExecPtr SimBackend::Impl::compute_exec(int rank, double seconds) {
   return exec;
 }
 
+// Part i's seconds alone on its GPU. Each distinct work timed once (the smart schedule's tables:
+// one work in a few hundred parts).
+double SimBackend::Impl::part_seconds(std::size_t i) {
+  Run& R = *run;
+  const auto& parts = std::get<Computes>(R.graph->op(R.op_of[i]).body);
+  auto*& table = R.op_work_seconds[R.op_of[i]];
+  if (!table) table = &R.work_seconds[parts.works.get()];  // (an unordered_map's references stay valid as it grows)
+  auto& work_seconds = *table;
+  if (work_seconds.empty()) work_seconds.assign(parts.works->size(), std::numeric_limits<double>::quiet_NaN());
+  double& seconds = work_seconds[parts.work_of[i - parts.first_part]];
+  if (std::isnan(seconds)) seconds = parts.work(i - parts.first_part).seconds(gpu);
+  return seconds;
+}
+
 // A part whose predecessors are all resolved: chained if nothing else computes on its GPU, an exec
 // otherwise.
 void SimBackend::Impl::schedule_part(std::size_t i) {
   Run& R = *run;
   const double now = sg4::Engine::get_clock();
+  const Node node = R.parts_from + Node(i);
   const int rank = R.rank_of[i];
+  // When its host issued it: its first launch, and later where its kernels are shorter than their
+  // launches.
+  double issued = now;
+  if (cpu.on && std::isnan(issued = part_issue(i, R.op_of[i], rank))) {  // not yet: advance_hosts() goes on with it
+    cpu.parked[std::size_t(rank)].push_back(node);
+    return;
+  }
   const auto& parts = std::get<Computes>(R.graph->op(R.op_of[i]).body);
-  // Each distinct work timed once (the smart schedule's tables: one work in a few hundred parts).
-  if (R.last_table.first != parts.works.get()) R.last_table = {parts.works.get(), &R.work_seconds[parts.works.get()]};
-  auto& work_seconds = *R.last_table.second;  // (an unordered_map's references stay valid as it grows)
-  if (work_seconds.empty()) work_seconds.assign(parts.works->size(), std::numeric_limits<double>::quiet_NaN());
-  double& seconds = work_seconds[parts.work_of[i - parts.first_part]];
-  if (std::isnan(seconds)) seconds = parts.work(i - parts.first_part).seconds(gpu);
+  const double seconds = part_seconds(i);
+  if (cpu.on) issued += short_kernels_wait(parts.work(i - parts.first_part).kernels(), seconds);
   const Node before = R.part_pred[i];
   const bool after_chained = before != kNoNode && before >= R.parts_from && R.part_state[before - R.parts_from] == Run::Part::chained;
   if (loading[std::size_t(rank)] > 0 || alone[std::size_t(rank)].timer) {
+    if (issued > now) {  // an exec from its issue on
+      simgrid::kernel::timer::Timer::set(issued, [this, i] { schedule_part(i); });
+      return;
+    }
     // A GPU that computes something else has no chain left running (started() unchained it).
     if (after_chained && R.timing.part_end[before - R.parts_from] > now)
       throw std::logic_error("SimBackend: a part would start as an exec before the chained part ahead of it ends");
@@ -114,8 +138,8 @@ void SimBackend::Impl::schedule_part(std::size_t i) {
     exec->vetoable_start();
     return;
   }
-  double start = now;  // or, after a chained part, at its end
-  if (after_chained) start = std::max(now, R.timing.part_end[before - R.parts_from]);
+  double start = std::max(now, issued);  // or, after a chained part, at its end
+  if (after_chained) start = std::max(start, R.timing.part_end[before - R.parts_from]);
   const double end = start + seconds;
   R.timing.part_start[i] = start;
   R.timing.part_end[i] = end;
@@ -123,6 +147,10 @@ void SimBackend::Impl::schedule_part(std::size_t i) {
   auto& c = chain[std::size_t(rank)];
   while (!c.empty() && R.timing.part_end[c.front() - R.parts_from] <= now) c.pop_front();
   c.push_back(R.parts_from + Node(i));
+  if (cpu.on && parts.work(i - parts.first_part).blocks_host)  // its host goes on at its end, if still chained then
+    simgrid::kernel::timer::Timer::set(end, [this, i, rank, node] {
+      if (run->part_state[i] == Run::Part::chained) host_unblocked(rank, node);
+    });
   if (const Node next = R.part_next[i]; next != kNoNode) {
     if (next >= R.parts_from)
       release(next);  // a part: chained after this one when its other predecessors are done
@@ -153,6 +181,7 @@ void SimBackend::Impl::part_done(std::size_t i) {
   Run& R = *run;
   R.timing.part_end[i] = sg4::Engine::get_clock();
   R.part_state[i] = Run::Part::done;
+  host_unblocked(R.rank_of[i], R.parts_from + Node(i));
   if (const Node next = R.part_next[i]; next != kNoNode) release(next);
   part_resolved(R.op_of[i]);
 }
@@ -183,12 +212,16 @@ void SimBackend::Impl::unchain(int rank) {
     } else if (const Node next = R.part_next[i]; next != kNoNode && next >= R.parts_from) {
       ++R.part_waiting[next - R.parts_from];
     }
-    if (!running) {
-      running = rest_as_exec(rank, R.timing.part_end[i], op, n);
+    if (!running) {  // (one its host issued for later runs from now: its host's wait is lost)
+      running = rest_as_exec(rank, R.timing.part_end[i] - std::max(0.0, R.timing.part_start[i] - now), op, n);
       R.part_state[i] = Run::Part::exec;
     } else {
       R.part_state[i] = Run::Part::waiting;
       R.part_waiting[i] = 1;  // the part before it on the stream
+      if (cpu.on && cpu.shared_of[op] < 0) {  // its start, its host's issue or later, kept as such: schedule_part() adds the short kernels' wait
+        const auto& parts = std::get<Computes>(R.graph->op(op).body);
+        R.timing.part_start[i] -= short_kernels_wait(parts.work(i - parts.first_part).kernels(), part_seconds(i));
+      }
     }
   }
   if (running) running->vetoable_start();
@@ -265,6 +298,7 @@ void SimBackend::Impl::release(Node n) {
 // An op's end: recorded; its activities released; its successors counted down.
 void SimBackend::Impl::op_done(OpId done) {
   run->timing.end[done] = sg4::Engine::get_clock();
+  host_unblocked(run->graph->op(done).rank, done);
   overlaps.end(done);
   run->ended[done] = 1;
   run->activities[done].clear();
@@ -300,10 +334,11 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   r.part_state.assign(parts, Run::Part::waiting);
   r.open.assign(n, 0);
   r.op_timer.assign(n, nullptr);
+  r.op_work_seconds.assign(n, nullptr);
   r.activities.resize(n);
   r.timing.start.assign(n, 0.0);
   r.timing.end.assign(n, 0.0);
-  r.timing.part_start.assign(parts, 0.0);
+  r.timing.part_start.assign(parts, gpu.launch_seconds() > 0 ? std::numeric_limits<double>::quiet_NaN() : 0.0);  // NaN: its host has not issued it (host_issue.cpp)
   r.timing.part_end.assign(parts, 0.0);
   r.ended.assign(n, 0);
   auto precedes = [&](Node from, Node to) {
@@ -329,6 +364,7 @@ Timing SimBackend::Impl::execute(const TaskGraph& graph) {
   }
   w = {};
   run = &r;
+  start_hosts(graph, t0);
   for (const auto& op : graph.ops())
     if (r.waiting[op.id] == 0) issue_op(op.id);
   engine->run();

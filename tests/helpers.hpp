@@ -19,6 +19,13 @@ inline spec::ClusterSpec platform(const std::string& name, int nodes) {
   return s;
 }
 
+/// The platform with its hosts' kernel launches left out (GpuSpec.launch_us 0): for hand cases of
+/// other mechanisms, timed without the host's issue of each op (tests/test_host_issue.cpp has its own).
+inline spec::ClusterSpec without_launches(spec::ClusterSpec s) {
+  s.mutable_gpu()->set_launch_us(0);
+  return s;
+}
+
 /// A ModelSpec with its shape given in one line.
 spec::ModelSpec model_spec(int layers, int d_model, int d_ffn, int experts, int top_k, int seq_len, int tokens_per_gpu,
                            int heads, spec::DType dtype = spec::FP16);

@@ -159,7 +159,7 @@ paper { claim: "c" variant: "pro-prophet" baseline: "ep" groups: "A" groups: "B"
   CHECK_FALSE(std::filesystem::exists(dir + "/out"));
 }
 
-TEST_CASE("sim.ideal leaves out the overheads: no per-message NIC cost, no NCCL call latency, no host sync") {
+TEST_CASE("sim.ideal leaves out the overheads: no per-message NIC cost, no NCCL call latency, no host sync, no launch") {
   const std::vector<std::string> small = {"cluster.nodes=2", "model.layers=2", "iterations=1"};
   const auto real = load_experiment(test::kBaseSpec, small);
   auto with_ideal = small;
@@ -170,8 +170,10 @@ TEST_CASE("sim.ideal leaves out the overheads: no per-message NIC cost, no NCCL 
   CHECK(Cluster(ideal.cluster_spec).message_overhead_bytes(0, 8) == 0);
   CHECK(Cluster(real.cluster_spec).nccl_call_latency() == Approx(8.4e-6));
   CHECK(Cluster(ideal.cluster_spec).nccl_call_latency() == 0);
-  CHECK(GpuModel(real.cluster_spec.gpu(), spec::FP16).host_sync_seconds() == Approx(20e-6));
+  CHECK(GpuModel(real.cluster_spec.gpu(), spec::FP16).host_sync_seconds() == Approx(15e-6));
   CHECK(GpuModel(ideal.cluster_spec.gpu(), spec::FP16).host_sync_seconds() == 0);
+  CHECK(GpuModel(real.cluster_spec.gpu(), spec::FP16).launch_seconds() == Approx(7e-6));
+  CHECK(GpuModel(ideal.cluster_spec.gpu(), spec::FP16).launch_seconds() == 0);
 }
 
 TEST_CASE("the timeline shows the first iteration after the warm-up") {

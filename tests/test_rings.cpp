@@ -342,7 +342,7 @@ namespace {
 // Two nodes of two GPUs behind one CPU socket, one 100 Gb/s NIC, and host memory of 20 GB/s each
 // way; with `staged`, NCCL's network transport goes through that memory (no GPUDirect RDMA).
 spec::ClusterSpec staged_platform(bool staged) {
-  spec::ClusterSpec s = test::platform("rtx2080ti-pcie", 2);
+  spec::ClusterSpec s = test::without_launches(test::platform("rtx2080ti-pcie", 2));
   auto* node = s.mutable_node();
   node->set_gpus(2);
   node->clear_links();

@@ -19,7 +19,7 @@ struct Bench {
   GpuModel gpu;
   SimBackend sim;
   Bench(const std::string& platform, int nodes, bool aggregate = true)
-      : cluster(test::platform(platform, nodes)),
+      : cluster(test::without_launches(test::platform(platform, nodes))),
         gpu(cluster.spec().gpu(), spec::FP16),
         sim(cluster, gpu, SimOptions{aggregate}) {}
 };

@@ -23,7 +23,7 @@ set yrange [0:3.273]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "no-opt" 1.0000 0.0000
-"shadowing" 2.2420 0.5321
+"shadowing" 2.2418 0.5320
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -23,8 +23,8 @@ set yrange [0:1.830]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "smart" ci
-"gpt-s" 1.0000 0.0000 1.3327 0.1484
-"gpt-l" 1.0000 0.0000 1.1819 0.1110
+"gpt-s" 1.0000 0.0000 1.3326 0.1484
+"gpt-l" 1.0000 0.0000 1.1818 0.1109
 "bert-deep" 1.0000 0.0000 1.3850 0.1660
 "bert-deep-l" 1.0000 0.0000 1.1914 0.1158
 EOD

@@ -23,9 +23,9 @@ set yrange [0:2.566]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fastmoe" 1.0000 0.0000
-"shadowing" 1.6756 0.1486
+"shadowing" 1.6755 0.1486
 "smart" 1.3308 0.0328
-"fastermoe" 1.9800 0.1946
+"fastermoe" 1.9798 0.1946
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -23,9 +23,9 @@ set yrange [0:3.962]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fastmoe" 1.0000 0.0000
-"shadowing" 2.6734 0.0000
+"shadowing" 2.6733 0.0000
 "smart" 1.3727 0.0000
-"fastermoe" 3.3574 0.0000
+"fastermoe" 3.3573 0.0000
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -23,8 +23,8 @@ set yrange [0:1.814]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" ci "planner" ci "scheduler" ci "full" ci
-"k1" 1.0000 0.0000 1.0574 0.0905 1.1470 0.1726 1.1457 0.1379
-"k2" 1.0000 0.0000 1.1649 0.1615 1.3127 0.2244 1.3326 0.1779
+"k1" 1.0000 0.0000 1.0574 0.0905 1.1469 0.1724 1.1455 0.1378
+"k2" 1.0000 0.0000 1.1649 0.1615 1.3126 0.2244 1.3325 0.1779
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

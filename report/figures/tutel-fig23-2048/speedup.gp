@@ -24,9 +24,9 @@ set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555'
 $bars << EOD
 "fairseq" 1.0000 0.0000
 "kernels" 1.4546 0.0000
-"pipelining" 2.3654 0.0000
-"flex" 2.3831 0.0000
-"full" 2.3831 0.0000
+"pipelining" 2.3652 0.0000
+"flex" 2.3829 0.0000
+"full" 2.3829 0.0000
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

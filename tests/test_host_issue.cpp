@@ -1,0 +1,147 @@
+// Each GPU's host issuing its kernels (GpuSpec.launch_us; sim/host_issue.cpp) on hand cases: one
+// DGX A100 node, launches of 7 µs, kernels of fixed length. Each TEST_CASE runs in its own process
+// (SimGrid allows one engine per process).
+#include <catch2/catch.hpp>
+
+#include "helpers.hpp"
+#include "simgrid_backend.hpp"
+
+using namespace moesim;
+
+namespace {
+
+constexpr double kLaunch = 7e-6;
+
+struct Host {
+  Cluster cluster;
+  GpuModel gpu;
+  SimBackend sim;
+  explicit Host(double launch_us = kLaunch * 1e6)
+      : cluster([&] {
+          auto s = test::platform("dgx-a100", 1);
+          s.mutable_gpu()->set_launch_us(launch_us);
+          return s;
+        }()),
+        gpu(cluster.spec().gpu(), spec::FP16),
+        sim(cluster, gpu) {}
+};
+
+// A kernel of `seconds` (one launch: no GEMM, no traffic).
+Compute kernel(double seconds, bool blocks_host = false) {
+  Compute c{ComputeKind::elementwise, {}, 0};
+  c.fixed_seconds = seconds;
+  c.blocks_host = blocks_host;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("host issue: kernels shorter than their launch run at the host's pace") {
+  // Ten 1 µs kernels on one stream: kernel k is issued at (k + 1) × 7 µs and starts then; the GPU
+  // idles 6 µs between kernels. The last ends at 10 × 7 + 1 = 71 µs, not 10 µs.
+  Host h;
+  TaskGraph g(8);
+  std::vector<OpId> ids;
+  for (int k = 0; k < 10; ++k) ids.push_back(g.add_compute(0, "k", kernel(1e-6)));
+  const Timing t = h.sim.execute(g);
+  for (int k = 0; k < 10; ++k) CHECK(t.start[ids[std::size_t(k)]] == Approx((k + 1) * kLaunch).epsilon(1e-9));
+  CHECK(t.makespan() == Approx(10 * kLaunch + 1e-6).epsilon(1e-9));
+}
+
+TEST_CASE("host issue: an op of k kernels starts at its first launch, or later where its kernels are short") {
+  // A 100 µs op of 5 kernels (four GEMMs and a memory-bound kernel: 20 µs each, longer than their
+  // launches) starts at the first launch, 7 µs. On another GPU an op of 5 kernels of 10 ns each
+  // cannot end before its last launch, 35 µs, plus a kernel.
+  Host h;
+  TaskGraph g(8);
+  Compute five{ComputeKind::gemm, {{64, 64, 64, 1}, {64, 64, 64, 1}, {64, 64, 64, 1}, {64, 64, 64, 1}}, 1e3};
+  REQUIRE(five.kernels() == 5);
+  five.fixed_seconds = 100e-6 - five.seconds(h.gpu);
+  const OpId big = g.add_compute(0, "big", five);
+  five.fixed_seconds = 50e-9 - (five.seconds(h.gpu) - five.fixed_seconds);
+  const OpId tiny = g.add_compute(1, "tiny", five);
+  const Timing t = h.sim.execute(g);
+  CHECK(t.start[big] == Approx(kLaunch).epsilon(1e-9));
+  CHECK(t.end[big] == Approx(kLaunch + 100e-6).epsilon(1e-9));
+  CHECK(t.end[tiny] == Approx(5 * kLaunch + 10e-9).epsilon(1e-9));
+}
+
+TEST_CASE("host issue: behind a long kernel the host runs ahead and its launches cost nothing") {
+  // A 1 ms kernel, then ten 1 µs ones: all are issued by 77 µs, long before the first ends, so
+  // they run back to back after it: 7 µs + 1 ms + 10 µs.
+  Host h;
+  TaskGraph g(8);
+  const OpId first = g.add_compute(0, "long", kernel(1e-3));
+  OpId last = first;
+  for (int k = 0; k < 10; ++k) last = g.add_compute(0, "k", kernel(1e-6));
+  const Timing t = h.sim.execute(g);
+  CHECK(t.start[first] == Approx(kLaunch).epsilon(1e-9));
+  CHECK(t.start[first + 1] == Approx(t.end[first]).epsilon(1e-12));
+  CHECK(t.end[last] == Approx(kLaunch + 1e-3 + 10e-6).epsilon(1e-9));
+}
+
+TEST_CASE("host issue: after a host sync the GPU waits for the next launch") {
+  // A 1 ms kernel, a sync that reads its result on the host (15 µs), then a 1 µs kernel. The host
+  // issues the kernel and the sync by 14 µs and waits; the sync runs after the kernel on the
+  // stream, from 1.007 ms to 1.022 ms; only then does the host launch the last kernel, 7 µs later.
+  Host h;
+  TaskGraph g(8);
+  const OpId a = g.add_compute(0, "a", kernel(1e-3));
+  const OpId sync = g.add_compute(0, "host_sync", kernel(15e-6, true));
+  const OpId b = g.add_compute(0, "b", kernel(1e-6));
+  const Timing t = h.sim.execute(g);
+  CHECK(t.start[sync] == Approx(t.end[a]).epsilon(1e-12));
+  CHECK(t.end[sync] == Approx(kLaunch + 1e-3 + 15e-6).epsilon(1e-9));
+  CHECK(t.start[b] == Approx(t.end[sync] + kLaunch).epsilon(1e-9));
+  // Another GPU's host is not held by this one's sync: its kernel after the sync runs at once.
+  TaskGraph g2(8);
+  g2.add_compute(0, "a", kernel(1e-3));
+  g2.add_compute(0, "host_sync", kernel(15e-6, true));
+  const OpId other = g2.add_compute(1, "other", kernel(1e-6));
+  CHECK(h.sim.execute(g2).start[other] == Approx(kLaunch).epsilon(1e-9));
+}
+
+TEST_CASE("host issue: a collective starts when the last of its ranks' hosts has issued it") {
+  // GPU 0's host issues three 1 µs kernels before the all-reduce, GPU 1's none: the all-reduce is
+  // issued by GPU 1 at 7 µs and by GPU 0 at 4 × 7 = 28 µs, and starts at 28 µs.
+  Host h;
+  TaskGraph g(8);
+  for (int k = 0; k < 3; ++k) g.add_compute(0, "k", kernel(1e-6));
+  const OpId ar = g.add_collective(Stream::comm, "ar", {CollectiveType::all_reduce, {0, 1}, {1024.0}, "ring"});
+  const Timing t = h.sim.execute(g);
+  CHECK(t.start[ar] == Approx(4 * kLaunch).epsilon(1e-9));
+}
+
+TEST_CASE("host issue: each part of a Computes op waits for its own GPU's host") {
+  // Every GPU's part of one op (a 1 µs kernel); GPU 3's host first issues two kernels of its own:
+  // its part starts at 21 µs, the others' at 7 µs. GPU 1's part is a GEMM and a memory-bound kernel,
+  // two launches, shorter than them: it ends at 2 × 7 µs + T / 2, so starts at 2 × 7 µs - T / 2.
+  Host h;
+  TaskGraph g(8);
+  g.add_compute(3, "x", kernel(1e-6));
+  g.add_compute(3, "y", kernel(1e-6));
+  Compute two{ComputeKind::gemm, {{64, 64, 64, 1}}, 1e3};
+  REQUIRE(two.kernels() == 2);
+  const OpId all = g.add_computes("all", {{0, 1, 2, 3}, make_works({kernel(1e-6), two}), {0, 1, 0, 0}});
+  const Timing t = h.sim.execute(g);
+  const auto& c = std::get<Computes>(g.op(all).body);
+  CHECK(t.part_start[c.first_part + 0] == Approx(kLaunch).epsilon(1e-9));
+  const double T = two.seconds(h.gpu);
+  REQUIRE(T < 2 * kLaunch);
+  CHECK(t.part_start[c.first_part + 1] == Approx(2 * kLaunch - T / 2).epsilon(1e-9));
+  CHECK(t.part_end[c.first_part + 1] == Approx(2 * kLaunch + T / 2).epsilon(1e-9));
+  CHECK(t.part_start[c.first_part + 3] == Approx(3 * kLaunch).epsilon(1e-9));
+}
+
+TEST_CASE("host issue: with no launch time the ops start as their predecessors end") {
+  Host h(0);
+  TaskGraph g(8);
+  std::vector<OpId> ids;
+  for (int k = 0; k < 10; ++k) ids.push_back(g.add_compute(0, "k", kernel(1e-6)));
+  const OpId sync = g.add_compute(0, "host_sync", kernel(15e-6, true));
+  const OpId after = g.add_compute(0, "after", kernel(1e-6));
+  const Timing t = h.sim.execute(g);
+  CHECK(t.start[ids[0]] == 0);
+  CHECK(t.start[after] == Approx(t.end[sync]).epsilon(1e-12));
+  CHECK(t.makespan() == Approx(10e-6 + 15e-6 + 1e-6).epsilon(1e-9));
+}
