@@ -145,3 +145,28 @@ TEST_CASE("host issue: with no launch time the ops start as their predecessors e
   CHECK(t.start[after] == Approx(t.end[sync]).epsilon(1e-12));
   CHECK(t.makespan() == Approx(10e-6 + 15e-6 + 1e-6).epsilon(1e-9));
 }
+
+TEST_CASE("host issue: ops every GPU takes part in, a host sync that ends at different times, a collective after it") {
+  // On all 8 GPUs: A (GPU r's part 100 µs × (r + 1)), then a host sync S (15 µs) on each, then on
+  // GPU 0 alone a 1 µs kernel D, then an all-reduce C over all 8. Each host launches A at 7 µs and
+  // S at 14 µs, then waits for its S: GPU r's S ends at 7 + 100 (r + 1) + 15 µs. GPU 0's host then
+  // launches D (7 µs later) and C (14 µs later); the others C 7 µs after their S. C starts when
+  // GPU 7's host has launched it: 7 + 800 + 15 + 7 µs.
+  Host h;
+  TaskGraph g(8);
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<Compute> works;
+  for (int r = 0; r < 8; ++r) works.push_back(kernel(100e-6 * (r + 1)));
+  const OpId a = g.add_computes("A", {all, make_works(works), {0, 1, 2, 3, 4, 5, 6, 7}});
+  const OpId s = g.add_computes("host_sync", {all, make_works({kernel(15e-6, true)}), std::vector<std::uint32_t>(8, 0)});
+  const OpId d = g.add_compute(0, "D", kernel(1e-6));
+  const OpId c = g.add_collective(Stream::comm, "C", {CollectiveType::all_reduce, all, {1024.0}, "ring"});
+  const Timing t = h.sim.execute(g);
+  const auto& parts = std::get<Computes>(g.op(s).body);
+  for (int r = 0; r < 8; ++r) {
+    CHECK(t.part_start[std::get<Computes>(g.op(a).body).first_part + std::size_t(r)] == Approx(kLaunch).epsilon(1e-9));
+    CHECK(t.part_end[parts.first_part + std::size_t(r)] == Approx(kLaunch + 100e-6 * (r + 1) + 15e-6).epsilon(1e-9));
+  }
+  CHECK(t.start[d] == Approx(kLaunch + 100e-6 + 15e-6 + kLaunch).epsilon(1e-9));
+  CHECK(t.start[c] == Approx(kLaunch + 800e-6 + 15e-6 + kLaunch).epsilon(1e-9));
+}
