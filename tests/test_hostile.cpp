@@ -197,6 +197,10 @@ TEST_CASE("hostile: platform values that hung, crashed or aborted SimGrid are re
         "node.nics[4].name");
   check([&](auto& s) { s.mutable_fabric()->set_nodes_per_leaf(0); }, "fabric.nodes_per_leaf");
   check([&](auto& s) { s.mutable_gpu()->set_memory_gib(inf); }, "gpu.memory_gib");
+  // The host's times: a negative or NaN launch would start an op before its host issued it.
+  check([&](auto& s) { s.mutable_gpu()->set_launch_us(nan); }, "gpu.launch_us");
+  check([&](auto& s) { s.mutable_gpu()->set_launch_us(-1); }, "gpu.launch_us");
+  check([&](auto& s) { s.mutable_gpu()->set_host_sync_us(inf); }, "gpu.host_sync_us");
   // One node without a fabric (nodes_per_leaf 0 divided the cost model's node count): one switch.
   auto one = test::platform("p4d-a100", 1);
   one.clear_fabric();
