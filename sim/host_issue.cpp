@@ -69,7 +69,8 @@ void SimBackend::Impl::start_hosts(const TaskGraph& graph, double t0) {
         x.kernels = std::max(x.kernels, std::uint32_t(w.kernels()));
         if (w.blocks_host != x.blocks) x.kernels = 0;  // each looked up
       }
-      cpu.shared_of[op.id] = std::int32_t(cpu.shared.size());
+      // A stop's part keeps its issue in its part_start, as a host's own part does.
+      cpu.shared_of[op.id] = x.stop() ? -1 : std::int32_t(cpu.shared.size());
       cpu.shared.push_back(x);
       continue;
     }
@@ -89,8 +90,6 @@ void SimBackend::Impl::start_hosts(const TaskGraph& graph, double t0) {
   for (std::size_t x = 0; x < S; ++x)
     cpu.prefix[x + 1] = cpu.prefix[x] + (cpu.shared[x].stop() ? 0.0 : double(cpu.shared[x].kernels) * L);
   for (std::size_t x = S; x-- > 0;) cpu.next_stop[x] = cpu.shared[x].stop() ? std::uint32_t(x) : cpu.next_stop[x + 1];
-  for (const auto& x : cpu.shared)  // a stop's part keeps its issue in its part_start, as a host's own part
-    if (x.stop()) cpu.shared_of[x.op] = -1;
   cpu.segment_hint.assign(ranks, 0);
   cpu.starting = true;  // nothing is ready yet: execute() issues what has no predecessor
   std::vector<int> all(ranks);
@@ -216,6 +215,7 @@ bool SimBackend::Impl::held_by_hosts(OpId id) {
     if (std::uint32_t(x) >= cpu.latest_from) {
       at = cpu.latest_offset + cpu.prefix[std::size_t(x)] + gpu.launch_seconds();
     } else {
+      // (Stopping at the first host past now: issue_op() comes back then and looks again.)
       at = -std::numeric_limits<double>::infinity();
       for (std::size_t r = 0; r < cpu.shared_next.size() && at <= now; ++r)
         at = std::max(at, clock_before(int(r), std::uint32_t(x)) + gpu.launch_seconds());

@@ -56,6 +56,10 @@ std::vector<RoutingMatrix> SmallSetup::routing(std::uint64_t seed, std::uint64_t
   return out;
 }
 
+TaskGraph SmallSetup::build(const spec::PolicySpec& ps, std::uint64_t seed, PolicyReport& report) const {
+  return make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing(seed), report});
+}
+
 int run_command(const std::string& command, std::string& output) {
   output.clear();
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cluster.hpp"
+#include "policy.hpp"
 #include "routing.hpp"
 #include "spec.hpp"
 #include "taskgraph.hpp"
@@ -48,11 +49,20 @@ struct SmallSetup {
   /// One iteration's routing of every layer (the spec's Zipf gating, this seed and iteration), from
   /// `sources` GPUs (0: the cluster's).
   std::vector<RoutingMatrix> routing(std::uint64_t seed, std::uint64_t iteration = 0, int sources = 0) const;
+  /// The iteration a fresh policy `ps` builds on routing(seed), its figures in `report`.
+  TaskGraph build(const spec::PolicySpec& ps, std::uint64_t seed, PolicyReport& report) const;
   Experiment ex;
   Cluster cluster;
   MoeModel model;
   GpuModel gpu;
 };
+
+/// A policy spec of that name, at its defaults.
+inline spec::PolicySpec policy(const std::string& name) {
+  spec::PolicySpec ps;
+  ps.set_name(name);
+  return ps;
+}
 
 /// f(compute, rank) for what an op computes: a Compute op's work, each part of a Computes op.
 template <class F>

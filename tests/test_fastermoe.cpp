@@ -458,10 +458,8 @@ TEST_CASE("a backward pass's GEMMs read the forward's operands transposed, twice
   const test::SmallSetup t;
   for (const char* name : {"ep", "fastermoe", "hecate"}) {
     INFO(name);
-    spec::PolicySpec ps;
-    ps.set_name(name);
     PolicyReport report;
-    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+    const auto g = t.build(test::policy(name), 3, report);
     std::map<std::string, double> fwd_flops, bwd_flops;  // per "L0.experts GPU r"
     int backward_ops = 0;
     for (const auto& op : g.ops())
@@ -523,11 +521,9 @@ TEST_CASE("FasterMoE's shadowing decision gathers every GPU's counts and reads t
   // global_policy (laekov/fastmoe fmoe/fastermoe/shadow_policy.py): dist.all_gather of each GPU's
   // local_expert_count (E int64), then .sum(1).cpu(): an all-gather and a host sync a layer.
   const test::SmallSetup t;
-  const auto routing = t.routing(11);
-  spec::PolicySpec ps;
-  ps.set_name("fastermoe-shadow");
+  auto ps = test::policy("fastermoe-shadow");
   PolicyReport report;
-  const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+  const auto g = t.build(ps, 11, report);
   const int G = t.cluster.num_gpus(), E = t.model.experts();
   std::map<std::string, const Op*> by_label;
   for (const auto& op : g.ops()) by_label[op.label] = &op;
@@ -547,6 +543,6 @@ TEST_CASE("FasterMoE's shadowing decision gathers every GPU's counts and reads t
   }
   ps.set_name("fastermoe-smart");  // no shadowing, no decision
   PolicyReport smart_report;
-  const auto smart = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, smart_report});
+  const auto smart = t.build(ps, 11, smart_report);
   for (const auto& op : smart.ops()) CHECK(op.label.find("count_allgather") == std::string::npos);
 }

@@ -139,10 +139,8 @@ TEST_CASE("a vocabulary adds its output op and its parameters to the dense all-r
   };
   auto build = [](int vocab) {
     const test::SmallSetup t({fmt::format("model.vocab={}", vocab)});
-    spec::PolicySpec ps;
-    ps.set_name("ep");
     PolicyReport report;
-    auto graph = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+    auto graph = t.build(test::policy("ep"), 3, report);
     return Built{std::move(graph), report, t.model};
   };
   const Built b0 = build(0), b1 = build(50257);
@@ -180,11 +178,8 @@ TEST_CASE("memory model: every GPU's memory, the most its peak, more where it co
   // EP under Zipf routing: each GPU owns the same experts, so its memory differs from another's by
   // the activations of the token-slots it computes. Inside two EP groups, the groups' GPUs in order.
   const test::SmallSetup t;
-  const auto routing = t.routing(3);
-  spec::PolicySpec ps;
-  ps.set_name("ep");
   PolicyReport report;
-  make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+  t.build(test::policy("ep"), 3, report);
   REQUIRE(report.gpu_memory.size() == 16u);
   REQUIRE(report.gpu_load.size() == 16u);
   CHECK(*std::max_element(report.gpu_memory.begin(), report.gpu_memory.end()) == report.memory.total());

@@ -143,7 +143,7 @@ TEST_CASE("dense blocks: one op per pass with every block's GEMMs, their paramet
   ps.set_name("ep");
   auto build = [&](const test::SmallSetup& t) {
     PolicyReport report;
-    return make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+    return t.build(ps, 3, report);
   };
   const TaskGraph g = build(dense);
   const MoeModel& m = dense.model;

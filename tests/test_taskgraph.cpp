@@ -242,7 +242,7 @@ TEST_CASE("every op of every policy has a known name, and docs/timeline.md expla
   auto check = [&](const test::SmallSetup& t, spec::PolicySpec ps) {
     INFO(ps.name());
     PolicyReport report;
-    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, t.routing(3), report});
+    const auto g = t.build(ps, 3, report);
     for (const auto& op : g.ops()) {
       INFO(op.label);
       CHECK(known_op_name(op.label));
