@@ -40,6 +40,38 @@ double fastest_of_three(Time time) {
 
 }  // namespace
 
+HostIssue measure_host_issue(Backend& backend, const GpuModel& gpu, int n) {
+  // Two chains of n pairs: two tiny ops (2L a pair), and a tiny op with a host sync after it
+  // (2L + S). Timed in turn, seven times each, and the median taken: a VM's host varies between
+  // runs (L read 8.8-12.5 µs on one H200 minutes apart as the fastest of three), and S, a difference,
+  // needs both chains timed on the same host at the same time.
+  const Compute tiny{ComputeKind::elementwise, {}, 4096};  // one kernel of 4 KiB: ns on a GPU's HBM
+  auto chain = [&](bool with_syncs) {
+    TaskGraph g(1);
+    std::vector<OpId> last;
+    for (int i = 0; i < n; ++i) {
+      last = {g.add_compute(0, "calibrate.tiny", tiny, last)};
+      last = {with_syncs ? g.add_compute(0, "calibrate.host_sync", host_sync_work(gpu), last)
+                         : g.add_compute(0, "calibrate.tiny", tiny, last)};
+    }
+    return g;
+  };
+  const TaskGraph plain = chain(false), synced = chain(true);
+  backend.execute(plain);  // warm-up: first kernels, buffers
+  backend.execute(synced);
+  std::vector<double> pair, more;
+  for (int i = 0; i < 7; ++i) {
+    const double a = backend.execute(plain).makespan() / n, b = backend.execute(synced).makespan() / n;
+    pair.push_back(a);
+    more.push_back(b - a);
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(pair) / 2, std::max(0.0, median(more))};  // L, S
+}
+
 Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
@@ -109,6 +141,11 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
                     bytes / double(1 << 20), cal.memory_bytes_per_s / 1e9, 100 * cal.memory_bytes_per_s / cal.copy_bytes_per_s,
                     cal.copy_bytes_per_s / 1e9));
   }
+  if (gpu) {
+    cal.host = measure_host_issue(*backend, GpuModel(ex.cluster_spec.gpu(), model.dtype()));
+    say(fmt::format("host: {:.2f} µs a kernel's launch, {:.2f} µs a host sync beyond its launch",
+                    cal.host.launch_seconds * 1e6, cal.host.host_sync_seconds * 1e6));
+  }
   double peak = 0;
   for (const auto& p : cal.gemms) peak = std::max(peak, p.flops_per_s);
   cal.gpu = ex.cluster_spec.gpu();
@@ -135,6 +172,10 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
   }
   cal.gpu.set_memory_gbytes_per_s(cal.memory_bytes_per_s / 1e9);
   cal.gpu.set_memory_efficiency(1);
+  if (cal.host.launch_seconds > 0) {  // on a GPU: its host's, in place of the catalog's PyTorch figures
+    cal.gpu.set_launch_us(cal.host.launch_seconds * 1e6);
+    cal.gpu.set_host_sync_us(cal.host.host_sync_seconds * 1e6);
+  }
 
   // Collectives over the ranks asked for; on GPUs by default over every GPU of this machine.
   const int asked = o.collective_ranks > 0 ? o.collective_ranks : o.backend == "hw" ? visible_gpus() : 0;
@@ -171,6 +212,9 @@ std::string Calibration::text() const {
   out += fmt::format("#   elementwise: {:.1f} GB/s ({:.0f}% of a device-to-device copy's {:.1f} GB/s)\n",
                      memory_bytes_per_s / 1e9, copy_bytes_per_s > 0 ? 100 * memory_bytes_per_s / copy_bytes_per_s : 0.0,
                      copy_bytes_per_s / 1e9);
+  if (host.launch_seconds > 0)
+    out += fmt::format("#   host: {:.2f} us a kernel's launch (one-kernel ops at the host's pace), {:.2f} us a host "
+                       "sync beyond its launch\n", host.launch_seconds * 1e6, host.host_sync_seconds * 1e6);
   for (const auto& c : collectives)
     out += fmt::format("#   {} {:.0f} B per rank: {:.4f} ms\n", c.collective, c.bytes, c.seconds * 1e3);
   return out + to_text(gpu);

@@ -1,7 +1,8 @@
 // `moesim calibrate`: measures, on a hardware backend, what the simulator's GPU model assumes — the
-// GEMM-efficiency curve for the model's expert shapes and dtype, and memory bandwidth — and writes
-// them as a GpuSpec profile that a spec uses in place of the catalog's GPU
-// (`cluster { gpu_profile: "profile.textproto" }`, or --set cluster.gpu_profile=...). With more than
+// GEMM-efficiency curve for the model's expert shapes and dtype, memory bandwidth and, on a GPU, what
+// a kernel's launch and a host sync cost its host — and writes them as a GpuSpec profile that a spec
+// uses in place of the catalog's GPU (`cluster { gpu_profile: "profile.textproto" }`, or
+// --set cluster.gpu_profile=...). With more than
 // one rank it also times all-to-all and all-reduce against message size (printed: the network side
 // of the simulator is the platform's links, compared with `moesim collective`).
 #pragma once
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.hpp"
 #include "moesim.pb.h"
 #include "spec.hpp"
 
@@ -22,6 +24,15 @@ struct CalibrateOptions {
   std::string command;              // the command line, for the profile's header
 };
 
+/// What issuing work costs the host, as the simulator models it (sim/host_issue.cpp): L, the
+/// launch of one kernel (GpuSpec.launch_us), and S, a host sync beyond its launch (host_sync_us).
+/// Measured on `backend` (one rank) from two chains of ops: 2n ops of one kernel too short to
+/// matter run at the host's pace, 2n L; n pairs of such an op and a host sync after it take
+/// n (2L + S).
+/// Where the GPU's own time per kernel exceeds the host's, L is the GPU's: the pace either way.
+struct HostIssue {
+  double launch_seconds = 0, host_sync_seconds = 0;
+};
 struct GemmPoint {
   std::uint64_t m = 0, n = 0, k = 0;
   double seconds = 0, flops_per_s = 0;
@@ -35,6 +46,7 @@ struct Calibration {
   std::vector<GemmPoint> gemms;
   double memory_bytes_per_s = 0;     // an elementwise kernel's bytes (read + written) per second
   double copy_bytes_per_s = 0;       // a device-to-device copy's, the same way
+  HostIssue host;                    // on a GPU: its host's launch and sync (0: not measured)
   std::vector<CollectiveTiming> collectives;
   std::string device;                // what was measured: the GPU and its software, or the host
   std::string when, command;         // the date (UTC) and the command line
@@ -42,5 +54,8 @@ struct Calibration {
 };
 
 Calibration calibrate(const Experiment& ex, const CalibrateOptions& options);
+
+/// L and S measured on `backend` (HostIssue).
+HostIssue measure_host_issue(Backend& backend, const GpuModel& gpu, int n = 200);
 
 }  // namespace moesim

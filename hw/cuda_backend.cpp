@@ -59,6 +59,7 @@ struct Rank {
   void* buf[kBuffers] = {};
   std::size_t cap[kBuffers] = {};
   cudaEvent_t t0 = nullptr;
+  void* host_read = nullptr;  // pinned: where a host sync reads its 8 bytes
   std::vector<cudaEvent_t> start, end;  // per op of the graph (null where the rank takes no part)
 };
 
@@ -124,6 +125,7 @@ class CudaBackend final : public Backend {
       MOESIM_CHECK(cublasCreate(&r.blas));
       MOESIM_CHECK(cublasSetStream(r.blas, r.stream[int(Stream::compute)]));
       MOESIM_CHECK(cudaEventCreate(&r.t0));
+      MOESIM_CHECK(cudaMallocHost(&r.host_read, 8));
     }
     // Two communicators per rank (a second one for the comm2 stream), from two unique ids.
     for (int c = 0; c < 2; ++c) {
@@ -153,6 +155,7 @@ class CudaBackend final : public Backend {
       cublasDestroy(r.blas);
       for (auto s : r.stream) cudaStreamDestroy(s);
       cudaEventDestroy(r.t0);
+      cudaFreeHost(r.host_read);
     }
 #if MOESIM_HAVE_MPI
     if (mpi_) MPI_Finalize();
@@ -368,6 +371,12 @@ class CudaBackend final : public Backend {
         MOESIM_CHECK(cudaSetDevice(r->device));
         MOESIM_CHECK(cudaEventRecord(r->end[op.id], stream_of(*r, op)));
       }
+    // A host sync (Compute::blocks_host: FastMoE's count read, FasterMoE's shadowing decision): the
+    // host enqueues nothing more until the GPU has reached it and its read has landed, as .cpu()
+    // makes PyTorch wait (compute() queued the read).
+    for (int q : who)
+      if (Rank* r = local(q); r && rank_compute(op, q) && rank_compute(op, q)->blocks_host)
+        MOESIM_CHECK(cudaEventSynchronize(r->end[op.id]));
   }
 
   /// Where transfer t lands in its receiver's buffer: after the step's earlier messages to it.
@@ -399,6 +408,8 @@ class CudaBackend final : public Backend {
                                     r.buf[kC], type, n, ctype, CUBLAS_GEMM_DEFAULT));
       }
     }
+    if (c.blocks_host)  // .cpu() of a few counts: 8 bytes to the host (enqueue() then waits for them)
+      MOESIM_CHECK(cudaMemcpyAsync(r.host_read, r.buf[kState], 8, cudaMemcpyDeviceToHost, s));
     const MemoryKernel k = memory_kernel(c.kind, c.memory_bytes, model_);  // op_work.hpp's sizing
     if (k.rows == 0) return;
     const std::size_t n = k.rows * k.width;

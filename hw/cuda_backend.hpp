@@ -11,9 +11,10 @@
 //   collective  its lowering (policies/collectives, as the simulator runs it): each step one
 //               ncclGroupStart/End of its sends and receives, then its local copies
 // Per-op start and end come from CUDA events (an op's start: its earliest rank's; its end: its
-// latest's). The host polls for completion and NCCL's asynchronous errors, and a graph that has not
-// finished after `timeout_s` fails naming the first op still running, after aborting the
-// communicators: never a hang.
+// latest's). A host sync (Compute::blocks_host) reads 8 bytes to the host and holds the host until
+// they land, as .cpu() holds PyTorch's. The host polls for completion and NCCL's asynchronous
+// errors, and a graph that has not finished after `timeout_s` fails naming the first op still
+// running, after aborting the communicators: never a hang.
 #pragma once
 #include <cstddef>
 #include <memory>

@@ -503,10 +503,7 @@ void LayerOps::exchange_counts(int l) {
 // Every GPU's host reads what `after` produced (.item(), .cpu()): the GPU's host_sync_seconds on
 // its compute stream, after which it waits for the host's next launches.
 OpId LayerOps::host_sync(std::string label, OpId after) {
-  Compute sync{ComputeKind::elementwise, {}, 0};
-  sync.fixed_seconds = in_.gpu.host_sync_seconds();
-  sync.blocks_host = true;
-  return every_gpu(std::move(label), std::move(sync), {after});
+  return every_gpu(std::move(label), host_sync_work(in_.gpu), {after});
 }
 
 // FasterMoE's shadowing decision (IterationPlan::shadow_search): global_policy all-gathers every

@@ -181,6 +181,13 @@ std::uint64_t Compute::kernels() const {
   return k;
 }
 
+Compute host_sync_work(const GpuModel& gpu) {
+  Compute sync{ComputeKind::elementwise, {}, 0};
+  sync.fixed_seconds = gpu.host_sync_seconds();
+  sync.blocks_host = true;
+  return sync;
+}
+
 double Compute::seconds(const GpuModel& gpu) const {
   double t = fixed_seconds + gpu.memory_time(memory_bytes);
   for (const auto& g : gemms) t += gpu.gemm_time(g);

@@ -51,6 +51,11 @@ struct Compute {
   friend auto operator<=>(const Compute&, const Compute&) = default;
 };
 
+/// A host sync (.item(), .cpu()): the host reads what the GPU produced. On the GPU it lasts
+/// GpuSpec.host_sync_us (the round trip beyond its launch), and its host issues nothing more until
+/// it ends (sim/host_issue.cpp); the CUDA backend waits for it on the host.
+Compute host_sync_work(const GpuModel& gpu);
+
 /// One step's work on several GPUs, each its own: every GPU's attention, gate, encode or optimizer
 /// step, or FasterMoE's smart schedule's C_j (every GPU's experts on the tokens of one group of
 /// workers). One op of G parts where G ops of one part each would cost an op per GPU per step (6.3

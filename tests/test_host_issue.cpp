@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "helpers.hpp"
+#include "calibrate.hpp"
 #include "simgrid_backend.hpp"
 
 using namespace moesim;
@@ -169,4 +170,19 @@ TEST_CASE("host issue: ops every GPU takes part in, a host sync that ends at dif
   }
   CHECK(t.start[d] == Approx(kLaunch + 100e-6 + 15e-6 + kLaunch).epsilon(1e-9));
   CHECK(t.start[c] == Approx(kLaunch + 800e-6 + 15e-6 + kLaunch).epsilon(1e-9));
+}
+
+TEST_CASE("host issue: calibrate's measurement, run on the simulator, gives back its launch and host sync") {
+  // `moesim calibrate --backend hw` measures L and S with two chains of tiny ops (calibrate.hpp).
+  // On the simulator, with L = 5 µs and S = 12 µs set, it must read the same: its arithmetic is the
+  // model's. The tiny op's 4 KiB at HBM speed adds about a nanosecond over 50 ops.
+  auto spec = test::platform("dgx-a100", 1);
+  spec.mutable_gpu()->set_launch_us(5);
+  spec.mutable_gpu()->set_host_sync_us(12);
+  const Cluster cluster(spec);
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  SimBackend sim(cluster, gpu);
+  const HostIssue h = measure_host_issue(sim, gpu, 50);
+  CHECK(h.launch_seconds == Approx(5e-6).epsilon(1e-3));
+  CHECK(h.host_sync_seconds == Approx(12e-6).epsilon(1e-3));
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "gpu.hpp"
@@ -202,6 +203,54 @@ TEST_CASE("with a GPU's measured profile the simulator times that GPU's own runs
       if (c.phases) {
         CHECK(phases(b, {"dense_compute", "optimizer"}) == Approx(gpu_compute).epsilon(0.10));
         CHECK(phases(b, {"routing", "codec", "expert_compute", "compression"}) == Approx(gpu_moe).epsilon(0.10));
+      }
+    }
+  }
+}
+
+TEST_CASE("with the launch it measured, the simulator times an H200's launch-bound runs within 15%") {
+  // experiments/hw/h200/launch/: on two H200 machines (2026-11-28), three `moesim calibrate` profiles
+  // each (GEMMs, HBM, and now the host: launch_us from one-kernel ops at the host's pace, host_sync_us
+  // from a chain with host syncs; calibrate.hpp), and models of a few-µs kernels run twice on the GPU:
+  // the demo layer at 128 tokens, four of its layers with a 32,000-word output at 256, the
+  // fine-grained layer (64 experts, top-6) at 512 and 2,048. The host's pace varied between the
+  // machines and between calibrations (launch 8.8-13.3 µs); each machine's runs are simulated with
+  // its middle profile by launch_us. Without launches (sim.ideal) the simulator is 15-65% fast.
+  const std::string spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/demo-layer-1gpu.textproto";
+  const std::string fine = " --set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6"
+                           " --set model.heads=16 --set model.name=fine-grained";
+  const std::string lm = " --set model.layers=4 --set model.vocab=32000 --set model.name=lm-4-layers";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"demo-128", " --set model.tokens_per_gpu=128 --set model.seq_len=128"},
+      {"lm-256", lm + " --set model.tokens_per_gpu=256 --set model.seq_len=256"},
+      {"fine-512", fine + " --set model.tokens_per_gpu=512 --set model.seq_len=512"},
+      {"fine-2048", fine + " --set model.tokens_per_gpu=2048 --set model.seq_len=1024"}};
+  for (const char* machine : {"machine-a", "machine-b"}) {
+    const std::string measured = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/h200/launch/" + machine;
+    std::vector<std::pair<double, std::string>> profiles;  // (launch_us, file)
+    for (int i = 1; i <= 3; ++i) {
+      const std::string file = fmt::format("{}/profile-demo-{}.textproto", measured, i);
+      spec::GpuSpec gpu;
+      parse_file(file, gpu);
+      REQUIRE(gpu.has_launch_us());
+      profiles.emplace_back(gpu.launch_us(), file);
+    }
+    std::sort(profiles.begin(), profiles.end());
+    const std::string profile = profiles[1].second;
+    for (const auto& [name, sets] : cases) {
+      INFO(machine << " " << name << " with " << profile);
+      const double gpu = (summary(measured + "/" + name + "-1")["iteration_time_s"].get<double>() +
+                          summary(measured + "/" + name + "-2")["iteration_time_s"].get<double>()) / 2;
+      for (const bool ideal : {false, true}) {
+        const std::string dir = test::temp_dir(fmt::format("launch-{}-{}-{}", machine, name, ideal));
+        std::string out;
+        REQUIRE(test::run_command(kBin + " run " + spec + sets + " --set cluster.gpu_profile=" + profile +
+                                      (ideal ? " --set sim.ideal=true" : "") + " -q --out " + dir, out) == 0);
+        const double sim = summary(dir)["iteration_time_s"].get<double>();
+        if (ideal)
+          CHECK(gpu / sim > 1.15);
+        else
+          CHECK(gpu / sim == Approx(1).margin(0.15));
       }
     }
   }
