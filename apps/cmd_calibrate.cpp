@@ -1,5 +1,5 @@
-// moesim calibrate: measure a GPU (GEMM efficiency, memory bandwidth, collectives) on a hardware
-// backend and write it as a GPU profile the simulator takes.
+// moesim calibrate: measure a GPU (GEMM efficiency, memory bandwidth, its host's launches and syncs,
+// collectives) on a hardware backend and write it as a GPU profile the simulator takes.
 #include <fmt/format.h>
 
 #include <optional>
@@ -25,8 +25,9 @@ int calibrate_gpu(Options o, const Invocation& invocation) {
   o.calibrate.command = invocation.command();  // for the profile's header
   const Calibration cal = calibrate(ex, o.calibrate);
   write_atomically(o.out, cal.text());
-  fmt::print("wrote {}: peak {:.4g} TFLOP/s, {} GEMM points, {:.1f} GB/s; use it with --set cluster.gpu_profile={}\n", o.out,
-             cal.gpu.peak(0).tflops(), cal.gemms.size(), cal.memory_bytes_per_s / 1e9, o.out);
+  const std::string host = cal.host.launch_seconds > 0 ? fmt::format(", {:.1f} µs a launch", cal.host.launch_seconds * 1e6) : "";
+  fmt::print("wrote {}: peak {:.4g} TFLOP/s, {} GEMM points, {:.1f} GB/s{}; use it with --set cluster.gpu_profile={}\n", o.out,
+             cal.gpu.peak(0).tflops(), cal.gemms.size(), cal.memory_bytes_per_s / 1e9, host, o.out);
   return 0;
 }
 
@@ -36,7 +37,8 @@ void add_calibrate(CLI::App& app, Commands& commands, const Invocation& invocati
   auto* cmd = app.add_subcommand(
       "calibrate",
       R"(Measure the GEMM-efficiency curve of the spec's expert shapes and dtype and the memory bandwidth on a
-hardware backend; write them as a GPU profile the simulator takes in place of the catalog's GPU:
+hardware backend, and on a GPU what a kernel's launch and a host sync cost its host (launch_us,
+host_sync_us); write them as a GPU profile the simulator takes in place of the catalog's GPU:
   moesim calibrate --backend hw --out profile.textproto
   moesim run SPEC --set cluster.gpu_profile=profile.textproto)");
   auto o = std::make_shared<Options>();
