@@ -172,6 +172,31 @@ TEST_CASE("host issue: ops every GPU takes part in, a host sync that ends at dif
   CHECK(t.start[c] == Approx(kLaunch + 800e-6 + 15e-6 + kLaunch).epsilon(1e-9));
 }
 
+TEST_CASE("host issue: a collective ready after one host passed a later host sync waits for the host still behind") {
+  // GPU 2's host first issues 300 kernels of its own (1 ns each: at its pace, 7 µs each). Then on
+  // all 8 GPUs: an all-reduce C that waits for D, 0.5 ms on GPU 1, a host sync S (15 µs) and a
+  // 1 µs kernel E. GPU 0's host issues C at 7 µs and S at 14 µs, goes on when its S ends at 29 µs
+  // and issues E at 36 µs. C is ready at 507 µs (D's end), but GPU 2's host issues it only at
+  // 301 × 7 = 2,107 µs: C starts then, and GPU 2's S ends at 302 × 7 + 15 µs. (The simulator finds
+  // C's last host among hosts that went on past a later stop at different times:
+  // SimBackend::Impl::held_by_hosts.)
+  Host h;
+  TaskGraph g(8);
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int k = 0; k < 300; ++k) g.add_compute(2, "k", kernel(1e-9));
+  const OpId d = g.add_compute(1, "D", kernel(500e-6));
+  const OpId c = g.add_collective(Stream::comm, "C", {CollectiveType::all_reduce, all, {1024.0}, "ring"}, {d});
+  const OpId s = g.add_computes("host_sync", {all, make_works({kernel(15e-6, true)}), std::vector<std::uint32_t>(8, 0)});
+  const OpId e = g.add_computes("E", {all, make_works({kernel(1e-6)}), std::vector<std::uint32_t>(8, 0)});
+  const Timing t = h.sim.execute(g);
+  const auto& parts = std::get<Computes>(g.op(s).body);
+  CHECK(t.end[d] == Approx(kLaunch + 500e-6).epsilon(1e-9));
+  CHECK(t.part_start[std::get<Computes>(g.op(e).body).first_part] == Approx(3 * kLaunch + 15e-6).epsilon(1e-9));
+  CHECK(t.part_end[parts.first_part + 0] == Approx(2 * kLaunch + 15e-6).epsilon(1e-9));
+  CHECK(t.start[c] == Approx(301 * kLaunch).epsilon(1e-9));
+  CHECK(t.part_end[parts.first_part + 2] == Approx(302 * kLaunch + 15e-6).epsilon(1e-9));
+}
+
 TEST_CASE("host issue: calibrate's measurement, run on the simulator, gives back its launch and host sync") {
   // `moesim calibrate --backend hw` measures L and S with two chains of tiny ops (calibrate.hpp).
   // On the simulator, with L = 5 µs and S = 12 µs set, it must read the same: its arithmetic is the
