@@ -209,13 +209,13 @@ TEST_CASE("with a GPU's measured profile the simulator times that GPU's own runs
 }
 
 TEST_CASE("with the launch it measured, the simulator times an H200's and an H100's launch-bound runs within 15%") {
-  // experiments/hw/h200/launch/ and h100/launch/: on two H200 machines and one H100 (2026-11-28),
+  // experiments/hw/h200/launch/ and h100/launch/: on three H200 machines and one H100 (2026-11-28),
   // three `moesim calibrate` profiles
   // each (GEMMs, HBM, and now the host: launch_us from one-kernel ops at the host's pace, host_sync_us
   // from a chain with host syncs; calibrate.hpp), and models of a few-µs kernels run twice on the GPU:
   // the demo layer at 128 tokens, four of its layers with a 32,000-word output at 256, the
   // fine-grained layer (64 experts, top-6) at 512 and 2,048. The host's pace varied between the
-  // machines and between calibrations (launch 8.8-15.1 µs); each machine's runs are simulated with
+  // machines and between calibrations (launch 8.8-15.6 µs); each machine's runs are simulated with
   // its middle profile by launch_us. Without launches (sim.ideal) the simulator is 15-65% fast.
   const std::string spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/demo-layer-1gpu.textproto";
   const std::string fine = " --set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6"
@@ -226,7 +226,7 @@ TEST_CASE("with the launch it measured, the simulator times an H200's and an H10
       {"lm-256", lm + " --set model.tokens_per_gpu=256 --set model.seq_len=256"},
       {"fine-512", fine + " --set model.tokens_per_gpu=512 --set model.seq_len=512"},
       {"fine-2048", fine + " --set model.tokens_per_gpu=2048 --set model.seq_len=1024"}};
-  for (const char* machine : {"h200/launch/machine-a", "h200/launch/machine-b", "h100/launch/machine-a"}) {
+  for (const char* machine : {"h200/launch/machine-a", "h200/launch/machine-b", "h200/launch/machine-c", "h100/launch/machine-a"}) {
     const std::string measured = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/" + machine;
     std::vector<std::pair<double, std::string>> profiles;  // (launch_us, file)
     for (int i = 1; i <= 3; ++i) {
