@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The simulator against one real GPU (docs/hardware.md): calibrate a profile from the expert GEMMs,
 # run five one-GPU models (and the demo in BF16) on the GPU and in simulation with that profile,
-# compare op class by op class, and time PyTorch's yardsticks (tools/gpu_yardsticks.py) beside them. Every step has a time
+# compare op class by op class, and time PyTorch's yardsticks (tools/gpu_yardsticks.py) beside them;
+# then the launch-bound and routing-skew runs (OUT/launch). Every step has a time
 # limit and writes its log under OUT; a failed step is reported and the rest still run.
 #   bash tools/gpu-validate.sh [MOESIM] [OUT]     (default: build/moesim, gpu-validate-out)
 # On a machine without moesim's libraries, run it from the bundle of shared/tools/device-bundle.sh
@@ -44,4 +45,29 @@ for model in demo fine lm deepseek mixtral demo-bf16; do
   step "compare-$model" 30 "$M" compare "$out/sim-$model" "$out/$model"
 done
 command -v python3 > /dev/null && step yardsticks 120 python3 tools/gpu_yardsticks.py
+# Launch-bound and routing-skew runs (docs/hardware.md, "Launch-bound runs" and "Routing skew"),
+# into OUT/launch: three calibrations (the host's launch and host sync among them), then models of
+# a few-µs kernels and the demo under three routing presets, each run twice on the GPU. Simulate
+# each with the middle profile by launch_us; tests/test_hw_cli.cpp does that for
+# experiments/hw/*/launch and h200/skew.
+mkdir -p "$out/launch"
+for rep in 1 2 3; do
+  step "launch/calibrate-$rep" 60 "$M" calibrate "${S[@]}" --backend hw --out "$out/launch/profile-demo-$rep.textproto"
+done
+twice() {  # NAME SETS...
+  local name=$1; shift
+  for rep in 1 2; do step "launch/gpu-$name-$rep" 90 "$M" run "${S[@]}" "$@" --backend hw -q --out "$out/launch/$name-$rep"; done
+}
+fine_at=(--set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6 --set model.heads=16
+         --set model.name=fine-grained)
+twice demo-128 --set model.tokens_per_gpu=128 --set model.seq_len=128
+twice lm-256 "${lm[@]}" --set model.tokens_per_gpu=256 --set model.seq_len=256
+twice fine-512 "${fine_at[@]}" --set model.tokens_per_gpu=512 --set model.seq_len=512
+twice fine-2048 "${fine_at[@]}" --set model.tokens_per_gpu=2048 --set model.seq_len=1024
+twice demo-naive
+twice demo-pro-prophet --set gating.generator.preset=pro-prophet
+twice demo-aux --set gating.generator.preset=aux
+twice fine-naive "${fine_at[@]}" --set model.tokens_per_gpu=8192
+twice fine-aux "${fine_at[@]}" --set model.tokens_per_gpu=8192 --set gating.generator.preset=aux
+grep -h "host:" "$out"/launch/profile-demo-*.textproto
 tail -n +1 "$out"/compare-*.log | grep -E '^==>|iteration|compute|moe  |experts|attention|optimizer|output'
