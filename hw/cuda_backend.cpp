@@ -375,8 +375,9 @@ class CudaBackend final : public Backend {
     // host enqueues nothing more until the GPU has reached it and its read has landed, as .cpu()
     // makes PyTorch wait (compute() queued the read).
     for (int q : who)
-      if (Rank* r = local(q); r && rank_compute(op, q) && rank_compute(op, q)->blocks_host)
-        MOESIM_CHECK(cudaEventSynchronize(r->end[op.id]));
+      if (Rank* r = local(q); r)
+        if (const Compute* c = rank_compute(op, q); c && c->blocks_host)
+          MOESIM_CHECK(cudaEventSynchronize(r->end[op.id]));
   }
 
   /// Where transfer t lands in its receiver's buffer: after the step's earlier messages to it.

@@ -26,6 +26,11 @@ const std::string kTiny = " --set model.d_model=64 --set model.d_ffn=128 --set m
                           " --set model.seq_len=64 --set model.heads=2 --set iterations=1 -q";
 
 nlohmann::json summary(const std::string& dir) { return nlohmann::json::parse(test::read_file(dir + "/summary.json")); }
+// The one-GPU models of docs/hardware.md beside experiments/hw/demo-layer-1gpu.textproto: the
+// fine-grained layer (its tokens set per run) and the 4-layer language model.
+const std::string kFine = " --set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6"
+                          " --set model.heads=16 --set model.name=fine-grained";
+const std::string kLm = " --set model.layers=4 --set model.vocab=32000 --set model.name=lm-4-layers";
 
 }  // namespace
 
@@ -163,9 +168,7 @@ TEST_CASE("with a GPU's measured profile the simulator times that GPU's own runs
   // iterations, and their compute and MoE phases, as the GPU did (docs/hardware.md has the op
   // classes). The model was compared and fixed on the H200; the H100's runs came after, unchanged.
   const std::string spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/demo-layer-1gpu.textproto";
-  const std::string fine = " --set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6"
-                           " --set model.tokens_per_gpu=8192 --set model.heads=16 --set model.name=fine-grained";
-  const std::string lm = " --set model.layers=4 --set model.vocab=32000 --set model.name=lm-4-layers";
+  const std::string fine = kFine + " --set model.tokens_per_gpu=8192", lm = kLm;
   // Held out: layers of DeepSeek-V3's and Mixtral's sizes, run on the H200 after the rest had been
   // compared and fixed; only their iteration is held to 10% (Mixtral's experts are larger GEMMs than
   // the profile measured, where its curve is held at its last point: MoE phase 0.88).
@@ -210,22 +213,19 @@ TEST_CASE("with a GPU's measured profile the simulator times that GPU's own runs
 
 TEST_CASE("with the launch it measured, the simulator times an H200's and an H100's launch-bound runs within 15%") {
   // experiments/hw/h200/launch/ and h100/launch/: on three H200 machines and one H100 (2026-11-28),
-  // three `moesim calibrate` profiles
-  // each (GEMMs, HBM, and now the host: launch_us from one-kernel ops at the host's pace, host_sync_us
-  // from a chain with host syncs; calibrate.hpp), and models of a few-µs kernels run twice on the GPU:
+  // three `moesim calibrate` profiles each (GEMMs, HBM, and now the host: launch_us from one-kernel
+  // ops at the host's pace, host_sync_us from a chain with host syncs; calibrate.hpp), and models of
+  // a few-µs kernels run twice on the GPU:
   // the demo layer at 128 tokens, four of its layers with a 32,000-word output at 256, the
   // fine-grained layer (64 experts, top-6) at 512 and 2,048. The host's pace varied between the
   // machines and between calibrations (launch 8.8-15.6 µs); each machine's runs are simulated with
   // its middle profile by launch_us. Without launches (sim.ideal) the simulator is 15-65% fast.
   const std::string spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/demo-layer-1gpu.textproto";
-  const std::string fine = " --set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6"
-                           " --set model.heads=16 --set model.name=fine-grained";
-  const std::string lm = " --set model.layers=4 --set model.vocab=32000 --set model.name=lm-4-layers";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"demo-128", " --set model.tokens_per_gpu=128 --set model.seq_len=128"},
-      {"lm-256", lm + " --set model.tokens_per_gpu=256 --set model.seq_len=256"},
-      {"fine-512", fine + " --set model.tokens_per_gpu=512 --set model.seq_len=512"},
-      {"fine-2048", fine + " --set model.tokens_per_gpu=2048 --set model.seq_len=1024"}};
+      {"lm-256", kLm + " --set model.tokens_per_gpu=256 --set model.seq_len=256"},
+      {"fine-512", kFine + " --set model.tokens_per_gpu=512 --set model.seq_len=512"},
+      {"fine-2048", kFine + " --set model.tokens_per_gpu=2048 --set model.seq_len=1024"}};
   for (const char* machine : {"h200/launch/machine-a", "h200/launch/machine-b", "h200/launch/machine-c", "h100/launch/machine-a"}) {
     const std::string measured = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/" + machine;
     std::vector<std::pair<double, std::string>> profiles;  // (launch_us, file)
@@ -238,13 +238,13 @@ TEST_CASE("with the launch it measured, the simulator times an H200's and an H10
     }
     std::sort(profiles.begin(), profiles.end());
     const std::string profile = profiles[1].second;
+    std::string tag = machine;
+    std::replace(tag.begin(), tag.end(), '/', '-');
     for (const auto& [name, sets] : cases) {
       INFO(machine << " " << name << " with " << profile);
       const double gpu = (summary(measured + "/" + name + "-1")["iteration_time_s"].get<double>() +
                           summary(measured + "/" + name + "-2")["iteration_time_s"].get<double>()) / 2;
       for (const bool ideal : {false, true}) {
-        std::string tag = machine;
-        std::replace(tag.begin(), tag.end(), '/', '-');
         const std::string dir = test::temp_dir(fmt::format("launch-{}-{}-{}", tag, name, ideal));
         std::string out;
         REQUIRE(test::run_command(kBin + " run " + spec + sets + " --set cluster.gpu_profile=" + profile +
@@ -267,8 +267,7 @@ TEST_CASE("with its measured profile, the simulator times an H200's runs under t
   // (aux) for the demo; simulated, 0.62 to 0.71.
   const std::string spec = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/demo-layer-1gpu.textproto";
   const std::string measured = std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/h200/skew";
-  const std::string fine = " --set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6"
-                           " --set model.heads=16 --set model.name=fine-grained --set model.tokens_per_gpu=8192";
+  const std::string fine = kFine + " --set model.tokens_per_gpu=8192";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"demo-naive", ""},
       {"demo-pro-prophet", " --set gating.generator.preset=pro-prophet"},

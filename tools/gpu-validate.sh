@@ -20,8 +20,9 @@ step() {  # NAME LIMIT_S COMMAND...
   echo "   rc=$? in $((SECONDS - s)) s (log: $out/$name.log)"
 }
 S=(experiments/hw/demo-layer-1gpu.textproto --set sim.timeline_iterations=5)
-fine=(--set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6
-      --set model.tokens_per_gpu=8192 --set model.heads=16 --set model.name=fine-grained)
+fine_at=(--set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6
+         --set model.heads=16 --set model.name=fine-grained)  # the fine-grained layer, tokens to set
+fine=("${fine_at[@]}" --set model.tokens_per_gpu=8192)
 lm=(--set model.layers=4 --set model.vocab=32000 --set model.name=lm-4-layers)
 # Held out (docs/hardware.md): layers of DeepSeek-V3's and Mixtral's sizes, and the demo in BF16.
 deepseek=(--set model.d_model=7168 --set model.d_ffn=2048 --set model.experts=64 --set model.top_k=8
@@ -58,8 +59,6 @@ twice() {  # NAME SETS...
   local name=$1; shift
   for rep in 1 2; do step "launch/gpu-$name-$rep" 90 "$M" run "${S[@]}" "$@" --backend hw -q --out "$out/launch/$name-$rep"; done
 }
-fine_at=(--set model.d_model=2048 --set model.d_ffn=1408 --set model.experts=64 --set model.top_k=6 --set model.heads=16
-         --set model.name=fine-grained)
 twice demo-128 --set model.tokens_per_gpu=128 --set model.seq_len=128
 twice lm-256 "${lm[@]}" --set model.tokens_per_gpu=256 --set model.seq_len=256
 twice fine-512 "${fine_at[@]}" --set model.tokens_per_gpu=512 --set model.seq_len=512
@@ -67,7 +66,7 @@ twice fine-2048 "${fine_at[@]}" --set model.tokens_per_gpu=2048 --set model.seq_
 twice demo-naive
 twice demo-pro-prophet --set gating.generator.preset=pro-prophet
 twice demo-aux --set gating.generator.preset=aux
-twice fine-naive "${fine_at[@]}" --set model.tokens_per_gpu=8192
-twice fine-aux "${fine_at[@]}" --set model.tokens_per_gpu=8192 --set gating.generator.preset=aux
+twice fine-naive "${fine[@]}"
+twice fine-aux "${fine[@]}" --set gating.generator.preset=aux
 grep -h "host:" "$out"/launch/profile-demo-*.textproto
 tail -n +1 "$out"/compare-*.log | grep -E '^==>|iteration|compute|moe  |experts|attention|optimizer|output'

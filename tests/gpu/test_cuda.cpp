@@ -207,9 +207,10 @@ TEST_CASE("with the launch it measures, the simulator times a launch-bound run o
   // The demo layer at 128 tokens: kernels of a few µs, so that an iteration is the host issuing
   // them. calibrate measures this backend's launch L (one-kernel ops at the host's pace) and host
   // sync S (an 8-byte read to the host and the wait, beyond its launch; calibrate.hpp) and writes
-  // them into the profile. On H200 and H100 machines (docs/hardware.md) L read 8.8-15.1 µs and S
-  // 0-9 µs, and the simulator with the same machine's profile came within 0.90-1.10 of the GPU's
-  // iteration, against 1.16-1.63 without launches. (The simulator runs once here: one SimGrid engine a process.)
+  // them into the profile. On H200 and H100 machines (docs/hardware.md) L read 8.8-15.6 µs and S
+  // 0-9 µs, and the simulator with the same machine's profile came within 0.86-1.10 of the GPU's
+  // iteration, against 1.16-1.63 without launches. (The simulator runs once here: one SimGrid
+  // engine a process.)
   Experiment ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/hw/demo-layer-1gpu.textproto",
                                   {"model.tokens_per_gpu=128", "model.seq_len=128"});
   CalibrateOptions o;
