@@ -1,5 +1,5 @@
 // moesim calibrate: measure a GPU (GEMM efficiency, memory bandwidth, its host's launches and syncs,
-// collectives) on a hardware backend and write it as a GPU profile the simulator takes.
+// its least kernel time, collectives) on a hardware backend and write it as a GPU profile the simulator takes.
 #include <fmt/format.h>
 
 #include <optional>
@@ -25,7 +25,9 @@ int calibrate_gpu(Options o, const Invocation& invocation) {
   o.calibrate.command = invocation.command();  // for the profile's header
   const Calibration cal = calibrate(ex, o.calibrate);
   write_atomically(o.out, cal.text());
-  const std::string host = cal.host.launch_seconds > 0 ? fmt::format(", {:.1f} µs a launch", cal.host.launch_seconds * 1e6) : "";
+  const std::string host = cal.host.launch_seconds > 0 ? fmt::format(", {:.1f} µs a launch, {:.1f} µs a kernel at least",
+                                                                     cal.host.launch_seconds * 1e6, cal.kernel_seconds * 1e6)
+                                                       : "";
   fmt::print("wrote {}: peak {:.4g} TFLOP/s, {} GEMM points, {:.1f} GB/s{}; use it with --set cluster.gpu_profile={}\n", o.out,
              cal.gpu.peak(0).tflops(), cal.gemms.size(), cal.memory_bytes_per_s / 1e9, host, o.out);
   return 0;
@@ -38,7 +40,8 @@ void add_calibrate(CLI::App& app, Commands& commands, const Invocation& invocati
       "calibrate",
       R"(Measure the GEMM-efficiency curve of the spec's expert shapes and dtype and the memory bandwidth on a
 hardware backend, and on a GPU what a kernel's launch and a host sync cost its host (launch_us,
-host_sync_us); write them as a GPU profile the simulator takes in place of the catalog's GPU:
+host_sync_us) and the least time a kernel takes on the GPU (kernel_us); write them as a GPU
+profile the simulator takes in place of the catalog's GPU:
   moesim calibrate --backend hw --out profile.textproto
   moesim run SPEC --set cluster.gpu_profile=profile.textproto)");
   auto o = std::make_shared<Options>();

@@ -72,6 +72,22 @@ HostIssue measure_host_issue(Backend& backend, const GpuModel& gpu, int n) {
   return {median(pair) / 2, std::max(0.0, median(more))};  // L, S
 }
 
+double measure_kernel_floor(Backend& backend, const Compute& cover, int n) {
+  const Compute tiny{ComputeKind::elementwise, {}, 4096};
+  TaskGraph g(1);
+  const OpId first = g.add_compute(0, "calibrate.cover", cover);
+  OpId last = first;
+  for (int i = 0; i < n; ++i) last = g.add_compute(0, "calibrate.tiny", tiny, {last});
+  backend.execute(g);  // warm-up
+  std::vector<double> per_kernel;
+  for (int i = 0; i < 7; ++i) {
+    const Timing t = backend.execute(g);
+    per_kernel.push_back((t.end[last] - t.end[first]) / n);
+  }
+  std::nth_element(per_kernel.begin(), per_kernel.begin() + 3, per_kernel.end());
+  return per_kernel[3];
+}
+
 Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
@@ -145,6 +161,8 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
     cal.host = measure_host_issue(*backend, GpuModel(ex.cluster_spec.gpu(), model.dtype()));
     say(fmt::format("host: {:.2f} µs a kernel's launch, {:.2f} µs a host sync beyond its launch",
                     cal.host.launch_seconds * 1e6, cal.host.host_sync_seconds * 1e6));
+    cal.kernel_seconds = measure_kernel_floor(*backend, cover);
+    say(fmt::format("GPU: {:.2f} µs a kernel at least (one-kernel ops queued behind a long one)", cal.kernel_seconds * 1e6));
   }
   double peak = 0;
   for (const auto& p : cal.gemms) peak = std::max(peak, p.flops_per_s);
@@ -176,6 +194,7 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
     cal.gpu.set_launch_us(cal.host.launch_seconds * 1e6);
     cal.gpu.set_host_sync_us(cal.host.host_sync_seconds * 1e6);
   }
+  if (cal.kernel_seconds > 0) cal.gpu.set_kernel_us(cal.kernel_seconds * 1e6);
 
   // Collectives over the ranks asked for; on GPUs by default over every GPU of this machine.
   const int asked = o.collective_ranks > 0 ? o.collective_ranks : o.backend == "hw" ? visible_gpus() : 0;
@@ -215,6 +234,9 @@ std::string Calibration::text() const {
   if (host.launch_seconds > 0)
     out += fmt::format("#   host: {:.2f} us a kernel's launch (one-kernel ops at the host's pace), {:.2f} us a host "
                        "sync beyond its launch\n", host.launch_seconds * 1e6, host.host_sync_seconds * 1e6);
+  if (kernel_seconds > 0)
+    out += fmt::format("#   GPU: {:.2f} us a kernel at least (one-kernel ops queued behind a long one)\n",
+                       kernel_seconds * 1e6);
   for (const auto& c : collectives)
     out += fmt::format("#   {} {:.0f} B per rank: {:.4f} ms\n", c.collective, c.bytes, c.seconds * 1e3);
   return out + to_text(gpu);

@@ -1,6 +1,6 @@
 // `moesim calibrate`: measures, on a hardware backend, what the simulator's GPU model assumes — the
 // GEMM-efficiency curve for the model's expert shapes and dtype, memory bandwidth and, on a GPU, what
-// a kernel's launch and a host sync cost its host — and writes them as a GpuSpec profile that a spec
+// a kernel's launch and a host sync cost its host and the least time a kernel takes — and writes them as a GpuSpec profile that a spec
 // uses in place of the catalog's GPU (`cluster { gpu_profile: "profile.textproto" }`, or
 // --set cluster.gpu_profile=...). With more than
 // one rank it also times all-to-all and all-reduce against message size (printed: the network side
@@ -47,6 +47,7 @@ struct Calibration {
   double memory_bytes_per_s = 0;     // an elementwise kernel's bytes (read + written) per second
   double copy_bytes_per_s = 0;       // a device-to-device copy's, the same way
   HostIssue host;                    // on a GPU: its host's launch and sync (0: not measured)
+  double kernel_seconds = 0;         // on a GPU: the least time of one kernel (0: not measured)
   std::vector<CollectiveTiming> collectives;
   std::string device;                // what was measured: the GPU and its software, or the host
   std::string when, command;         // the date (UTC) and the command line
@@ -57,5 +58,11 @@ Calibration calibrate(const Experiment& ex, const CalibrateOptions& options);
 
 /// L and S measured on `backend` (HostIssue).
 HostIssue measure_host_issue(Backend& backend, const GpuModel& gpu, int n = 200);
+
+/// F, the least time one kernel takes on the GPU (GpuSpec.kernel_us), measured on `backend` (one
+/// rank): n one-kernel ops of 4 KiB queued behind `cover`, an op long enough for the host to issue
+/// them all while it runs, then run back to back: (end of the last - end of the cover) / n, the
+/// median of seven runs.
+double measure_kernel_floor(Backend& backend, const Compute& cover, int n = 200);
 
 }  // namespace moesim

@@ -196,6 +196,7 @@ Experiment load_experiment(const std::optional<std::string>& path, const std::ve
   if (s.sim().ideal()) {  // without the overheads real systems pay
     ex.cluster_spec.mutable_gpu()->set_host_sync_us(0);
     ex.cluster_spec.mutable_gpu()->set_launch_us(0);
+    ex.cluster_spec.mutable_gpu()->set_kernel_us(0);
     for (auto& nic : *ex.cluster_spec.mutable_node()->mutable_nics()) nic.set_message_overhead_us(0);
     ex.cluster_spec.mutable_node()->set_nccl_call_latency_us(0);
   }

@@ -51,6 +51,7 @@ void validate_gpu(const spec::GpuSpec& gpu) {
           "gpu.memory_efficiency", fmt::format("must be in [{:g}, 1] (0 means 1)", kMinEfficiency));
   if (gpu.has_host_sync_us()) require_in(gpu.host_sync_us(), 0, kMaxLatencyUs, "gpu.host_sync_us", "µs");
   if (gpu.has_launch_us()) require_in(gpu.launch_us(), 0, kMaxLatencyUs, "gpu.launch_us", "µs");
+  if (gpu.has_kernel_us()) require_in(gpu.kernel_us(), 0, kMaxLatencyUs, "gpu.kernel_us", "µs");
   require(gpu.sms() <= 4096, "gpu.sms", fmt::format("{} SMs: a GPU has up to a few hundred (0: unknown)", gpu.sms()));
   require(gpu.peak_size() > 0, "gpu.peak", "is empty; give at least one `peak { dtype: ... tflops: ... }`");
   for (int i = 0; i < gpu.peak_size(); ++i)

@@ -36,6 +36,7 @@ GpuModel::GpuModel(const spec::GpuSpec& gpu, spec::DType dtype) {
   memory_bytes_ = gpu.memory_gib() * double(1ull << 30);
   if (gpu.has_host_sync_us()) host_sync_ = gpu.host_sync_us() * 1e-6;
   if (gpu.has_launch_us()) launch_ = gpu.launch_us() * 1e-6;
+  if (gpu.has_kernel_us()) kernel_ = gpu.kernel_us() * 1e-6;
   for (const auto& p : gpu.gemm_efficiency()) curve_.emplace_back(std::log(p.gflops()), p.efficiency());
   std::sort(curve_.begin(), curve_.end());
 }

@@ -1,6 +1,7 @@
 // The GPU compute model: how long a GEMM or a memory-bound kernel takes on one GPU.
 // One place for it: the SimGrid backend, the cost model and the reports all call these.
 #pragma once
+#include <algorithm>
 #include <compare>
 #include <cstdint>
 #include <vector>
@@ -43,9 +44,13 @@ class GpuModel {
   double host_sync_seconds() const { return host_sync_; }
   /// Seconds the host takes to issue one kernel from the framework (GpuSpec.launch_us).
   double launch_seconds() const { return launch_; }
+  /// The least seconds one kernel takes on the GPU (GpuSpec.kernel_us): a kernel's time is at least this.
+  double kernel_seconds() const { return kernel_; }
+  /// Seconds of one kernel whose modelled time is `seconds`: at least kernel_seconds().
+  double kernel_time(double seconds) const { return std::max(seconds, kernel_); }
 
  private:
-  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0, host_sync_ = 15e-6, launch_ = 7e-6, element_bytes_ = 2;
+  double peak_ = 0, mem_bw_ = 0, memory_bytes_ = 0, host_sync_ = 15e-6, launch_ = 7e-6, kernel_ = 0, element_bytes_ = 2;
   std::vector<std::pair<double, double>> curve_;  // (log gflops, efficiency), sorted
 };
 

@@ -189,8 +189,15 @@ Compute host_sync_work(const GpuModel& gpu) {
 }
 
 double Compute::seconds(const GpuModel& gpu) const {
-  double t = fixed_seconds + gpu.memory_time(memory_bytes);
-  for (const auto& g : gemms) t += gpu.gemm_time(g);
+  // Each kernel that does work takes at least the GPU's floor (GpuSpec.kernel_us): the one for the
+  // memory traffic or fixed time, and each run of each GEMM. A GEMM of no tokens is not launched
+  // (cuBLAS returns at once for m = 0) and costs nothing.
+  const double elementwise = fixed_seconds + gpu.memory_time(memory_bytes);
+  double t = elementwise > 0 ? gpu.kernel_time(elementwise) : elementwise;
+  for (const auto& g : gemms) {
+    const double runs = double(g.repeat ? g.repeat : 1), one = gpu.gemm_time(g) / runs;
+    if (one > 0) t += runs * gpu.kernel_time(one);
+  }
   return t;
 }
 

@@ -45,7 +45,8 @@ struct Compute {
   /// The kernels its GPU's host launches for it: one per GEMM run, and one for its memory-bound
   /// traffic or fixed time (at least one).
   std::uint64_t kernels() const;
-  /// Seconds on one GPU: its GEMMs through the GEMM-efficiency curve plus its memory traffic.
+  /// Seconds on one GPU: its GEMMs through the GEMM-efficiency curve plus its memory traffic, each
+  /// kernel at least the GPU's floor (GpuModel::kernel_time).
   double seconds(const GpuModel& gpu) const;
   /// Field by field (equal works are one work of an op of parts).
   friend auto operator<=>(const Compute&, const Compute&) = default;

@@ -21,6 +21,7 @@ struct Host {
       : cluster([&] {
           auto s = test::platform("dgx-a100", 1);
           s.mutable_gpu()->set_launch_us(launch_us);
+          s.mutable_gpu()->set_kernel_us(0);  // kernels of the lengths given, however short
           return s;
         }()),
         gpu(cluster.spec().gpu(), spec::FP16),
@@ -200,14 +201,31 @@ TEST_CASE("host issue: a collective ready after one host passed a later host syn
 TEST_CASE("host issue: calibrate's measurement, run on the simulator, gives back its launch and host sync") {
   // `moesim calibrate --backend hw` measures L and S with two chains of tiny ops (calibrate.hpp).
   // On the simulator, with L = 5 µs and S = 12 µs set, it must read the same: its arithmetic is the
-  // model's. The tiny op's 4 KiB at HBM speed adds about a nanosecond over 50 ops.
+  // model's, but for the last kernel of each chain, a tiny op of F = 3 µs (kernel_us): the plain
+  // chain's 2n ops take 2n L + F, the synced one n (2L + S), so the reading is L + F / 2n and
+  // S - F / n.
   auto spec = test::platform("dgx-a100", 1);
   spec.mutable_gpu()->set_launch_us(5);
   spec.mutable_gpu()->set_host_sync_us(12);
+  spec.mutable_gpu()->set_kernel_us(3);
   const Cluster cluster(spec);
   const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
   SimBackend sim(cluster, gpu);
-  const HostIssue h = measure_host_issue(sim, gpu, 50);
-  CHECK(h.launch_seconds == Approx(5e-6).epsilon(1e-3));
-  CHECK(h.host_sync_seconds == Approx(12e-6).epsilon(1e-3));
+  const int n = 50;
+  const HostIssue h = measure_host_issue(sim, gpu, n);
+  CHECK(h.launch_seconds == Approx(5e-6 + 3e-6 / (2 * n)).epsilon(1e-6));
+  CHECK(h.host_sync_seconds == Approx(12e-6 - 3e-6 / n).epsilon(1e-6));
+}
+
+TEST_CASE("kernel floor: calibrate's measurement, run on the simulator, gives back kernel_us") {
+  // `moesim calibrate --backend hw` queues n one-kernel ops of 4 KiB behind a long op (calibrate.hpp):
+  // with F = 3 µs and L = 5 µs set, the host has issued them all before the long op ends (50 x 5 µs
+  // of a 5 ms op), and they run back to back at F each.
+  auto spec = test::platform("dgx-a100", 1);
+  spec.mutable_gpu()->set_launch_us(5);
+  spec.mutable_gpu()->set_kernel_us(3);
+  const Cluster cluster(spec);
+  const GpuModel gpu(cluster.spec().gpu(), spec::FP16);
+  SimBackend sim(cluster, gpu);
+  CHECK(measure_kernel_floor(sim, kernel(5e-3), 50) == Approx(3e-6).epsilon(1e-6));
 }

@@ -200,6 +200,8 @@ TEST_CASE("hostile: platform values that hung, crashed or aborted SimGrid are re
   // The host's times: a negative or NaN launch would start an op before its host issued it.
   check([&](auto& s) { s.mutable_gpu()->set_launch_us(nan); }, "gpu.launch_us");
   check([&](auto& s) { s.mutable_gpu()->set_launch_us(-1); }, "gpu.launch_us");
+  check([&](auto& s) { s.mutable_gpu()->set_kernel_us(nan); }, "gpu.kernel_us");
+  check([&](auto& s) { s.mutable_gpu()->set_kernel_us(-1); }, "gpu.kernel_us");
   check([&](auto& s) { s.mutable_gpu()->set_host_sync_us(inf); }, "gpu.host_sync_us");
   // One node without a fabric (nodes_per_leaf 0 divided the cost model's node count): one switch.
   auto one = test::platform("p4d-a100", 1);

@@ -7,6 +7,7 @@
 #include "errors.hpp"
 #include "gpu.hpp"
 #include "helpers.hpp"
+#include "taskgraph.hpp"
 #include "textproto.hpp"
 
 using namespace moesim;
@@ -82,6 +83,43 @@ TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve
   CHECK(m.gemm_time(scores) == Approx(bytes / 1e12));
   CHECK(m.gemm_time(scores) > scores.flops() / (100e12 * m.gemm_efficiency(scores.flops())));
   CHECK_THROWS_AS(GpuModel(gpu, spec::BF16), FieldError);  // no bf16 peak on this GPU
+}
+
+TEST_CASE("a kernel takes at least the GPU's floor, kernel_us; a GEMM of no tokens nothing") {
+  // 1 TB/s, 100 TFLOP/s at 50%, a floor of 3 µs: an op's time is the sum over its kernels of
+  // max(kernel, 3 µs) (Compute::seconds).
+  spec::GpuSpec gpu;
+  gpu.set_model("test");
+  gpu.set_memory_gib(1);
+  gpu.set_memory_gbytes_per_s(1000);
+  auto* p = gpu.add_peak();
+  p->set_dtype(spec::FP16);
+  p->set_tflops(100);
+  auto* e = gpu.add_gemm_efficiency();
+  e->set_gflops(1);
+  e->set_efficiency(0.5);
+  gpu.set_kernel_us(3);
+  const GpuModel m(gpu, spec::FP16);
+  CHECK(m.kernel_seconds() == Approx(3e-6));
+  // 4 KiB through HBM: 8 ns of traffic, one kernel: the floor.
+  CHECK(Compute{ComputeKind::elementwise, {}, 4096}.seconds(m) == Approx(3e-6));
+  // 40 MB: 40 µs, above the floor, unchanged.
+  CHECK(Compute{ComputeKind::elementwise, {}, 40e6}.seconds(m) == Approx(40e-6));
+  // A gate: a 4096 x 8 x 1024 GEMM (67 MFLOP: 1.3 µs at 50% of 100 TFLOP/s; its 8.4 MB of
+  // operands 8.4 µs through HBM, the roofline's) and a kernel of 64 KB (64 ns): 8.4 + 3 µs.
+  const Gemm gate{4096, 8, 1024};
+  const double gate_bytes = 2.0 * (4096.0 * 1024 + 1024.0 * 8 + 4096.0 * 8);
+  CHECK(Compute{ComputeKind::gemm, {gate}, 65536}.seconds(m) == Approx(gate_bytes / 1e12 + 3e-6));
+  // The same small GEMM run 4 times, 64 x 64 x 64 (0.5 MFLOP, 24 KB: 24 ns): 4 floors.
+  CHECK(Compute{ComputeKind::gemm, {{64, 64, 64, 1, 4}}, 0}.seconds(m) == Approx(12e-6));
+  // An expert with no tokens launches nothing; a big GEMM is unchanged.
+  CHECK(Compute{ComputeKind::gemm, {{0, 4096, 1024}}, 0}.seconds(m) == 0);
+  const Gemm big{8192, 8192, 8192};
+  CHECK(Compute{ComputeKind::gemm, {big}, 0}.seconds(m) == Approx(m.gemm_time(big)));
+  // A floor of 0 (sim.ideal): the kernels' own times.
+  gpu.set_kernel_us(0);
+  const GpuModel ideal(gpu, spec::FP16);
+  CHECK(Compute{ComputeKind::elementwise, {}, 4096}.seconds(ideal) == Approx(4096 / 1e12));
 }
 
 TEST_CASE("dgx1 routes follow the hybrid cube-mesh and never transit a GPU") {

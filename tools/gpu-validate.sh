@@ -68,5 +68,5 @@ twice demo-pro-prophet --set gating.generator.preset=pro-prophet
 twice demo-aux --set gating.generator.preset=aux
 twice fine-naive "${fine[@]}"
 twice fine-aux "${fine[@]}" --set gating.generator.preset=aux
-grep -h "host:" "$out"/launch/profile-demo-*.textproto
+grep -h "host:\|GPU:" "$out"/launch/profile-demo-*.textproto
 tail -n +1 "$out"/compare-*.log | grep -E '^==>|iteration|compute|moe  |experts|attention|optimizer|output'

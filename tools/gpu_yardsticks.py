@@ -1,6 +1,6 @@
 # PyTorch's yardsticks on the GPU moesim's backend is compared with (docs/hardware.md): cuBLAS's
 # rate for the demo's expert GEMM shapes, a batched against a looped expert FFN, HBM bandwidth by a
-# device copy, and the cost of a host-device round trip as FastMoE pays it. Needs torch with CUDA.
+# device copy, the cost of a host-device round trip as FastMoE pays it, and the least time of a kernel. Needs torch with CUDA.
 # CUDA events time the GPU work (ten calls after three warm-ups); wall clocks time the host syncs
 # (2,000 calls after 50 warm-ups).
 import time
@@ -102,10 +102,42 @@ def attention(tokens=4096, seq=512, d=1024, heads=16):
         print(f"attention block {b} x {seq} tokens, d {d}, {heads} heads, {'fused sdpa' if fused else 'unfused'}: "
               f"forward {f * 1e3:.3f} ms, backward {(fb - f) * 1e3:.3f} ms")
 
+def kernel_floor(n=1000):
+    """The least time a kernel takes on the GPU when its host is ahead (GpuSpec.kernel_us): n
+    kernels queued behind a sleep kernel of about 20 ms, which the host outpaces, timed from the
+    sleep's end to the last one's end. Three kinds: add_ on 64 floats, add_ on 1 MiB (its bytes
+    about 0.5 us through HBM), and a gate's softmax over 4,096 x 8 logits. Median of five runs."""
+    small, mib = torch.ones(64, device='cuda'), torch.ones(1 << 18, device='cuda')
+    logits = torch.randn(4096, 8, device='cuda', dtype=torch.float16)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for label, f in (("add_ on 64 floats", lambda: small.add_(1)), ("add_ on 1 MiB", lambda: mib.add_(1)),
+                     ("softmax of 4096 x 8", lambda: torch.softmax(logits, dim=-1))):
+        runs = []
+        for _ in range(6):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(40e6))  # cycles: about 20 ms at 2 GHz
+            start.record()
+            for _ in range(n):
+                f()
+            end.record()
+            torch.cuda.synchronize()
+            runs.append(start.elapsed_time(end) / n * 1e3)
+        runs = sorted(runs[1:])
+        print(f"kernel floor, {label}: {runs[len(runs) // 2]:.2f} us a kernel (runs {runs[0]:.2f}-{runs[-1]:.2f})")
+
 if __name__ == '__main__':
+    import sys
+    if len(sys.argv) > 1:  # one yardstick by name: python3 tools/gpu_yardsticks.py kernel_floor
+        names = ('gemms', 'bandwidth', 'host_sync', 'prepare_forward', 'attention', 'kernel_floor')
+        if sys.argv[1] not in names:
+            sys.exit(f"usage: python3 tools/gpu_yardsticks.py [{' | '.join(names)}]")
+        print(torch.cuda.get_device_name(), 'torch', torch.__version__)
+        globals()[sys.argv[1]]()
+        sys.exit()
     print(torch.cuda.get_device_name(), 'torch', torch.__version__)
     gemms()
     bandwidth()
     host_sync()
     prepare_forward()
     attention()
+    kernel_floor()

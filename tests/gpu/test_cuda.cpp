@@ -223,11 +223,18 @@ TEST_CASE("with the launch it measures, the simulator times a launch-bound run o
   REQUIRE(cal.gpu.has_host_sync_us());
   CHECK(cal.gpu.launch_us() == Approx(cal.host.launch_seconds * 1e6));
   CHECK(cal.gpu.host_sync_us() == Approx(cal.host.host_sync_seconds * 1e6));
+  // The least time of a kernel queued behind a long one: a GPU takes a microsecond or more to run
+  // even an empty kernel and signal its end (the backend's two events an op included), and it
+  // cannot be longer than the host's launch, or the launch-bound chains would have read it as L.
+  CHECK(cal.kernel_seconds > 0.5e-6);
+  CHECK(cal.kernel_seconds <= 1.05 * cal.host.launch_seconds);
+  REQUIRE(cal.gpu.has_kernel_us());
+  CHECK(cal.gpu.kernel_us() == Approx(cal.kernel_seconds * 1e6));
 
   const double on_gpu = run_experiment(ex, {}, "hw").runs.front().mean_time();
   *ex.cluster_spec.mutable_gpu() = cal.gpu;
   const double simulated = run_experiment(ex, {}, "sim").runs.front().mean_time();
   INFO("GPU " << on_gpu * 1e3 << " ms, simulated " << simulated * 1e3 << " ms with L = " << cal.gpu.launch_us()
-              << " us, S = " << cal.gpu.host_sync_us() << " us");
+              << " us, S = " << cal.gpu.host_sync_us() << " us, F = " << cal.gpu.kernel_us() << " us");
   CHECK(on_gpu / simulated == Approx(1).margin(0.25));
 }
