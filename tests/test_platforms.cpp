@@ -56,7 +56,10 @@ TEST_CASE("a job's share of a node keeps its first GPUs and what they reach") {
   CHECK_THROWS_WITH(first_gpus(dgx.node(), 0), Contains("not 0"));
 }
 
-TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve") {
+namespace {
+
+// A GPU of 1 TB/s and 100 TFLOP/s in FP16 whose GEMM efficiency curve is (GFLOP, efficiency) points.
+spec::GpuSpec test_gpu(std::initializer_list<std::pair<double, double>> curve) {
   spec::GpuSpec gpu;
   gpu.set_model("test");
   gpu.set_memory_gib(1);
@@ -64,11 +67,18 @@ TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve
   auto* p = gpu.add_peak();
   p->set_dtype(spec::FP16);
   p->set_tflops(100);
-  for (auto [gf, eff] : {std::pair{1.0, 0.3}, std::pair{10.0, 0.65}}) {
+  for (auto [gflops, eff] : curve) {
     auto* e = gpu.add_gemm_efficiency();
-    e->set_gflops(gf);
+    e->set_gflops(gflops);
     e->set_efficiency(eff);
   }
+  return gpu;
+}
+
+}  // namespace
+
+TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve") {
+  const spec::GpuSpec gpu = test_gpu({{1.0, 0.3}, {10.0, 0.65}});
   const GpuModel m(gpu, spec::FP16);
   CHECK(m.gemm_efficiency(std::sqrt(10.0) * 1e9) == Approx(0.475));  // halfway in log(gflops)
   CHECK(m.gemm_efficiency(1e6) == Approx(0.3));
@@ -88,16 +98,7 @@ TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve
 TEST_CASE("a kernel takes at least the GPU's floor, kernel_us; a GEMM of no tokens nothing") {
   // 1 TB/s, 100 TFLOP/s at 50%, a floor of 3 µs: an op's time is the sum over its kernels of
   // max(kernel, 3 µs) (Compute::seconds).
-  spec::GpuSpec gpu;
-  gpu.set_model("test");
-  gpu.set_memory_gib(1);
-  gpu.set_memory_gbytes_per_s(1000);
-  auto* p = gpu.add_peak();
-  p->set_dtype(spec::FP16);
-  p->set_tflops(100);
-  auto* e = gpu.add_gemm_efficiency();
-  e->set_gflops(1);
-  e->set_efficiency(0.5);
+  spec::GpuSpec gpu = test_gpu({{1.0, 0.5}});
   gpu.set_kernel_us(3);
   const GpuModel m(gpu, spec::FP16);
   CHECK(m.kernel_seconds() == Approx(3e-6));
