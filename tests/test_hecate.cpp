@@ -285,7 +285,7 @@ SparseTraffic hecate_traffic(bool rematerialize) {
 
 }  // namespace
 
-TEST_CASE("hecate: spAG and spRS move λ|𝒞| experts each, as Eq. (2)'s all-reduces; re-materialization adds one spAG") {
+TEST_CASE("hecate: spAG and spRS move λ|𝒞| experts each, as Eq. (2)'s all-reduces, re-materialization adds one spAG") {
   const test::SmallSetup t;
   const double S = t.model.expert_params() * t.model.dtype_bytes();
   const auto plain = hecate_traffic(false);

@@ -206,7 +206,7 @@ TEST_CASE("token spreads: a token counts once in each block of experts it reache
   CHECK_THROWS_AS(sample_routing(popularity, 2, 1, 8, c, {}, &bad), std::invalid_argument);
 }
 
-TEST_CASE("DeepEP in an iteration: each token once per GPU, and over the network once per node; all-gather: every token") {
+TEST_CASE("DeepEP in an iteration: each token once per GPU, and over the network once per node, all-gather: every token") {
   // 2 DGX-A100 nodes (16 GPUs, 2 experts each), top-8 within 1 of 2 groups (a group: a node's 16
   // experts): a token crosses the network at most once, so GPU s sends over it exactly its tokens
   // of the other node, and to each GPU each token once however many of its experts are there.

@@ -95,7 +95,7 @@ TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve
   CHECK_THROWS_AS(GpuModel(gpu, spec::BF16), FieldError);  // no bf16 peak on this GPU
 }
 
-TEST_CASE("a kernel takes at least the GPU's floor, kernel_us; a GEMM of no tokens nothing") {
+TEST_CASE("a kernel takes at least the GPU's floor, kernel_us, and a GEMM of no tokens nothing") {
   // 1 TB/s, 100 TFLOP/s at 50%, a floor of 3 µs: an op's time is the sum over its kernels of
   // max(kernel, 3 µs) (Compute::seconds).
   spec::GpuSpec gpu = test_gpu({{1.0, 0.5}});

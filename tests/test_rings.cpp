@@ -76,7 +76,7 @@ std::vector<int> iota(int n) {
 
 }  // namespace
 
-TEST_CASE("a node's ring follows its fastest links; each channel enters the nodes through its own NIC") {
+TEST_CASE("a node's ring follows its fastest links, each channel enters the nodes through its own NIC") {
   // DGX-1's hybrid cube-mesh: GPU order (0 1 2 3 4 5 6 7) crosses 3-4 and 7-0 over PCIe and QPI;
   // NCCL's ring 0 3 2 1 5 6 7 4 has a 50 GB/s NVLink pair on every hop.
   const Cluster dgx1(test::platform("dgx1-v100", 2));

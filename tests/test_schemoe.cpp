@@ -191,7 +191,7 @@ TEST_CASE("Pipe-A2A's two lanes run as independent streams across ScheMoE's part
   CHECK(inter_bytes == Approx(part / 2));
 }
 
-TEST_CASE("ScheMoE's compressors cost their released kernels' memory traffic; INT8 sends bias and scale too") {
+TEST_CASE("ScheMoE's compressors cost their released kernels' memory traffic, INT8 sends bias and scale too") {
   // Per payload value of b bytes (schemoe.cpp, from Fragile-azalea/ScheMoE's int8.cpp and zfpc.cpp):
   // INT8 9b + 3 to compress, 7b + 3 to decompress; ZFP (fp32 only) 4 + 1 each way at 8 bits, and a
   // 16-bit payload cast to fp32 and back, 2 + 4 more; the fp16 cast b + 2.

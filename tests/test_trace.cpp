@@ -528,7 +528,7 @@ TEST_CASE("moesim trace commands: same seed same file, bad input exits 2") {
   CHECK(test::run_command(bin + " trace import " + dir + "/missing.csv -o " + dir + "/x.trace", out) == 2);
 }
 
-TEST_CASE("the rank files of a recorded run merge into one trace, rank r as source r; other runs are refused") {
+TEST_CASE("the rank files of a recorded run merge into one trace, rank r as source r, other runs are refused") {
   const auto dir = test::temp_dir("ranks");
   // Rank r of run "A" (3 ranks, 4 experts, 2 layers, 2 iterations): cell (r, e) of record (i, l)
   // holds 100·r + 10·i + l + e, so that every cell says where it came from.

@@ -127,7 +127,7 @@ TEST_CASE("copies of a routing share its counts until one is changed, which chan
   CHECK_THROWS_AS(RoutingMatrix(2, 3, std::vector<std::int32_t>(5)), std::logic_error);
 }
 
-TEST_CASE("a sampled routing keeps its counts in 16 bits; a change widens them to 32, the counts unchanged") {
+TEST_CASE("a sampled routing keeps its counts in 16 bits, a change widens them to 32, the counts unchanged") {
   const auto r = generate_routing(zipf(1.2), 8, 16, 1000, 2, 7, 0, 0);
   REQUIRE(r.counts().narrow());  // a cell is at most 1,000 tokens
   const RoutingMatrix wide(8, 16, std::vector<std::int32_t>(r.counts().begin(), r.counts().end()));
