@@ -345,9 +345,9 @@ TEST_CASE("report: runs an experiment that has no results then reads the same nu
   REQUIRE(ran[1].claims.size() == 1);
   CHECK(std::isfinite(ran[1].claims[0].simulated));
   CHECK(ran[1].claims[0].simulated > 1.0);  // shadowing helps on Zipf routing
-  // By default each experiment runs with 3 seeds (the two at once, each in its own process): the
+  // By default each experiment runs with 8 seeds (the two at once, each in its own process): the
   // claim is their mean, with an interval.
-  CHECK(ran[1].claims[0].per_seed.size() == 3);
+  CHECK(ran[1].claims[0].per_seed.size() == 8);
   CHECK(ran[1].claims[0].ci95 > 0);
   CHECK(fs::exists(dir + "/results/gpt-moe-s/summary.json"));
   const std::string md = test::read_file(dir + "/report/report.md");

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:6.663]
+set yrange [0:6.097]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "zero3" ci "zero2" ci "fastmoe" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.3506 0.0016 1.9776 0.1270 3.9127 0.1768
-"gpt-l" 1.0000 0.0000 1.4118 0.0003 3.1682 0.2298 5.0733 0.5730
-"bert-deep" 1.0000 0.0000 1.3035 0.0013 1.1114 0.1367 2.9143 0.1502
-"bert-deep-l" 1.0000 0.0000 1.3641 0.0002 1.7495 0.2306 3.5657 0.3270
+"gpt-s" 1.0000 0.0000 1.3512 0.0007 1.9455 0.0622 3.9204 0.0703
+"gpt-l" 1.0000 0.0000 1.4118 0.0001 3.1001 0.1088 5.0362 0.1309
+"bert-deep" 1.0000 0.0000 1.3039 0.0005 1.0863 0.0390 3.0200 0.1170
+"bert-deep-l" 1.0000 0.0000 1.3641 0.0001 1.6964 0.0713 3.6045 0.0835
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,13 +19,13 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; MoE-GPT-S (12 layers, 16 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:2.566]
+set yrange [0:2.495]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fastmoe" 1.0000 0.0000
-"shadowing" 1.6755 0.1486
-"smart" 1.3308 0.0328
-"fastermoe" 1.9798 0.1946
+"shadowing" 1.7532 0.1199
+"smart" 1.3314 0.0106
+"fastermoe" 2.0188 0.0956
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

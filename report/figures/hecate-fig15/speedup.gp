@@ -19,16 +19,16 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; GPT-MoE-S (12 layers, 64 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:5.192]
+set yrange [0:4.219]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"mat" 2.9145 1.1714
-"sharding" 0.8478 0.1891
-"interval-10" 2.7816 0.9566
-"interval-25" 3.0738 1.1007
-"interval-50" 3.1684 1.1975
-"interval-100" 3.1935 1.2068
+"mat" 2.9419 0.2722
+"sharding" 0.8181 0.0483
+"interval-10" 2.8788 0.2139
+"interval-25" 3.1639 0.2463
+"interval-50" 3.2411 0.2535
+"interval-100" 3.3054 0.2702
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

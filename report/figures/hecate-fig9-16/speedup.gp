@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.223]
+set yrange [0:3.678]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0808 0.0349 1.0121 0.1421 1.9336 0.3455 3.0314 0.5478
-"gpt-l" 1.0000 0.0000 1.2570 0.0451 1.0193 0.1390 1.9472 0.3327 2.6378 0.5263
-"bert" 1.0000 0.0000 1.1568 0.0385 1.0165 0.1553 2.1204 0.4270 1.9865 0.4193
-"bert-deep" 1.0000 0.0000 1.1551 0.0177 1.0344 0.0353 2.0483 0.2307 1.9670 0.2906
+"gpt-s" 1.0000 0.0000 1.0755 0.0115 0.9805 0.0391 1.8865 0.0871 2.9811 0.1357
+"gpt-l" 1.0000 0.0000 1.2474 0.0180 0.9890 0.0370 1.8810 0.0905 2.5584 0.1549
+"bert" 1.0000 0.0000 1.1499 0.0148 0.9821 0.0422 2.0519 0.1118 1.8569 0.1453
+"bert-deep" 1.0000 0.0000 1.1508 0.0117 1.0050 0.0236 2.0237 0.0520 1.8517 0.1053
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:5.254]
+set yrange [0:4.334]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0629 0.0612 0.8844 0.2170 1.7281 0.2968 3.3259 1.1266
-"gpt-l" 1.0000 0.0000 1.2234 0.0617 0.9008 0.1981 1.8001 0.2769 2.9285 0.8689
-"bert" 1.0000 0.0000 1.1249 0.0640 0.8846 0.2214 1.8241 0.3085 2.0175 0.4283
-"bert-deep" 1.0000 0.0000 1.1315 0.0363 0.9377 0.0949 1.8950 0.1677 2.1070 0.5020
+"gpt-s" 1.0000 0.0000 1.0715 0.0146 0.9105 0.0459 1.8129 0.0841 3.4131 0.2594
+"gpt-l" 1.0000 0.0000 1.2309 0.0171 0.9235 0.0416 1.8766 0.0796 2.9974 0.1890
+"bert" 1.0000 0.0000 1.1335 0.0161 0.9107 0.0466 1.9159 0.0904 2.1053 0.1207
+"bert-deep" 1.0000 0.0000 1.1295 0.0073 0.9525 0.0216 1.9093 0.0341 2.0807 0.1042
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

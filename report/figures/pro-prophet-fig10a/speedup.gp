@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.641]
+set yrange [0:1.621]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.0298 0.0979 1.2382 0.0962
-"M" 1.0000 0.0000 0.9988 0.0722 1.1455 0.1378
-"L" 1.0000 0.0000 0.9635 0.0518 1.0965 0.1742
-"DS" 1.0000 0.0000 1.0585 0.0364 1.2886 0.1024
-"DM" 1.0000 0.0000 1.0254 0.0140 1.1881 0.0853
+"S" 1.0000 0.0000 1.0551 0.0636 1.2831 0.0845
+"M" 1.0000 0.0000 1.0198 0.0633 1.1858 0.0768
+"L" 1.0000 0.0000 0.9761 0.0613 1.1258 0.0747
+"DS" 1.0000 0.0000 1.0740 0.0379 1.3211 0.0525
+"DM" 1.0000 0.0000 1.0378 0.0303 1.2139 0.0485
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.734]
+set yrange [0:1.642]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.0504 0.1254 1.2426 0.2272
-"M" 1.0000 0.0000 1.0424 0.1240 1.1921 0.2033
-"L" 1.0000 0.0000 1.0113 0.0891 1.1434 0.1937
-"DS" 1.0000 0.0000 1.1046 0.0831 1.3066 0.1629
-"DM" 1.0000 0.0000 1.0987 0.0842 1.2577 0.1333
+"S" 1.0000 0.0000 1.0894 0.0665 1.3009 0.0903
+"M" 1.0000 0.0000 1.0736 0.0703 1.2375 0.0921
+"L" 1.0000 0.0000 1.0351 0.0634 1.1898 0.0950
+"DS" 1.0000 0.0000 1.1042 0.0492 1.3119 0.0575
+"DM" 1.0000 0.0000 1.0919 0.0556 1.2518 0.0638
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.057]
+set yrange [0:1.999]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1790 0.1830 1.4558 0.1215
-"M" 1.0000 0.0000 1.1266 0.1906 1.3325 0.1779
-"L" 1.0000 0.0000 1.0602 0.1650 1.2681 0.2346
-"DS" 1.0000 0.0000 1.2289 0.1364 1.5425 0.2004
-"DM" 1.0000 0.0000 1.1676 0.1140 1.3965 0.1725
+"S" 1.0000 0.0000 1.2178 0.0877 1.5464 0.1188
+"M" 1.0000 0.0000 1.1532 0.0830 1.3852 0.1049
+"L" 1.0000 0.0000 1.0775 0.0740 1.3098 0.0968
+"DS" 1.0000 0.0000 1.2518 0.0621 1.6059 0.0878
+"DM" 1.0000 0.0000 1.1857 0.0587 1.4370 0.0753
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

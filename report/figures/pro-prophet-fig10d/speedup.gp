@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.121]
+set yrange [0:1.945]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.1918 0.2479 1.4572 0.3401
-"M" 1.0000 0.0000 1.1510 0.2054 1.3777 0.3636
-"L" 1.0000 0.0000 1.1015 0.1791 1.3407 0.3097
-"DS" 1.0000 0.0000 1.2749 0.1633 1.5486 0.2189
-"DM" 1.0000 0.0000 1.2386 0.1328 1.4701 0.2582
+"S" 1.0000 0.0000 1.2527 0.0964 1.5351 0.1131
+"M" 1.0000 0.0000 1.2058 0.0951 1.4562 0.1240
+"L" 1.0000 0.0000 1.1456 0.0892 1.3918 0.1209
+"DS" 1.0000 0.0000 1.2736 0.0688 1.5635 0.0792
+"DM" 1.0000 0.0000 1.2352 0.0717 1.4762 0.0838
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,20 +19,20 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 10 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over planner (x)'
-set yrange [0:1.208]
+set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "fastermoe" ci
-"S-k1" 1.0000 0.0000 0.9578 0.0159
-"S-k2" 1.0000 0.0000 0.9782 0.0455
-"M-k1" 1.0000 0.0000 0.9447 0.0128
-"M-k2" 1.0000 0.0000 0.9667 0.0339
-"L-k1" 1.0000 0.0000 0.9361 0.0115
-"L-k2" 1.0000 0.0000 0.9428 0.0129
-"DS-k1" 1.0000 0.0000 0.9553 0.0244
-"DS-k2" 1.0000 0.0000 0.9789 0.0079
-"DM-k1" 1.0000 0.0000 0.9457 0.0027
-"DM-k2" 1.0000 0.0000 0.9669 0.0273
+"S-k1" 1.0000 0.0000 0.9586 0.0069
+"S-k2" 1.0000 0.0000 0.9731 0.0098
+"M-k1" 1.0000 0.0000 0.9501 0.0168
+"M-k2" 1.0000 0.0000 0.9641 0.0095
+"L-k1" 1.0000 0.0000 0.9314 0.0240
+"L-k2" 1.0000 0.0000 0.9434 0.0115
+"DS-k1" 1.0000 0.0000 0.9610 0.0075
+"DS-k2" 1.0000 0.0000 0.9744 0.0063
+"DM-k1" 1.0000 0.0000 0.9477 0.0092
+"DM-k2" 1.0000 0.0000 0.9691 0.0073
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
