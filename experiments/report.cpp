@@ -29,10 +29,15 @@ ReportCounts count_claims(const std::vector<PaperComparison>& claims) {
   ReportCounts n;
   for (const auto& c : claims) {
     if (!std::isfinite(c.simulated)) ++n.not_run;
-    else if (c.pass()) ++n.pass;
+    else if (c.pass()) ++n.pass, n.pass_in_noise += c.verdict() == "inside the noise";
     else ++n.fail;
   }
   return n;
+}
+
+std::string ReportCounts::pass_text() const {
+  return pass_in_noise ? fmt::format("{} pass ({} of them inside the noise of their seeds)", pass, pass_in_noise)
+                       : fmt::format("{} pass", pass);
 }
 
 namespace {
@@ -296,7 +301,8 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
   std::string md = "# moesim validation report\n\n";
   md += fmt::format("Each claim is a number a paper reports (a speedup, a balance ratio, a time or memory ratio, a bandwidth) next to the same quantity "
                     "simulated by moesim; it passes when simulated / paper is within the claim's tolerance "
-                    "(±15% unless the spec says otherwise). Order: of the pairs of systems the experiment's claims compare, "
+                    "(±15% unless the spec says otherwise), simulated being the mean over the run's seeds; its verdict "
+                    "is on the seeds' 95% interval, \"inside the noise\" where that crosses the tolerance's edge. Order: of the pairs of systems the experiment's claims compare, "
                     "those the simulation puts in the paper's order (which is faster, which gains more). "
                     "Regenerate with `{}`.\n\n",
                     command);
@@ -308,9 +314,9 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
     order.match += orders.back().match;
     order.pairs += orders.back().pairs;
   }
-  md += fmt::format("**{} claims from {} experiments: {} pass, {} fail, {} not run; {} of {} pairs of systems in the paper's "
+  md += fmt::format("**{} claims from {} experiments: {}, {} fail, {} not run; {} of {} pairs of systems in the paper's "
                     "order.**\n\n",
-                    n.total(), entries.size(), n.pass, n.fail, n.not_run, order.match, order.pairs);
+                    n.total(), entries.size(), n.pass_text(), n.fail, n.not_run, order.match, order.pairs);
   md += "| experiment | claims | pass | fail | not run | order |\n|---|---:|---:|---:|---:|---:|\n";
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];

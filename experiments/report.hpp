@@ -26,9 +26,12 @@ struct ReportEntry {
 
 struct ReportCounts {
   int pass = 0, fail = 0, not_run = 0;
+  int pass_in_noise = 0;  // of `pass`, those whose seeds' 95% interval crosses the tolerance's edge
   int total() const { return pass + fail + not_run; }
+  /// "53 pass (3 of them inside the noise of their seeds)", or "53 pass".
+  std::string pass_text() const;
 };
-/// Claims within tolerance, outside it, and without a simulated value.
+/// Claims within tolerance (on the mean over the seeds), outside it, and without a simulated value.
 ReportCounts count_claims(const std::vector<PaperComparison>& claims);
 
 /// How often the simulation orders two systems as the paper does. The pairs of one experiment's

@@ -203,6 +203,20 @@ TEST_CASE("report: pass and fail and not run on hand cases") {
   CHECK(n.fail == 2);
   CHECK(n.not_run == 1);
   CHECK(n.total() == 5);
+  CHECK(n.pass_in_noise == 0);
+  CHECK(n.pass_text() == "2 pass");
+  // Over seeds: 2.2 ± 0.2 is within ±15% of 2.0 on the mean (ratio 1.10) but its interval reaches
+  // 1.20: a pass inside the noise; 2.2 ± 0.05 is a pass outright; 2.5 ± 0.3 a miss inside the noise.
+  auto noisy = [&](double simulated, double ci95) {
+    PaperComparison c = claim(2.0, simulated);
+    c.ci95 = ci95;
+    return c;
+  };
+  const auto seeded = count_claims({noisy(2.2, 0.2), noisy(2.2, 0.05), noisy(2.5, 0.3)});
+  CHECK(seeded.pass == 2);
+  CHECK(seeded.pass_in_noise == 1);
+  CHECK(seeded.fail == 1);
+  CHECK(seeded.pass_text() == "2 pass (1 of them inside the noise of their seeds)");
   ReportEntry x;
   x.spec_path = "x.textproto", x.name = "x", x.description = "an experiment", x.claims = claims, x.figure = "figures/x/speedup.png";
   const std::string md = report_markdown({x}, "moesim report");
