@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The simulator against one real GPU (docs/hardware.md): calibrate a profile from the expert GEMMs,
 # run five one-GPU models (and the demo in BF16) on the GPU and in simulation with that profile,
-# compare op class by op class, and time PyTorch's yardsticks (tools/gpu_yardsticks.py) beside them;
-# then the launch-bound and routing-skew runs (OUT/launch). Every step has a time
-# limit and writes its log under OUT; a failed step is reported and the rest still run.
+# compare op class by op class, time PyTorch's yardsticks (tools/gpu_yardsticks.py) beside them and a
+# copy kernel beside a GEMM (bench/overlap); then the launch-bound and routing-skew runs
+# (OUT/launch). Every step has a time limit and writes its log under OUT; a failed step is reported
+# and the rest still run.
 #   bash tools/gpu-validate.sh [MOESIM] [OUT]     (default: build/moesim, gpu-validate-out)
 # On a machine without moesim's libraries, run it from the bundle of shared/tools/device-bundle.sh
 # (MOESIM=/tmp/moesim-device/bin/moesim, LD_LIBRARY_PATH set as device-check.sh sets it).
@@ -46,6 +47,11 @@ for model in demo fine lm deepseek mixtral demo-bf16; do
   step "compare-$model" 30 "$M" compare "$out/sim-$model" "$out/$model"
 done
 command -v python3 > /dev/null && step yardsticks 120 python3 tools/gpu_yardsticks.py
+# A copy kernel of k blocks beside a GEMM chain (bench/overlap/overlap_bench.cu): what a
+# communication kernel that holds SMs takes from compute, and what compute takes from it.
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+step overlap-build 180 "$nvcc" -O2 -std=c++17 -arch=native bench/overlap/overlap_bench.cu -lcublas -o "$out/overlap_bench"
+[[ -x $out/overlap_bench ]] && step overlap 120 "$out/overlap_bench"
 # Launch-bound and routing-skew runs (docs/hardware.md, "Launch-bound runs" and "Routing skew"),
 # into OUT/launch: three calibrations (the host's launch and host sync among them), then models of
 # a few-µs kernels and the demo under three routing presets, each run twice on the GPU. Simulate
