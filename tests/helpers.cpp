@@ -15,9 +15,14 @@
 namespace moesim::test {
 namespace fs = std::filesystem;
 
+void skip(const std::string& reason) {
+  WARN("skipped: " << reason);
+  case_skipped = true;
+}
+
 bool skip_without_gnuplot() {
   if (!gnuplot_path().empty()) return false;
-  WARN("skipped: gnuplot is not installed (apt-get install gnuplot-nox; the quickstart installs it)");
+  skip("gnuplot is not installed (apt-get install gnuplot-nox; the quickstart installs it)");
   return true;
 }
 

@@ -6,6 +6,7 @@
 #include "policy.hpp"
 #include "routing.hpp"
 #include "spec.hpp"
+#include "skip.hpp"
 #include "taskgraph.hpp"
 
 namespace moesim::test {

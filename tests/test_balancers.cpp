@@ -22,7 +22,7 @@ const char* kTrace = MOESIM_SOURCE_DIR "/../shared/traces/smartmoe-gpt-e32-k2-r1
 
 TEST_CASE("balancers: 7 balancers x 3 skews on each model, both clusters of each sweep") {
   if (!fs::exists(kTrace)) {
-    WARN("skipped: " << kTrace << " is absent (the trace variants replay it)");
+    test::skip(std::string(kTrace) + " is absent (the trace variants replay it)");
     return;
   }
   for (const auto& [model, gpus] : {std::pair<std::string, int>{"deepseek-v3-like", 64}, {"mixtral-like", 64}}) {
