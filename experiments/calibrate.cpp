@@ -38,6 +38,16 @@ double fastest_of_three(Time time) {
   return std::min({time(), time(), time()});
 }
 
+/// The middle of the values (of seven timings: a VM's host varies between runs).
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+/// One kernel of 4 KiB: nanoseconds of a GPU's HBM, so that what a chain of them takes is the
+/// host's launches or the GPU's least time a kernel.
+const Compute kTinyOp{ComputeKind::elementwise, {}, 4096};
+
 }  // namespace
 
 HostIssue measure_host_issue(Backend& backend, const GpuModel& gpu, int n) {
@@ -45,14 +55,13 @@ HostIssue measure_host_issue(Backend& backend, const GpuModel& gpu, int n) {
   // (2L + S). Timed in turn, seven times each, and the median taken: a VM's host varies between
   // runs (L read 8.8-12.5 µs on one H200 minutes apart as the fastest of three), and S, a difference,
   // needs both chains timed on the same host at the same time.
-  const Compute tiny{ComputeKind::elementwise, {}, 4096};  // one kernel of 4 KiB: ns on a GPU's HBM
   auto chain = [&](bool with_syncs) {
     TaskGraph g(1);
     std::vector<OpId> last;
     for (int i = 0; i < n; ++i) {
-      last = {g.add_compute(0, "calibrate.tiny", tiny, last)};
+      last = {g.add_compute(0, "calibrate.tiny", kTinyOp, last)};
       last = {with_syncs ? g.add_compute(0, "calibrate.host_sync", host_sync_work(gpu), last)
-                         : g.add_compute(0, "calibrate.tiny", tiny, last)};
+                         : g.add_compute(0, "calibrate.tiny", kTinyOp, last)};
     }
     return g;
   };
@@ -65,27 +74,21 @@ HostIssue measure_host_issue(Backend& backend, const GpuModel& gpu, int n) {
     pair.push_back(a);
     more.push_back(b - a);
   }
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   return {median(pair) / 2, std::max(0.0, median(more))};  // L, S
 }
 
 double measure_kernel_floor(Backend& backend, const Compute& cover, int n) {
-  const Compute tiny{ComputeKind::elementwise, {}, 4096};
   TaskGraph g(1);
   const OpId first = g.add_compute(0, "calibrate.cover", cover);
   OpId last = first;
-  for (int i = 0; i < n; ++i) last = g.add_compute(0, "calibrate.tiny", tiny, {last});
+  for (int i = 0; i < n; ++i) last = g.add_compute(0, "calibrate.tiny", kTinyOp, {last});
   backend.execute(g);  // warm-up
   std::vector<double> per_kernel;
   for (int i = 0; i < 7; ++i) {
     const Timing t = backend.execute(g);
     per_kernel.push_back((t.end[last] - t.end[first]) / n);
   }
-  std::nth_element(per_kernel.begin(), per_kernel.begin() + 3, per_kernel.end());
-  return per_kernel[3];
+  return median(per_kernel);
 }
 
 Calibration calibrate(const Experiment& ex, const CalibrateOptions& o) {
