@@ -17,15 +17,15 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-set title 'trevor × 64 GPUs; MoE-BERT-Wide (12 layers, 64 experts, top-2); trace smartmoe-gpt-e32-k2-r1...' font ',5' noenhanced
+set title 'trevor × 64 GPUs; MoE-BERT-Wide (12 layers, 64 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:3.962]
+set yrange [0:6.236]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "fastmoe" 1.0000 0.0000
-"shadowing" 2.6733 0.0000
-"smart" 1.3727 0.0000
-"fastermoe" 3.3573 0.0000
+"shadowing" 4.0624 0.3146
+"smart" 1.5887 0.0074
+"fastermoe" 4.9436 0.3413
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7
