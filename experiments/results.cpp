@@ -130,6 +130,7 @@ nlohmann::json run_json(const RunResult& r) {
                     {"capacity_factor", it.capacity_factor},
                     {"rerouted_tokens", it.rerouted},
                     {"shadowed_experts", it.shadowed},
+                    {"moved_experts", it.moved},
                     {"load_stddev_per_layer", it.load_stddev_per_layer},
                     {"expert_load", it.expert_load}});
   double device_peak = 0;

@@ -178,6 +178,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
     rec.max_mean_load = max_mean_gpu_load(demand, ep);  // before the gate drops
     rec.rerouted = report.rerouted_tokens;
     rec.shadowed = report.shadowed_experts;
+    rec.moved = report.moved_experts;
     rec.decision_seconds = report.decision_seconds;
     rec.load_stddev_per_layer = report.load_stddev;
     rec.load_max_mean_per_layer = report.load_max_mean;

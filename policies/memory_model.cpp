@@ -141,6 +141,7 @@ void account_iteration(const IterationInput& in, const IterationPlan& plan, cons
     }
     if (owners)
       for (int e = 0; e < E; ++e) owned[std::size_t(plan_owner(plan.layers[l], e, G))] += 1;
+    in.report.moved_experts += int(plan.layers[l].migrations.size());
     in.report.load_stddev.push_back(stddev(H));
     const double mean_load = std::accumulate(H.begin(), H.end(), 0.0) / double(H.size());
     in.report.load_max_mean.push_back(mean_load > 0 ? *std::max_element(H.begin(), H.end()) / mean_load : 1.0);

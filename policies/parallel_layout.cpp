@@ -255,6 +255,7 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
     const Cell& cell = cells_[c];
     r.rerouted_tokens += sub.rerouted_tokens;
     r.shadowed_experts += sub.shadowed_experts;
+    r.moved_experts += sub.moved_experts;
     r.decision_seconds += sub.decision_seconds;
     for (std::size_t i = 0; i < cell.gpus.size(); ++i) {
       if (i < sub.gpu_load.size()) r.gpu_load[std::size_t(cell.gpus[i])] += sub.gpu_load[i];

@@ -217,6 +217,7 @@ TEST_CASE("hecate: re-sharding every N iterations keeps one owner per expert and
     const auto seen = graph_owners(g);
     INFO("iteration " << it);
     CHECK((!seen.migrations.empty()) == (it == 3));  // every 3 iterations, and only if the shards change
+    CHECK(report.moved_experts == int(seen.migrations.size()));  // the results' count is the graph's
     for (const auto& [l, e, from, to] : seen.migrations) {
       CHECK(owner[std::size_t(l)][std::size_t(e)] == from);  // it moves from its one owner
       CHECK(from != to);

@@ -60,6 +60,7 @@ TEST_CASE("smartmoe: E/G experts per GPU, migrations only every interval, each w
       owner[std::size_t(l)][std::size_t(e)] = t->dst;
     }
     INFO("iteration " << it);
+    CHECK(report.moved_experts == moves);  // the results' count is the graph's
     CHECK((moves > 0) == (it == 3 || it == 6));  // Zipf routing: the first rearrangement moves experts
     if (moves > 0) ++rearranged;
     for (const auto& layer : owner) {  // still E/G = 2 experts on every GPU
