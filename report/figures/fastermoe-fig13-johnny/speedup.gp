@@ -17,17 +17,20 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-set title 'v100-pcie × 16 GPUs; MoE-GPT-S (12 layers, 16 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
+set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:2.495]
+set yrange [0:3.523]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-$bars << EOD
-"fastmoe" 1.0000 0.0000
-"shadowing" 1.7532 0.1199
-"smart" 1.3314 0.0106
-"fastermoe" 2.0188 0.0956
+$data << EOD
+group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
+"gpt-s" 1.0000 0.0000 1.7532 0.1199 1.3314 0.0106 2.0188 0.0956
+"gpt-l" 1.0000 0.0000 1.4116 0.0801 1.1965 0.0051 1.6269 0.0678
+"bert-deep" 1.0000 0.0000 2.4379 0.2204 1.3814 0.0048 2.7883 0.1970
+"bert-deep-l" 1.0000 0.0000 1.8274 0.1419 1.2118 0.0078 2.1310 0.1251
 EOD
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+set style data histograms
+set style histogram errorbars lw 1 gap 1
+set boxwidth 0.9
+set key top left horizontal
+set xtics rotate by 20 right
+plot for [i=0:3] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)

@@ -17,17 +17,18 @@ set linetype 6 lc rgb '#CC79A7' lw 1 pt 7 ps 0.6
 set linetype 7 lc rgb '#F0E442' lw 1 pt 9 ps 0.6
 set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
-set title 'trevor × 64 GPUs; MoE-BERT-Wide (12 layers, 64 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
+set title 'trevor × 64 GPUs; 2 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
 set yrange [0:6.236]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
-$bars << EOD
-"fastmoe" 1.0000 0.0000
-"shadowing" 4.0624 0.3146
-"smart" 1.5887 0.0074
-"fastermoe" 4.9436 0.3413
+$data << EOD
+group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
+"bert-wide" 1.0000 0.0000 4.0624 0.3146 1.5887 0.0074 4.9436 0.3413
+"bert-wide-l" 1.0000 0.0000 3.6693 0.2931 1.5315 0.0073 4.5872 0.3098
 EOD
-set xtics rotate by 30 right
-set boxwidth 0.7
-set xrange [-0.6:*]
-plot $bars using 0:2:(int($0) % 8 + 1):xtic(1) with boxes lc variable, '' using 0:2:3 with yerrorbars lc rgb '#333333' pt 7 ps 0 notitle, '' using 0:($2+$3):(sprintf('%.2f', $2)) with labels offset 0,0.5 font ',7'
+set style data histograms
+set style histogram errorbars lw 1 gap 1
+set boxwidth 0.9
+set key top left horizontal
+set xtics rotate by 20 right
+plot for [i=0:3] $data using (column(2+2*i)):(column(3+2*i)):xtic(1) title columnheader(2+2*i)
