@@ -9,8 +9,12 @@
 // fit in a GPU's memory beyond its shards' state and the activations of a mean load, per layer
 // (without re-materialization every layer's copies stay until its backward, so the free memory is
 // shared by L layers; with it by one); then Algorithm 1. `policy.hecate.overlap_degree` and
-// `.memory_slots` give t and m directly (the paper profiles them; t = 0 makes Hecate EP with
-// heterogeneous shards). The
+// `.memory_slots` give t and m directly (the paper profiles them; 0 leaves them computed);
+// `materialize = false` makes Hecate EP with heterogeneous shards (Fig. 15a's "Sharding"), and
+// Algorithm 2 keeps its t: the top-t experts it leaves to the copies (docs/spec/hecate.md §5.2,
+// "materialized anyway") go to the GPUs with the most slots left, copied or not. The paper's own
+// numbers ask for that: they put sharding alone at 0.40-0.54x EP (Fig. 15a's 3.32x and 1.27x with
+// Fig. 9's 1.34-1.78x), which placing every expert by load (t = 0 there: 1.32x EP) cannot be. The
 // builder's under_attention schedule sends the copies (spAG) with the attention forward and
 // reduces their gradients to the owners (spRS) under the attention backward; each source's tokens
 // go to a copy on its own GPU, else on its node, else to one spread by source (replica_targets(),

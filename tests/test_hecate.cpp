@@ -235,6 +235,34 @@ TEST_CASE("hecate: re-sharding every N iterations keeps one owner per expert and
   CHECK(moved > 0);
 }
 
+TEST_CASE("hecate: sharding without materialization keeps Algorithm 2's t (its hottest experts placed as if copied)") {
+  // Fig. 15a's "Sharding only": the top-t experts of each layer (§5.2's 𝒥, "materialized anyway") go
+  // to the GPUs with the most slots left though nothing copies them, as the paper's numbers for it
+  // ask (policies/hecate.cpp); placed by load (t = 0) the shards would differ.
+  const test::SmallSetup t({"policy.name=hecate", "policy.hecate.materialize=false", "policy.hecate.overlap_degree=2",
+                            "policy.hecate.reshard_interval=3"});
+  const int L = t.model.layers(), E = t.model.experts(), G = t.cluster.num_gpus();
+  auto policy = make_policy(t.ex.spec.policy());
+  const auto routing = t.routing(5, 0);  // the same every iteration: F is its loads
+  std::vector<std::vector<int>> owner(static_cast<std::size_t>(L), std::vector<int>(static_cast<std::size_t>(E)));
+  for (auto& layer : owner)
+    for (int e = 0; e < E; ++e) layer[std::size_t(e)] = expert_owner(e, E, G);
+  for (int it = 0; it <= 3; ++it) {
+    PolicyReport report;
+    const TaskGraph g = policy->build_iteration({t.cluster, t.model, t.gpu, t.ex.spec.policy(), routing, report});
+    const auto seen = graph_owners(g);
+    CHECK(seen.reduce_root.empty());  // never a copy
+    for (const auto& [l, e, from, to] : seen.migrations) owner[std::size_t(l)][std::size_t(e)] = to;
+  }
+  std::vector<std::vector<double>> F;
+  for (const auto& r : routing) {
+    const auto loads = r.expert_loads();
+    F.emplace_back(loads.begin(), loads.end());
+  }
+  CHECK(owner == heterogeneous_shard(F, 2, t.cluster));
+  CHECK(owner != heterogeneous_shard(F, 0, t.cluster));  // the case tells the two apart
+}
+
 // ---- Re-materialization (docs/spec/hecate.md §6) ---------------------------------------------------------
 
 namespace {
