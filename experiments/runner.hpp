@@ -23,7 +23,7 @@ struct IterationRecord {
   double capacity_factor = 0;          // mean over layers of the factor in force
   std::int64_t rerouted = 0;           // token-slots a topology-aware gate re-routed
   int shadowed = 0;                    // experts shadowed, all layers
-  int moved = 0;                       // experts that changed owner (a rearrangement), all layers
+  int moved = 0;                       // experts moved with their optimizer states (a rearrangement), all layers
   double decision_seconds = 0;         // wall time of the policy's decisions (not deterministic)
   double start = 0;          // simulated clock at the iteration's start, seconds
   double time = 0;           // iteration time (makespan), seconds

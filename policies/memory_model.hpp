@@ -74,7 +74,7 @@ using ExpertLoads = std::vector<std::vector<std::vector<ExpertLoad>>>;
 /// The iteration's accounting, from the plan and what each GPU computes: per layer the spread of
 /// the GPUs' loads (in.report.load_stddev, load_max_mean), per GPU its load over the layers
 /// (gpu_load), the memory of the GPU that needs the most (memory), and the experts the plan moves
-/// to a new owner before the iteration (moved_experts).
+/// with their optimizer states before the iteration (moved_experts).
 void account_iteration(const IterationInput& in, const IterationPlan& plan, const ExpertLoads& computes);
 
 }  // namespace moesim

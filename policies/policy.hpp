@@ -22,7 +22,8 @@ struct IterationPlan;  // moe_iteration.hpp
 struct PolicyReport {
   std::int64_t rerouted_tokens = 0;  // token-slots a topology-aware gate sent elsewhere
   int shadowed_experts = 0;          // experts replicated this iteration (all layers)
-  int moved_experts = 0;             // experts that changed owner before it, states and all (all layers)
+  int moved_experts = 0;             // experts moved before it with their optimizer states, to a new owner or
+                                     // (FlexMoE) a new copy (all layers)
   double decision_seconds = 0;       // wall time of the policy's decisions (not of graph building)
   /// Per MoE layer, the std-dev over GPUs of the token-slots each GPU's experts compute (Pro-Prophet's
   /// "balance degree", §6.9); filled by build_moe_iteration().
