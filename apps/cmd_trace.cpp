@@ -112,6 +112,13 @@ int fit(const std::vector<std::string>& names) {
                f.preset, f.source, f.statistic, f.target, f.table_sigma_pop, f.table_reached, f.fitted_sigma_pop, f.fitted_reached);
     for (const auto& [what, value] : f.others) fmt::print("  {}: {:.3f}\n", what, value);
   }
+  if (!names.empty()) return 0;
+  std::string heading;  // the presets drawn without a fit, against their paper's own statistics
+  for (const auto& c : preset_checks()) {
+    const std::string h = fmt::format("preset {} for {} setups: not fitted to them, calibrated to {}", c.preset, c.setup, c.calibration);
+    if (h != heading) fmt::print("{}\n", heading = h);
+    fmt::print("  {}: {}: paper {:.2f}, the preset {:.2f}\n", c.source, c.statistic, c.paper, c.reached);
+  }
   return 0;
 }
 
@@ -176,8 +183,9 @@ void add_trace(CLI::App& app, Commands& commands) {
   auto* fit_cmd = trace->add_subcommand(
       "fit",
       R"(The presets fitted to what a paper reports of its own workload: each one's statistic, its target, the value the
-preset reaches as the table has it, and sigma_pop fitted again
-  moesim trace fit                   every fitted preset
+preset reaches as the table has it, and sigma_pop fitted again; then the presets a paper's setups draw
+without a fit (naive for FasterMoE's), beside what that paper says of its own workload
+  moesim trace fit                   every fitted preset, then the unfitted ones' statistics
   moesim trace fit pro-prophet       one)");
   auto names = std::make_shared<std::vector<std::string>>();
   fit_cmd->add_option("preset", *names, "Fitted presets (default: all)");

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "errors.hpp"
@@ -414,6 +415,34 @@ TEST_CASE("generator: each fitted preset reaches its paper's statistic as the ta
   CHECK(p.others[1].second < 0.05);
   CHECK(p.others[1].second > 0);    // not dead experts
   CHECK_THROWS_AS(fit_preset("naive"), FieldError);
+}
+
+TEST_CASE("generator: the naive preset beside FasterMoE Fig. 4, the setups that draw it unfitted") {
+  const auto checks = preset_checks();
+  REQUIRE(checks.size() == 2);
+  // The same statistics by hand, from the same draws.
+  spec::GeneratorSpec s;
+  s.set_preset("naive");
+  GatingGenerator g(resolve_generator(s), 16, 2, 600, 16, 1024, 1);
+  std::vector<double> top4, hottest;
+  for (int l = 0; l < 600; ++l) {
+    const auto loads = g.next(l).expert_loads();
+    std::vector<double> v(loads.begin(), loads.end());
+    std::sort(v.begin(), v.end(), std::greater<>());
+    const double total = std::accumulate(v.begin(), v.end(), 0.0);
+    REQUIRE(total == 16 * 1024 * 2);  // every token's two slots
+    top4.push_back((v[0] + v[1] + v[2] + v[3]) / total);
+    hottest.push_back(v[0] * 16 / total);
+  }
+  auto median = [](std::vector<double> x) {  // 600 values: halfway between the 300th and the 301st
+    std::sort(x.begin(), x.end());
+    return (x[299] + x[300]) / 2;
+  };
+  CHECK(checks[0].reached == Approx(median(top4)));
+  CHECK(checks[1].reached == Approx(median(hottest)));
+  CHECK(checks[0].paper == 0.80);  // 4 experts of 16 at 3.2x the mean each: 4 x 3.2 / 16
+  CHECK(checks[1].paper == 3.2);
+  CHECK(checks[1].reached <= 8);   // top-2: an expert takes at most half the slots, 8x the mean of 16
 }
 
 TEST_CASE("the generator under a group limit counts token spreads from the same draws") {

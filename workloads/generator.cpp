@@ -415,6 +415,30 @@ PresetFit fit_preset(const std::string& name) {
   return fit;
 }
 
+// FasterMoE Fig. 4 (docs/spec/fastermoe.md §7): "4 out of 16 experts are processing about 20% of all
+// tokens, 3.2x the average", each of them (3.2 x 1/16 = 20%), so about 80% together. Measured as
+// pro_prophet_fig3 is, on 600 layers of 16 experts, top-2 (FasterMoE's gate), 16 sources of 1,024
+// tokens (its GPT runs): the medians over the layers.
+std::vector<PresetCheck> preset_checks() {
+  constexpr int kExperts = 16, kLayers = 600;
+  spec::GeneratorSpec s;
+  s.set_preset("naive");
+  GatingGenerator g(resolve_generator(s), kExperts, 2, kLayers, kExperts, 1024, 1);
+  std::vector<double> top4, hottest;
+  for (int l = 0; l < kLayers; ++l) {
+    const auto loads = g.next(l).expert_loads();
+    std::vector<double> load(loads.begin(), loads.end());
+    std::sort(load.rbegin(), load.rend());
+    const double total = std::accumulate(load.begin(), load.end(), 0.0);
+    top4.push_back((load[0] + load[1] + load[2] + load[3]) / total);
+    hottest.push_back(load[0] / (total / kExperts));
+  }
+  const std::string setup = "FasterMoE's (johnny and trevor)", calibration = "the SmartMoE trace (docs/spec/gating-traces.md §6)",
+                    source = "FasterMoE Fig. 4, docs/spec/fastermoe.md §7";
+  return {{"naive", setup, calibration, source, "the 4 hottest of 16 experts' share of the token-slots", 0.80, quantile(top4, 0.5)},
+          {"naive", setup, calibration, source, "the hottest expert's token-slots over the mean", 3.2, quantile(hottest, 0.5)}};
+}
+
 // ---- the generator --------------------------------------------------------------------------
 
 struct GatingGenerator::Layer {

@@ -50,6 +50,16 @@ std::vector<std::string> fitted_presets();
 /// FieldError("preset") for a preset that is not fitted.
 PresetFit fit_preset(const std::string& name);
 
+/// A preset a paper's setup draws without being fitted to that paper (`naive`: the notes'
+/// calibration to the SmartMoE trace), beside what the paper says of its own workload.
+struct PresetCheck {
+  std::string preset, setup, calibration, source, statistic;
+  double paper = 0, reached = 0;  // the paper's value and the preset's (median over 600 layers)
+};
+/// FasterMoE's setups (`naive`) against Fig. 4: the 4 hottest of 16 experts' share of the
+/// token-slots, and the hottest one's over the mean.
+std::vector<PresetCheck> preset_checks();
+
 /// The spec's preset (default "naive") with the spec's set fields applied. FieldError with the
 /// field name ("preset", "sigma_pop", ...) for an unknown preset or a value out of range.
 GeneratorParams resolve_generator(const spec::GeneratorSpec& spec);
