@@ -44,9 +44,9 @@ void add_report(CLI::App& app, Commands& commands, const Invocation& invocation)
                         std::vector<PaperComparison> all;
                         for (const auto& e : entries) all.insert(all.end(), e.claims.begin(), e.claims.end());
                         const auto n = count_claims(all);
-                        fmt::print("{} claims from {} experiments: {}, {} fail, {} not run\n  wrote {}/report.md, "
+                        fmt::print("{} claims from {} experiments: {}, {}, {} not run\n  wrote {}/report.md, "
                                    "fidelity.md, claims.json\n",
-                                   n.total(), entries.size(), n.pass_text(), n.fail, n.not_run, o->report.out);
+                                   n.total(), entries.size(), n.pass_text(), n.fail_text(), n.not_run, o->report.out);
                         return 0;
                       }});
 }

@@ -30,7 +30,7 @@ ReportCounts count_claims(const std::vector<PaperComparison>& claims) {
   for (const auto& c : claims) {
     if (!std::isfinite(c.simulated)) ++n.not_run;
     else if (c.pass()) ++n.pass, n.pass_in_noise += c.verdict() == "inside the noise";
-    else ++n.fail;
+    else ++n.fail, n.fail_far += c.ratio() > 2 || c.ratio() < 0.5;
   }
   return n;
 }
@@ -38,6 +38,10 @@ ReportCounts count_claims(const std::vector<PaperComparison>& claims) {
 std::string ReportCounts::pass_text() const {
   return pass_in_noise ? fmt::format("{} pass ({} of them inside the noise of their seeds)", pass, pass_in_noise)
                        : fmt::format("{} pass", pass);
+}
+
+std::string ReportCounts::fail_text() const {
+  return fail_far ? fmt::format("{} fail ({} of them more than 2× off the paper)", fail, fail_far) : fmt::format("{} fail", fail);
 }
 
 namespace {
@@ -314,9 +318,9 @@ std::string report_markdown(const std::vector<ReportEntry>& entries, const std::
     order.match += orders.back().match;
     order.pairs += orders.back().pairs;
   }
-  md += fmt::format("**{} claims from {} experiments: {}, {} fail, {} not run; {} of {} pairs of systems in the paper's "
+  md += fmt::format("**{} claims from {} experiments: {}, {}, {} not run; {} of {} pairs of systems in the paper's "
                     "order.**\n\n",
-                    n.total(), entries.size(), n.pass_text(), n.fail, n.not_run, order.match, order.pairs);
+                    n.total(), entries.size(), n.pass_text(), n.fail_text(), n.not_run, order.match, order.pairs);
   md += "| experiment | claims | pass | fail | not run | order |\n|---|---:|---:|---:|---:|---:|\n";
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];

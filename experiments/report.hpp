@@ -27,9 +27,12 @@ struct ReportEntry {
 struct ReportCounts {
   int pass = 0, fail = 0, not_run = 0;
   int pass_in_noise = 0;  // of `pass`, those whose seeds' 95% interval crosses the tolerance's edge
+  int fail_far = 0;       // of `fail`, those more than 2x off the paper either way (simulated / paper > 2 or < 1/2)
   int total() const { return pass + fail + not_run; }
   /// "53 pass (3 of them inside the noise of their seeds)", or "53 pass".
   std::string pass_text() const;
+  /// "47 fail (10 of them more than 2× off the paper)", or "47 fail".
+  std::string fail_text() const;
 };
 /// Claims within tolerance (on the mean over the seeds), outside it, and without a simulated value.
 ReportCounts count_claims(const std::vector<PaperComparison>& claims);

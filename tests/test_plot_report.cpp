@@ -192,6 +192,8 @@ TEST_CASE("report: pass and fail and not run on hand cases") {
       claim(2.0, 2.5),        // 1.25: outside
       claim(2.0, 2.5, 0.3),   // 1.25 within the claim's own ±30%
       claim(2.0, 1.6),        // 0.80: outside, from below
+      claim(2.0, 0.9),        // 0.45: more than 2x off
+      claim(2.0, 4.0),        // 2.00: outside, but not more than 2x off
       claim(2.0, nan)};       // not run
   CHECK(claims[0].ratio() == Approx(1.1));
   CHECK(claims[0].pass());
@@ -200,11 +202,13 @@ TEST_CASE("report: pass and fail and not run on hand cases") {
   CHECK_FALSE(claims[3].pass());
   const auto n = count_claims(claims);
   CHECK(n.pass == 2);
-  CHECK(n.fail == 2);
+  CHECK(n.fail == 4);
+  CHECK(n.fail_far == 1);
   CHECK(n.not_run == 1);
-  CHECK(n.total() == 5);
+  CHECK(n.total() == 7);
   CHECK(n.pass_in_noise == 0);
   CHECK(n.pass_text() == "2 pass");
+  CHECK(n.fail_text() == "4 fail (1 of them more than 2× off the paper)");
   // Over seeds: 2.2 ± 0.2 is within ±15% of 2.0 on the mean (ratio 1.10) but its interval reaches
   // 1.20: a pass inside the noise; 2.2 ± 0.05 is a pass outright; 2.5 ± 0.3 a miss inside the noise.
   auto noisy = [&](double simulated, double ci95) {
@@ -220,7 +224,7 @@ TEST_CASE("report: pass and fail and not run on hand cases") {
   ReportEntry x;
   x.spec_path = "x.textproto", x.name = "x", x.description = "an experiment", x.claims = claims, x.figure = "figures/x/speedup.png";
   const std::string md = report_markdown({x}, "moesim report");
-  CHECK_THAT(md, Contains("5 claims from 1 experiments: 2 pass, 2 fail, 1 not run"));
+  CHECK_THAT(md, Contains("7 claims from 1 experiments: 2 pass, 4 fail (1 of them more than 2× off the paper), 1 not run"));
   CHECK_THAT(md, Contains("| claim | 2.00 | 2.200 | 1.100 | ±15% | pass |"));
   CHECK_THAT(md, Contains("| claim | 2.00 | 2.500 | 1.250 | ±30% | pass |"));
   CHECK_THAT(md, Contains("| claim | 2.00 | 1.600 | 0.800 | ±15% | **fail** |"));
