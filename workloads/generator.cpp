@@ -359,6 +359,34 @@ GeneratorParams resolve_generator(const spec::GeneratorSpec& spec) {
 
 namespace {
 
+constexpr int kCheckExperts = 16;
+
+// The preset's layers as the papers' 16-expert figures count them: 600 layers (one iteration each)
+// of 16 experts and 16 sources of 1,024 tokens, top-k; per layer each expert's share of the
+// token-slots, hottest first.
+std::vector<std::vector<double>> layer_shares(const GeneratorParams& p, int top_k) {
+  constexpr int kLayers = 600;
+  GatingGenerator g(p, kCheckExperts, top_k, kLayers, kCheckExperts, 1024, 1);
+  std::vector<std::vector<double>> shares;
+  for (int l = 0; l < kLayers; ++l) {
+    const auto loads = g.next(l).expert_loads();
+    std::vector<double> share(loads.begin(), loads.end());
+    std::sort(share.rbegin(), share.rend());
+    const double total = std::accumulate(share.begin(), share.end(), 0.0);
+    for (auto& x : share) x /= total;
+    shares.push_back(std::move(share));
+  }
+  return shares;
+}
+
+// The median over layers (or another quantile) of f(a layer's shares, hottest first).
+template <class F>
+double over_layers(const std::vector<std::vector<double>>& shares, double q, F f) {
+  std::vector<double> v;
+  for (const auto& s : shares) v.push_back(f(s));
+  return quantile(std::move(v), q);
+}
+
 // Pro-Prophet Fig. 3 (docs/spec/pro-prophet.md §4): "In most MoE layers, the three heaviest experts hold over
 // 50% of inputs, while the three least less than 5%", on a model of 12 MoE layers x 16 experts, one
 // per device. Measured here on 600 layers (50 such models, one iteration each) of 16 sources of 1,024
@@ -368,19 +396,10 @@ struct Fig3 {
   double top3_tercile, top3_median, bottom3_median;
 };
 Fig3 pro_prophet_fig3(const GeneratorParams& p) {
-  constexpr int kExperts = 16, kLayers = 600;
-  GatingGenerator g(p, kExperts, 1, kLayers, kExperts, 1024, 1);
-  std::vector<double> top3, bottom3;
-  for (int l = 0; l < kLayers; ++l) {
-    const RoutingMatrix R = g.next(l);
-    const auto loads = R.expert_loads();
-    std::vector<double> load(loads.begin(), loads.end());
-    std::sort(load.rbegin(), load.rend());
-    const double total = std::accumulate(load.begin(), load.end(), 0.0);
-    top3.push_back((load[0] + load[1] + load[2]) / total);
-    bottom3.push_back((load[13] + load[14] + load[15]) / total);
-  }
-  return {quantile(top3, 1.0 / 3), quantile(top3, 0.5), quantile(bottom3, 0.5)};
+  const auto shares = layer_shares(p, 1);
+  auto top3 = [](const std::vector<double>& s) { return s[0] + s[1] + s[2]; };
+  auto bottom3 = [](const std::vector<double>& s) { return s[13] + s[14] + s[15]; };
+  return {over_layers(shares, 1.0 / 3, top3), over_layers(shares, 0.5, top3), over_layers(shares, 0.5, bottom3)};
 }
 
 }  // namespace
@@ -416,27 +435,19 @@ PresetFit fit_preset(const std::string& name) {
 }
 
 // FasterMoE Fig. 4 (docs/spec/fastermoe.md §7): "4 out of 16 experts are processing about 20% of all
-// tokens, 3.2x the average", each of them (3.2 x 1/16 = 20%), so about 80% together. Measured as
-// pro_prophet_fig3 is, on 600 layers of 16 experts, top-2 (FasterMoE's gate), 16 sources of 1,024
-// tokens (its GPT runs): the medians over the layers.
+// tokens, 3.2x the average", each of them (3.2 x 1/16 = 20%), so about 80% together. Measured on
+// layer_shares' 600 layers, top-2 (FasterMoE's gate; 1,024 tokens a source, as its GPT runs): the
+// medians over the layers.
 std::vector<PresetCheck> preset_checks() {
-  constexpr int kExperts = 16, kLayers = 600;
   spec::GeneratorSpec s;
   s.set_preset("naive");
-  GatingGenerator g(resolve_generator(s), kExperts, 2, kLayers, kExperts, 1024, 1);
-  std::vector<double> top4, hottest;
-  for (int l = 0; l < kLayers; ++l) {
-    const auto loads = g.next(l).expert_loads();
-    std::vector<double> load(loads.begin(), loads.end());
-    std::sort(load.rbegin(), load.rend());
-    const double total = std::accumulate(load.begin(), load.end(), 0.0);
-    top4.push_back((load[0] + load[1] + load[2] + load[3]) / total);
-    hottest.push_back(load[0] / (total / kExperts));
-  }
+  const auto shares = layer_shares(resolve_generator(s), 2);
+  const double top4 = over_layers(shares, 0.5, [](const std::vector<double>& x) { return x[0] + x[1] + x[2] + x[3]; });
+  const double hottest = over_layers(shares, 0.5, [](const std::vector<double>& x) { return x[0] * kCheckExperts; });
   const std::string setup = "FasterMoE's (johnny and trevor)", calibration = "the SmartMoE trace (docs/spec/gating-traces.md §6)",
                     source = "FasterMoE Fig. 4, docs/spec/fastermoe.md §7";
-  return {{"naive", setup, calibration, source, "the 4 hottest of 16 experts' share of the token-slots", 0.80, quantile(top4, 0.5)},
-          {"naive", setup, calibration, source, "the hottest expert's token-slots over the mean", 3.2, quantile(hottest, 0.5)}};
+  return {{"naive", setup, calibration, source, "the 4 hottest of 16 experts' share of the token-slots", 0.80, top4},
+          {"naive", setup, calibration, source, "the hottest expert's token-slots over the mean", 3.2, hottest}};
 }
 
 // ---- the generator --------------------------------------------------------------------------
