@@ -127,17 +127,10 @@ def kernel_floor(n=1000):
 
 if __name__ == '__main__':
     import sys
-    if len(sys.argv) > 1:  # one yardstick by name: python3 tools/gpu_yardsticks.py kernel_floor
-        names = ('gemms', 'bandwidth', 'host_sync', 'prepare_forward', 'attention', 'kernel_floor')
-        if sys.argv[1] not in names:
-            sys.exit(f"usage: python3 tools/gpu_yardsticks.py [{' | '.join(names)}]")
-        print(torch.cuda.get_device_name(), 'torch', torch.__version__)
-        globals()[sys.argv[1]]()
-        sys.exit()
+    names = ('gemms', 'bandwidth', 'host_sync', 'prepare_forward', 'attention', 'kernel_floor')
+    chosen = sys.argv[1:2] or names  # one yardstick by name: python3 tools/gpu_yardsticks.py kernel_floor
+    if chosen[0] not in names:
+        sys.exit(f"usage: python3 tools/gpu_yardsticks.py [{' | '.join(names)}]")
     print(torch.cuda.get_device_name(), 'torch', torch.__version__)
-    gemms()
-    bandwidth()
-    host_sync()
-    prepare_forward()
-    attention()
-    kernel_floor()
+    for name in chosen:
+        globals()[name]()
