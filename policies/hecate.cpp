@@ -260,7 +260,8 @@ class Hecate final : public Policy {
     // m: the copies per GPU and layer the memory left beside the shards' state and mean activations
     // holds (the layers whose copies are alive at once share it: all, or one with re-materialization).
     const double activations =
-        L * layer_activation_bytes(in.model, in.model.tokens_per_gpu(), double(in.model.tokens_per_gpu()) * in.model.top_k());
+        L * layer_activation_bytes(in.model, in.model.tokens_per_gpu(), double(in.model.tokens_per_gpu()) * in.model.top_k()) +
+        outside_layers_activation_bytes(in.model);
     const double left = in.gpu.memory_bytes() - dense_memory(in.model).total() -
                         expert_state(in.model, double(L) * E / G).total() - activations;
     const double alive = spec.rematerialize() ? 1 : L;

@@ -38,11 +38,17 @@ double layer_activation_bytes(const MoeModel& model, double tokens, double token
   return scale * (attention_units(s, tokens) + ffn);
 }
 
-double dense_block_activation_bytes(const MoeModel& model) {
+double outside_layers_activation_bytes(const MoeModel& model) {
   const auto& s = model.spec();
   const double t = model.tokens_per_gpu();
   const double block = attention_units(s, t) + t * ffn_slot_units(s, s.d_ffn());
-  return model.dtype_bytes() / 2.0 * s.dense_layers() * block;
+  const double dense_blocks = model.dtype_bytes() / 2.0 * s.dense_layers() * block;
+  if (s.vocab() == 0) return dense_blocks;
+  // The output layer (Korthikanti et al. §4.3, 4sbh(1 + v/h)): the final layer norm's and the
+  // output projection's inputs, 2 units each, and the cross-entropy's logits in fp32 whatever the
+  // dtype, 4 bytes each (vocabulary-parallel: v/tp of them).
+  const double vocab = std::ceil(double(s.vocab()) / model.tp());
+  return dense_blocks + model.dtype_bytes() / 2.0 * t * 4 * s.d_model() + 4 * t * vocab;
 }
 
 MemoryUse expert_state(const MoeModel& model, double experts) {
@@ -123,7 +129,7 @@ void account_iteration(const IterationInput& in, const IterationPlan& plan, cons
   const int G = in.cluster.num_gpus(), E = in.model.experts();
   const bool owners = plan.placement().kind == ExpertPlacement::owner;
   const ReplicaOptions& replicas = plan.replicas;
-  std::vector<double> activations(std::size_t(G), dense_block_activation_bytes(in.model)), copies(std::size_t(G), 0.0),
+  std::vector<double> activations(std::size_t(G), outside_layers_activation_bytes(in.model)), copies(std::size_t(G), 0.0),
       owned(std::size_t(G), 0.0);
   for (std::size_t l = 0; l < plan.layers.size(); ++l) {
     std::vector<double> H(std::size_t(G), 0.0);  // token-slots each GPU computes

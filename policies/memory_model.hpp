@@ -9,7 +9,9 @@
 //     activations, scaled by the dtype): attention 11·h + 5·a·s (the a heads' s × s scores and
 //     their softmax and dropout; with FlashAttention 2·a, its fp32 log-sum-exp), two layer norms 4·h, the FFN 3·h + 4·f per token-slot (input,
 //     f-wide GEMM output and activation, dropout mask; 19·h for f = 4h), and the MoE layer's
-//     dispatch and combine buffers 2·k·h per token; h = d_model, f = d_ffn, a = heads, s = seq_len.
+//     dispatch and combine buffers 2·k·h per token; h = d_model, f = d_ffn, a = heads, s = seq_len;
+//     with a vocabulary of v, the output layer's 4·h and the loss's fp32 logits, 4·v bytes a token
+//     (their §4.3: 4sbh(1 + v/h)).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -51,9 +53,9 @@ StateBytes state_bytes(spec::DType dtype);
 /// Activations one layer keeps for its backward, for `tokens` tokens of which the MoE part computes
 /// `token_slots` (k per token on average; a GPU computes the slots routed to the experts it runs).
 double layer_activation_bytes(const MoeModel& model, double tokens, double token_slots);
-/// Activations the dense blocks (ModelSpec.dense_layers) keep, all of them: attention and an FFN
-/// of d_ffn per token.
-double dense_block_activation_bytes(const MoeModel& model);
+/// Activations kept outside the MoE layers: the dense blocks' (ModelSpec.dense_layers; attention
+/// and an FFN of d_ffn per token) and, with a vocabulary, the output layer's and the loss's.
+double outside_layers_activation_bytes(const MoeModel& model);
 
 /// Every layer's dense parameters with their full state (data parallelism replicates them).
 MemoryUse dense_memory(const MoeModel& model);

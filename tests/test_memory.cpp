@@ -47,6 +47,17 @@ TEST_CASE("memory model: activations per layer are Korthikanti et al.'s 34h + 5a
   CHECK(layer_activation_bytes(MoeModel(fp32), T, T * k) == Approx(2 * expected));
 }
 
+TEST_CASE("memory model: the output layer keeps Korthikanti et al.'s 4sbh(1 + v/h), the logits in fp32") {
+  auto spec = gpt_moe_s();
+  const double T = spec.tokens_per_gpu(), h = 768, v = 50304;
+  CHECK(outside_layers_activation_bytes(MoeModel(spec)) == 0);  // no dense blocks, no vocabulary
+  spec.set_vocab(50304);
+  CHECK(outside_layers_activation_bytes(MoeModel(spec)) == Approx(4 * T * h * (1 + v / h)));
+  // fp32 doubles the norm's and the projection's inputs; the logits are fp32 either way.
+  spec.set_dtype(spec::FP32);
+  CHECK(outside_layers_activation_bytes(MoeModel(spec)) == Approx(8 * T * h + 4 * T * v));
+}
+
 TEST_CASE("FlashAttention: no s x s scores in memory or traffic, their log-sum-exp kept, Q.K recomputed in the backward") {
   auto flash = gpt_moe_s();
   flash.set_flash_attention(true);
