@@ -336,6 +336,7 @@ TEST_CASE("DeepEP's dispatch: over the network once per node to the same-index G
   REQUIRE(lowering.size() == 1);
   REQUIRE(lowering[0].size() == 1);  // both hops in one step: the kernel pipelines them
   CHECK(lowering[0][0].serial_rounds == 1);
+  CHECK(lowering[0][0].messages == 0);  // the GPU posts its RDMA writes (IBGDA): no CPU proxy's post cost
   // Worked out by hand: a token from p = (a, i) to q = (b, j) on another node is forwarded by (b, i),
   // so 2 → 3 carries B(2, 3) = 24 and 0's tokens for 3, B(0, 3) = 4; the relay is q itself when
   // j = i (0 → 2: nothing on NVLink).

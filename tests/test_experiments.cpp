@@ -323,3 +323,43 @@ TEST_CASE("the specs of one paper all draw its one workload") {
   }
   CHECK(papers == 5);
 }
+
+TEST_CASE("a model has one shape in all the specs of its paper, its vocabulary included") {
+  namespace fs = std::filesystem;
+  // A model's shape: what its paper fixes for it. Tokens, top-k and experts are an experiment's
+  // (Hecate's weak scaling gives 32 experts at 16 GPUs and 64 at 32; Pro-Prophet runs k = 1 and 2),
+  // and one layer is a layer benchmark of the model (FasterMoE Fig. 12): its layer count is left out.
+  auto shape = [](const spec::ModelSpec& m) {
+    return fmt::format("{}d_model {} d_ffn {} heads {} seq_len {} dtype {} vocab {} untied {}",
+                       m.layers() == 1 ? "" : fmt::format("layers {} ", m.layers()), m.d_model(), m.d_ffn(), m.heads(), m.seq_len(),
+                       spec::DType_Name(m.dtype()), m.vocab(), m.untied_output());
+  };
+  int models = 0;
+  for (const char* paper : {"fastermoe", "hecate", "pro-prophet", "schemoe", "tutel"}) {
+    std::map<std::string, std::map<std::string, std::set<std::string>>> shapes;  // model -> shape -> specs
+    for (const auto& f : fs::directory_iterator(std::string(MOESIM_SOURCE_DIR) + "/experiments/" + paper)) {
+      if (f.path().extension() != ".textproto" ||
+          test::read_file(f.path().string()).find("proto-message: moesim.spec.ExperimentSpec") == std::string::npos)
+        continue;
+      const auto ex = load_experiment(f.path().string(), {});
+      const std::string name = f.path().filename().string();
+      if (ex.variants.empty()) shapes[ex.spec.model().name()][shape(ex.spec.model())].insert(name);
+      for (const auto& [variant, s] : ex.variants) shapes[s.model().name()][shape(s.model())].insert(name);
+    }
+    for (const auto& [model, by_shape] : shapes) {
+      std::string seen;
+      std::set<std::string> whole, benchmarked;  // the models' shapes; a layer benchmark's, without "layers N"
+      for (const auto& [sh, specs] : by_shape) {
+        seen += fmt::format("\n  {} <- {}", sh, fmt::join(specs, ", "));
+        (sh.rfind("layers ", 0) == 0 ? whole : benchmarked).insert(sh);
+      }
+      INFO(paper << "'s " << model << ":" << seen);
+      CHECK(whole.size() <= 1);
+      CHECK(benchmarked.size() <= 1);
+      for (const auto& b : benchmarked)  // the layer benchmark's is the whole model's, less its layer count
+        for (const auto& w : whole) CHECK(w.substr(w.find("d_model")) == b);
+      ++models;
+    }
+  }
+  CHECK(models >= 15);
+}

@@ -19,9 +19,12 @@
 // The kernels pipeline the two hops chunk by chunk (an RDMA chunk is forwarded while the next
 // arrives) and send to every peer at once from a fixed set of SMs, so the lowering is one step
 // holding both hops' transfers: the exchange lasts as long as its busiest link, NIC or NVLink, the
-// pipeline's fill (one chunk) neglected. Not modelled: the SMs' own copy throughput (24 SMs by
-// default) and the notify kernel that exchanges the counts before the dispatch (DeepEP times it
-// apart).
+// pipeline's fill (one chunk) neglected. The GPU posts its RDMA writes itself (IBGDA, DeepEP's
+// only internode transport since 3e54b78), so no message pays NCCL's CPU-proxy post cost
+// (messages = 0). Not modelled: the SMs' own copy throughput (20 SMs by the library's default,
+// 24 in its benchmark) and the per-call kernels beside the exchange (notify, which exchanges the
+// counts, or with a cached layout cached_notify, a barrier and buffer clean, which DeepEP's
+// benchmark timed with the exchange).
 #include <stdexcept>
 
 #include "collectives/collectives.hpp"
@@ -70,6 +73,7 @@ Lowering lower_deepep(const Collective& c, const Cluster& cluster) {
       if (network[p * n + r] > 0) step.transfers.push_back({c.group[p], c.group[r], network[p * n + r]});
   }
   if (step.transfers.empty()) return {};
+  step.messages = 0;
   return one_step(std::move(step));
 }
 

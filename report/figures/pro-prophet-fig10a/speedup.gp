@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.621]
+set yrange [0:1.540]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.0551 0.0636 1.2831 0.0845
-"M" 1.0000 0.0000 1.0198 0.0633 1.1858 0.0768
-"L" 1.0000 0.0000 0.9761 0.0613 1.1258 0.0747
-"DS" 1.0000 0.0000 1.0740 0.0379 1.3211 0.0525
-"DM" 1.0000 0.0000 1.0378 0.0303 1.2139 0.0485
+"S" 1.0000 0.0000 1.0585 0.0676 1.2192 0.0823
+"M" 1.0000 0.0000 1.0208 0.0666 1.1579 0.0822
+"L" 1.0000 0.0000 0.9754 0.0634 1.1362 0.0768
+"DS" 1.0000 0.0000 1.0785 0.0403 1.2552 0.0502
+"DM" 1.0000 0.0000 1.0396 0.0317 1.1829 0.0444
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.642]
+set yrange [0:1.590]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.0894 0.0665 1.3009 0.0903
-"M" 1.0000 0.0000 1.0736 0.0703 1.2375 0.0921
-"L" 1.0000 0.0000 1.0351 0.0634 1.1898 0.0950
-"DS" 1.0000 0.0000 1.1042 0.0492 1.3119 0.0575
-"DM" 1.0000 0.0000 1.0919 0.0556 1.2518 0.0638
+"S" 1.0000 0.0000 1.0934 0.0695 1.2584 0.0888
+"M" 1.0000 0.0000 1.0765 0.0730 1.2541 0.0927
+"L" 1.0000 0.0000 1.0361 0.0652 1.2060 0.0963
+"DS" 1.0000 0.0000 1.1089 0.0515 1.2624 0.0559
+"DM" 1.0000 0.0000 1.0955 0.0578 1.2698 0.0652
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.999]
+set yrange [0:1.918]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.2178 0.0877 1.5464 0.1188
-"M" 1.0000 0.0000 1.1532 0.0830 1.3852 0.1049
-"L" 1.0000 0.0000 1.0775 0.0740 1.3098 0.0968
-"DS" 1.0000 0.0000 1.2518 0.0621 1.6059 0.0878
-"DM" 1.0000 0.0000 1.1857 0.0587 1.4370 0.0753
+"S" 1.0000 0.0000 1.2275 0.0917 1.4892 0.1135
+"M" 1.0000 0.0000 1.1586 0.0860 1.3675 0.1034
+"L" 1.0000 0.0000 1.0794 0.0758 1.3212 0.0991
+"DS" 1.0000 0.0000 1.2630 0.0651 1.5439 0.0816
+"DM" 1.0000 0.0000 1.1922 0.0608 1.4174 0.0732
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 2 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over baseline (x)'
-set yrange [0:1.758]
+set yrange [0:1.736]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" ci "planner" ci "scheduler" ci "full" ci
-"k1" 1.0000 0.0000 1.0733 0.0625 1.1786 0.0776 1.1858 0.0768
-"k2" 1.0000 0.0000 1.1958 0.0797 1.3640 0.0981 1.3852 0.1049
+"k1" 1.0000 0.0000 1.0772 0.0658 1.1783 0.0825 1.1579 0.0822
+"k2" 1.0000 0.0000 1.2029 0.0827 1.3643 0.1002 1.3675 0.1034
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
