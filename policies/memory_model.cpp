@@ -103,7 +103,17 @@ MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const
       experts.materialized = experts.materialized_params + P / where.r * b.grad;
     }
   }
-  const MemoryUse dense = dense_memory(model);
+  MemoryUse dense = dense_memory(model);
+  if (where.kind == ExpertPlacement::data_parallel) {  // ZeRO shards the layers' dense tensors as their experts (zero.cpp)
+    const double layered = L * model.dense_params_per_layer() / model.tp(), shard = layered * (1 - 1.0 / G);
+    dense.grads -= shard * b.grad;
+    dense.optimizer -= shard * b.optimizer;
+    if (where.zero_stage == 3) {
+      dense.params -= shard * b.param;
+      experts.materialized += layered / L * (b.param + b.grad);  // one layer's, gathered with its experts
+      experts.materialized_params += layered / L * b.param;
+    }
+  }
   MemoryUse peak;
   for (std::size_t t = 0; t < activations.size(); ++t) {
     // Owners: the experts GPU t owns over all layers (E/G per layer, or as the plans shard them).

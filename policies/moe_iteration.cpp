@@ -294,8 +294,11 @@ TaskGraph LayerOps::build() {
                        std::move(deps));
     })};
   }
-  // Data parallelism over all GPUs for the dense parameters; each expert has one owner.
-  const double dense_params = in_.model.dense_params_per_gpu();
+  // Data parallelism over all GPUs for the dense parameters; each expert has one owner. ZeRO
+  // reduce-scatters the layers' dense gradients with the experts' (schedule/zero.cpp) and shards
+  // their optimizer states: only the parameters outside the layers are all-reduced here.
+  const double layered = L * in_.model.dense_params_per_layer() / in_.model.tp();
+  const double dense_params = in_.model.dense_params_per_gpu() - (zero ? layered : 0);
   std::vector<OpId> before_ar(ready_);
   for (const OpId id : after_attention()) before_ar.push_back(id);
   before_ar.insert(before_ar.end(), reduces_.begin(), reduces_.end());
@@ -306,7 +309,7 @@ TaskGraph LayerOps::build() {
       before_ar);
   // Adam with fp32 master weights and moments: read p, m, v (fp32) and g; write p, m, v and the
   // low-precision copy.
-  const double params = dense_params / in_.dense_optimizer_shards +
+  const double params = dense_params / in_.dense_optimizer_shards + (zero ? layered / G : 0) +
                         double(experts_) / G * L * in_.model.expert_params() / in_.expert_optimizer_shards;  // E/G experts, or 1/s of one
   const double adam_bytes = params * (6 * 4 + 2 * in_.model.dtype_bytes());
   const std::vector<OpId> steps{every_gpu("optimizer", {ComputeKind::optimizer, {}, adam_bytes}, {allreduce})};

@@ -1,9 +1,10 @@
-// ZeRO data parallelism for the expert weights (DeepSpeed; FasterMoE's and Pro-Prophet's baseline,
-// docs/spec/fastermoe.md §5.3: "ZeRO runs over a single-worker FastMoE with all 16 experts on each GPU"):
-// every GPU computes every expert on its own tokens, so there is no all-to-all, and the experts'
-// parameters, gradients and optimizer states are sharded ZeRO-style (stage 2 or 3, see
-// moe_iteration.hpp ExpertSharding). Expert gradients are never all-reduced: ZeRO reduce-scatters
-// them; the dense parameters are all-reduced as in every other policy.
+// ZeRO data parallelism (DeepSpeed; FasterMoE's and Pro-Prophet's baseline, docs/spec/fastermoe.md
+// §5.3: "ZeRO runs over a single-worker FastMoE with all 16 experts on each GPU", stage 3 "every
+// tensor partitioned"): every GPU computes every expert on its own tokens, so there is no
+// all-to-all, and every tensor of the layers, the experts' and the attention's, has its parameters,
+// gradients and optimizer states sharded ZeRO-style (stage 2 or 3, schedule/zero.cpp; the memory
+// model prices the same). Gradients are reduce-scattered with the layer, never all-reduced; the
+// parameters outside the layers (embeddings, dense blocks) are all-reduced as in every policy.
 #include "moe_iteration.hpp"
 #include "policy_factories.hpp"
 

@@ -311,6 +311,32 @@ TEST_CASE("the all-to-alls send the routing they were built from, even once the 
   }
 }
 
+TEST_CASE("ZeRO partitions every tensor of a layer: its collectives carry the experts and the dense parameters, nothing is all-reduced") {
+  // DeepSpeed's ZeRO (the FasterMoE and Pro-Prophet papers' baseline: "every tensor partitioned")
+  // keeps whole only parameters below 1e5 elements; a layer's attention and gate go with its experts.
+  const test::SmallSetup t;
+  const auto routing = t.routing(3);
+  const double layer = (t.model.experts() * t.model.expert_params() + t.model.dense_params_per_layer()) * t.model.dtype_bytes();
+  for (const char* name : {"zero2", "zero3"}) {
+    INFO(name);
+    spec::PolicySpec ps;
+    ps.set_name(name);
+    PolicyReport report;
+    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    std::map<std::string, double> carried;  // label (less its layer) -> bytes
+    for (const auto& op : g.ops())
+      if (const auto* c = std::get_if<Collective>(&op.body)) carried[op.label.substr(op.label.find('.') + 1)] = c->bytes[0];
+    CHECK(carried.at("bwd.grads_reduce_scatter") == Approx(layer));
+    CHECK(carried.at("dense") == 0);  // allreduce.dense: nothing outside the layers in this model
+    if (std::string(name) == "zero3") {
+      CHECK(carried.at("fwd.experts_allgather") == Approx(layer));
+      CHECK(carried.at("bwd.experts_allgather") == Approx(layer));
+    } else {
+      CHECK(carried.at("experts_allgather_updated") == Approx(layer));
+    }
+  }
+}
+
 TEST_CASE("ZeRO's expert op on a GPU times each expert's GEMMs on that GPU's own tokens") {
   // Experts with equal token counts are one GEMM entry, repeated: the time must be that of the
   // experts one by one (Σ_e of expert_gemms(R(r, e)), forward and backward).

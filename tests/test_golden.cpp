@@ -50,7 +50,7 @@ TEST_CASE("golden: Pro-Prophet's block-wise schedule over two layers") { check_g
 TEST_CASE("golden: Hecate's FSSDP with re-materialization") { check_golden("fssdp_rematerialize_2node_a100"); }
 TEST_CASE("golden: Tutel sharded experts with r = 2") { check_golden("tutel_sharded_r2"); }
 TEST_CASE("golden: Tutel pipelined layer of degree 2") { check_golden("tutel_pipelined_d2"); }
-TEST_CASE("golden: ZeRO-3 over the experts") { check_golden("zero3_2node_a100"); }
+TEST_CASE("golden: ZeRO-3 over the layers' tensors") { check_golden("zero3_2node_a100"); }
 TEST_CASE("golden: two pipeline stages, three micro-batches in 1F1B order") { check_golden("pipeline_1f1b_2node_a100"); }
 TEST_CASE("golden: the layer with tensor parallelism 2") { check_golden("tp2_2node_a100"); }
 TEST_CASE("golden: the layer with context parallelism 2") { check_golden("cp2_2node_a100"); }

@@ -89,7 +89,7 @@ TEST_CASE("FlashAttention: no s x s scores in memory or traffic, their log-sum-e
   CHECK(backward_flops(with) - backward_flops(without) == Approx(scores));
 }
 
-TEST_CASE("memory model: EP keeps its experts' state, ZeRO-3 a 1/G shard plus one gathered layer, shadowing its copies") {
+TEST_CASE("memory model: EP keeps its experts' state, ZeRO-3 a 1/G shard of every tensor plus one gathered layer, shadowing its copies") {
   const test::SmallSetup t;
   const auto& model = t.model;
   const auto routing = t.routing(11);
@@ -111,11 +111,17 @@ TEST_CASE("memory model: EP keeps its experts' state, ZeRO-3 a 1/G shard plus on
   CHECK(ep.materialized == 0);
   CHECK(ep.activations > 0);
 
+  // ZeRO shards the layers' dense tensors with their experts (DeepSpeed partitions every tensor).
+  const double D = model.dense_params_per_layer();  // this model has nothing outside its layers
   const MemoryUse z3 = memory("zero3");
-  CHECK(z3.params == Approx(dense.params + L * E * P * b.param / G));
-  CHECK(z3.optimizer == Approx(dense.optimizer + L * E * P * b.optimizer / G));
-  CHECK(z3.materialized == Approx(E * P * (b.param + b.grad)));  // one layer's experts, gathered
+  CHECK(z3.params == Approx(L * (D + E * P) * b.param / G));
+  CHECK(z3.grads == Approx(L * (D + E * P) * b.grad / G));
+  CHECK(z3.optimizer == Approx(L * (D + E * P) * b.optimizer / G));
+  CHECK(z3.materialized == Approx((D + E * P) * (b.param + b.grad)));  // one layer's, gathered
   CHECK(z3.activations <= ep.activations);  // every GPU computes its own tokens: no hot GPU
+  const MemoryUse z2 = memory("zero2");  // ZeRO-2 keeps the parameters whole, shards the rest
+  CHECK(z2.params == Approx(L * (D + E * P) * b.param));
+  CHECK(z2.optimizer == Approx(L * (D + E * P) * b.optimizer / G));
 
   const MemoryUse shadow = memory("fastermoe-shadow");  // Zipf routing: some experts shadowed
   REQUIRE(shadow.materialized > 0);

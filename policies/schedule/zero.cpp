@@ -1,8 +1,13 @@
-// ZeRO over the experts (Rajbhandari et al. 2020, stages 2 and 3): every GPU computes every expert
-// on its own tokens, so no all-to-all moves tokens. Stage 3 shards the parameters too: a layer's
-// experts are all-gathered before its forward experts and again before its backward, and their
-// gradients reduce-scattered after. Stage 2 keeps the parameters, reduce-scatters the gradients
-// and all-gathers the updated parameters after the optimizer step. Golden:
+// ZeRO (Rajbhandari et al. 2020, stages 2 and 3) over every tensor of the layers, as DeepSpeed
+// partitions them ("every tensor partitioned", docs/spec/fastermoe.md §5.3; DeepSpeed v0.4.4 keeps
+// whole only parameters below stage3_param_persistence_threshold, 1e5 elements: biases and norms):
+// every GPU computes every expert on its own tokens, so no all-to-all moves tokens. Stage 3 shards
+// the parameters: a layer's experts and dense parameters are all-gathered before its forward
+// experts and again before its backward, and their gradients reduce-scattered after (DeepSpeed
+// gathers each module before it runs, the attention's before the attention: the same bytes, here
+// in one collective with the experts'). Stage 2 keeps the parameters, reduce-scatters the
+// gradients and all-gathers the updated parameters after the optimizer step. The parameters
+// outside the layers (embeddings, dense blocks) are all-reduced as in every policy. Golden:
 // tests/golden/zero3_2node_a100.
 #include "layer_ops.hpp"
 
@@ -35,10 +40,12 @@ class Zero final : public LayerSchedule {
   }
 
  private:
-  // A layer's experts gathered (all-gather) or their gradients scattered (reduce-scatter).
+  // A layer's experts and dense parameters gathered (all-gather) or their gradients scattered
+  // (reduce-scatter).
   static OpId gather_or_scatter(LayerOps& ops, CollectiveType type, std::string label, std::vector<OpId> deps) {
     return ops.collective(Stream::comm, std::move(label),
-                          {type, ops.everyone(), {ops.expert_bytes() * ops.experts()}, "ring"}, std::move(deps));
+                          {type, ops.everyone(), {ops.expert_bytes() * ops.experts() + ops.layer_dense_bytes()}, "ring"},
+                          std::move(deps));
   }
   int stage_;
 };

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:6.097]
+set yrange [0:6.302]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "zero3" ci "zero2" ci "fastmoe" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.3512 0.0007 1.9455 0.0622 3.9204 0.0703
-"gpt-l" 1.0000 0.0000 1.4118 0.0001 3.1001 0.1088 5.0362 0.1309
-"bert-deep" 1.0000 0.0000 1.3039 0.0005 1.0863 0.0390 3.0200 0.1170
-"bert-deep-l" 1.0000 0.0000 1.3641 0.0001 1.6964 0.0713 3.6045 0.0835
+"gpt-s" 1.0000 0.0000 1.3700 0.0007 2.0086 0.0642 4.0476 0.0727
+"gpt-l" 1.0000 0.0000 1.4308 0.0001 3.2040 0.1124 5.2049 0.1353
+"bert-deep" 1.0000 0.0000 1.3222 0.0006 1.1203 0.0401 3.1148 0.1208
+"bert-deep-l" 1.0000 0.0000 1.3828 0.0001 1.7515 0.0736 3.7217 0.0863
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
