@@ -65,7 +65,13 @@ bool op_name_is_step(const std::string& label) {
          std::all_of(label.begin() + std::ptrdiff_t(at) + 2, label.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; });
 }
 
-// Token-slots every expert op of the forward pass computes, summed.
+// The iteration policy `name` builds on the small setup.
+TaskGraph iteration_of(const char* name, const test::SmallSetup& t, const std::vector<RoutingMatrix>& routing) {
+  spec::PolicySpec ps;
+  ps.set_name(name);
+  PolicyReport report;
+  return make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+}
 }  // namespace
 
 TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
@@ -319,10 +325,7 @@ TEST_CASE("ZeRO partitions every tensor of a layer: its collectives carry the ex
   const double layer = (t.model.experts() * t.model.expert_params() + t.model.dense_params_per_layer()) * t.model.dtype_bytes();
   for (const char* name : {"zero2", "zero3"}) {
     INFO(name);
-    spec::PolicySpec ps;
-    ps.set_name(name);
-    PolicyReport report;
-    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    const auto g = iteration_of(name, t, routing);
     std::map<std::string, double> carried;  // label (less its layer) -> bytes
     for (const auto& op : g.ops())
       if (const auto* c = std::get_if<Collective>(&op.body)) carried[op.label.substr(op.label.find('.') + 1)] = c->bytes[0];
@@ -344,10 +347,7 @@ TEST_CASE("ZeRO's expert op on a GPU times each expert's GEMMs on that GPU's own
   const auto routing = t.routing(3);
   for (const char* name : {"zero2", "zero3"}) {
     INFO(name);
-    spec::PolicySpec ps;
-    ps.set_name(name);
-    PolicyReport report;
-    const auto g = make_policy(ps)->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report});
+    const auto g = iteration_of(name, t, routing);
     int checked = 0;
     for (const auto& op : g.ops()) {
       const bool fwd = op.label == "L1.fwd.experts", bwd = op.label == "L1.bwd.experts";
