@@ -317,7 +317,7 @@ TEST_CASE("the all-to-alls send the routing they were built from, even once the 
   }
 }
 
-TEST_CASE("ZeRO partitions every tensor of a layer: its collectives carry the experts and the dense parameters, nothing is all-reduced") {
+TEST_CASE("ZeRO partitions every tensor of a layer: its collectives carry the experts and the dense parameters, nothing is all-reduced, and ZeRO-2 reduces each shard into its owner") {
   // DeepSpeed's ZeRO (the FasterMoE and Pro-Prophet papers' baseline: "every tensor partitioned")
   // keeps whole only parameters below 1e5 elements; a layer's attention and gate go with its experts.
   const test::SmallSetup t;
@@ -327,14 +327,21 @@ TEST_CASE("ZeRO partitions every tensor of a layer: its collectives carry the ex
     INFO(name);
     const auto g = iteration_of(name, t, routing);
     std::map<std::string, double> carried;  // label (less its layer) -> bytes
+    std::set<int> roots;                     // ZeRO-2's layer-1 reduces: the GPU each reduces into
     for (const auto& op : g.ops())
-      if (const auto* c = std::get_if<Collective>(&op.body)) carried[op.label.substr(op.label.find('.') + 1)] = c->bytes[0];
-    CHECK(carried.at("bwd.grads_reduce_scatter") == Approx(layer));
+      if (const auto* c = std::get_if<Collective>(&op.body)) {
+        carried[op.label.substr(op.label.find('.') + 1)] = c->bytes[0];
+        if (op.label.starts_with("L1.bwd.grads_reduce") && c->type == CollectiveType::reduce) roots.insert(c->group.front());
+      }
     CHECK(carried.at("dense") == 0);  // allreduce.dense: nothing outside the layers in this model
     if (std::string(name) == "zero3") {
       CHECK(carried.at("fwd.experts_allgather") == Approx(layer));
       CHECK(carried.at("bwd.experts_allgather") == Approx(layer));
-    } else {
+      CHECK(carried.at("bwd.grads_reduce_scatter") == Approx(layer));
+    } else {  // DeepSpeed v0.4.4's stage 2: a reduce of each owner's shard into it, for every GPU
+      const int G = t.cluster.num_gpus();
+      CHECK(int(roots.size()) == G);
+      for (int owner = 0; owner < G; ++owner) CHECK(carried.at(fmt::format("bwd.grads_reduce{}", owner)) == Approx(layer / G));
       CHECK(carried.at("experts_allgather_updated") == Approx(layer));
     }
   }

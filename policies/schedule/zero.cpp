@@ -5,8 +5,11 @@
 // the parameters: a layer's experts and dense parameters are all-gathered before its forward
 // experts and again before its backward, and their gradients reduce-scattered after (DeepSpeed
 // gathers each module before it runs, the attention's before the attention: the same bytes, here
-// in one collective with the experts'). Stage 2 keeps the parameters, reduce-scatters the
-// gradients and all-gathers the updated parameters after the optimizer step. The parameters
+// in one collective with the experts'). Stage 2 keeps the parameters, reduces each owner's shard
+// of the gradients to it, one reduce per GPU in turn, as DeepSpeed v0.4.4's stage 2 does
+// (stage2.py: a dist.reduce to each partition's rank; S/G a reduce, S/BW in all against a
+// reduce-scatter's (G - 1)/G · S/BW), and all-gathers the updated parameters after the optimizer
+// step. The parameters
 // outside the layers (embeddings, dense blocks) are all-reduced as in every policy. Golden:
 // tests/golden/zero3_2node_a100.
 #include "layer_ops.hpp"
@@ -30,7 +33,9 @@ class Zero final : public LayerSchedule {
     for (int r = 0; r < ops.gpus(); ++r)  // after the GPU's encode by its stream's order
       experts[std::size_t(r)] = ops.expert_op(l, r, LayerOps::label(l, pass, "experts"), r, r + 1, pass, deps);
     if (pass == Pass::forward) return ops.join(LayerOps::label(l, pass, "experts_done"), experts);
-    return gather_or_scatter(ops, CollectiveType::reduce_scatter, LayerOps::label(l, pass, "grads_reduce_scatter"), experts);
+    if (stage_ == 3)
+      return gather_or_scatter(ops, CollectiveType::reduce_scatter, LayerOps::label(l, pass, "grads_reduce_scatter"), experts);
+    return reduce_to_owners(ops, l, std::move(experts));
   }
 
   void after_optimizer(LayerOps& ops, const std::vector<OpId>& steps) const override {
@@ -46,6 +51,20 @@ class Zero final : public LayerSchedule {
     return ops.collective(Stream::comm, std::move(label),
                           {type, ops.everyone(), {ops.expert_bytes() * ops.experts() + ops.layer_dense_bytes()}, "ring"},
                           std::move(deps));
+  }
+  // ZeRO-2's gradients: G reduces of a layer's S/G, each into the GPU that owns that shard
+  // (group[0], the ring's root), one after another on the comm stream.
+  static OpId reduce_to_owners(LayerOps& ops, int l, std::vector<OpId> deps) {
+    const int G = ops.gpus();
+    const double shard = (ops.expert_bytes() * ops.experts() + ops.layer_dense_bytes()) / G;
+    OpId last = 0;
+    for (int owner = 0; owner < G; ++owner) {
+      std::vector<int> group(static_cast<std::size_t>(G));
+      for (int i = 0; i < G; ++i) group[std::size_t(i)] = (owner + i) % G;
+      last = ops.collective(Stream::comm, LayerOps::label(l, Pass::backward, fmt::format("grads_reduce{}", owner)),
+                            {CollectiveType::reduce, std::move(group), {shard}, "ring"}, owner == 0 ? std::move(deps) : std::vector<OpId>{last});
+    }
+    return last;
   }
   int stage_;
 };

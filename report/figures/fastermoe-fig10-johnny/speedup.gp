@@ -23,10 +23,10 @@ set yrange [0:6.302]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "zero3" ci "zero2" ci "fastmoe" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.3700 0.0007 2.0086 0.0642 4.0476 0.0727
-"gpt-l" 1.0000 0.0000 1.4308 0.0001 3.2040 0.1124 5.2049 0.1353
-"bert-deep" 1.0000 0.0000 1.3222 0.0006 1.1203 0.0401 3.1148 0.1208
-"bert-deep-l" 1.0000 0.0000 1.3828 0.0001 1.7515 0.0736 3.7217 0.0863
+"gpt-s" 1.0000 0.0000 1.3294 0.0006 2.0086 0.0642 4.0476 0.0727
+"gpt-l" 1.0000 0.0000 1.3881 0.0001 3.2040 0.1124 5.2049 0.1353
+"bert-deep" 1.0000 0.0000 1.2855 0.0005 1.1203 0.0401 3.1148 0.1208
+"bert-deep-l" 1.0000 0.0000 1.3441 0.0000 1.7515 0.0736 3.7217 0.0863
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
