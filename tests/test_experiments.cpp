@@ -2,6 +2,7 @@
 // baselines, groups and their aggregate, the RB balance ratio, critical-path categories, memory) on hand cases, the balance degree the
 // iteration builder reports, a claim naming a variant that does not exist, and one workload for all
 // the specs of a paper.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -295,25 +296,38 @@ paper { claim: "shadowing vs EP" variant: "shadow" baseline: "ep" value: 1.2 }
   CHECK_THAT(out, Contains("set it outside the variants"));
 }
 
+namespace {
+
+constexpr const char* kPapers[] = {"fastermoe", "hecate", "pro-prophet", "schemoe", "tutel"};
+
+// The experiment specs of one paper's folder (not its collective sweeps), by file name.
+std::vector<std::filesystem::path> experiment_specs(const char* paper) {
+  std::vector<std::filesystem::path> specs;
+  for (const auto& f : std::filesystem::directory_iterator(std::string(MOESIM_SOURCE_DIR) + "/experiments/" + paper))
+    if (f.path().extension() == ".textproto" &&
+        test::read_file(f.path().string()).find("proto-message: moesim.spec.ExperimentSpec") != std::string::npos)
+      specs.push_back(f.path());
+  std::sort(specs.begin(), specs.end());
+  return specs;
+}
+
+}  // namespace
+
 // One workload per paper setup (issue 20: "one preset per paper setup, never one per claim"): every
 // spec reproducing one paper's figures, the held-out ones too, draws the same routing. A spec that
 // drew another (trevor's split trace once did, FasterMoE Fig. 13) would compare the paper's
 // systems on a workload its other figures do not have.
 TEST_CASE("the specs of one paper all draw its one workload") {
-  namespace fs = std::filesystem;
   // Specs that are no figure of their paper: a dense compute check whose routing nothing reads.
   const std::set<std::string> not_a_figure{"v100-dense-megatron.textproto"};
   int papers = 0;
-  for (const char* paper : {"fastermoe", "hecate", "pro-prophet", "schemoe", "tutel"}) {
+  for (const char* paper : kPapers) {
     std::map<std::string, std::vector<std::string>> by_gating;  // the gating, as text -> the specs drawing it
-    for (const auto& f : fs::directory_iterator(std::string(MOESIM_SOURCE_DIR) + "/experiments/" + paper)) {
-      const std::string text = test::read_file(f.path().string());
-      if (f.path().extension() != ".textproto" || not_a_figure.count(f.path().filename().string()) ||
-          text.find("proto-message: moesim.spec.ExperimentSpec") == std::string::npos)
-        continue;  // collective sweeps have no routing
+    for (const auto& path : experiment_specs(paper)) {
+      if (not_a_figure.count(path.filename().string())) continue;
       spec::ExperimentSpec s;
-      REQUIRE(google::protobuf::TextFormat::ParseFromString(text, &s));
-      by_gating[s.gating().ShortDebugString()].push_back(f.path().filename().string());
+      REQUIRE(google::protobuf::TextFormat::ParseFromString(test::read_file(path.string()), &s));
+      by_gating[s.gating().ShortDebugString()].push_back(path.filename().string());
     }
     std::string drawn;
     for (const auto& [gating, specs] : by_gating) drawn += fmt::format("\n  {} <- {}", gating, fmt::join(specs, ", "));
@@ -325,7 +339,6 @@ TEST_CASE("the specs of one paper all draw its one workload") {
 }
 
 TEST_CASE("a model has one shape in all the specs of its paper, its vocabulary included") {
-  namespace fs = std::filesystem;
   // A model's shape: what its paper fixes for it. Tokens, top-k and experts are an experiment's
   // (Hecate's weak scaling gives 32 experts at 16 GPUs and 64 at 32; Pro-Prophet runs k = 1 and 2),
   // and one layer is a layer benchmark of the model (FasterMoE Fig. 12): its layer count is left out.
@@ -335,14 +348,11 @@ TEST_CASE("a model has one shape in all the specs of its paper, its vocabulary i
                        spec::DType_Name(m.dtype()), m.vocab(), m.untied_output());
   };
   int models = 0;
-  for (const char* paper : {"fastermoe", "hecate", "pro-prophet", "schemoe", "tutel"}) {
+  for (const char* paper : kPapers) {
     std::map<std::string, std::map<std::string, std::set<std::string>>> shapes;  // model -> shape -> specs
-    for (const auto& f : fs::directory_iterator(std::string(MOESIM_SOURCE_DIR) + "/experiments/" + paper)) {
-      if (f.path().extension() != ".textproto" ||
-          test::read_file(f.path().string()).find("proto-message: moesim.spec.ExperimentSpec") == std::string::npos)
-        continue;
-      const auto ex = load_experiment(f.path().string(), {});
-      const std::string name = f.path().filename().string();
+    for (const auto& path : experiment_specs(paper)) {
+      const auto ex = load_experiment(path.string(), {});
+      const std::string name = path.filename().string();
       if (ex.variants.empty()) shapes[ex.spec.model().name()][shape(ex.spec.model())].insert(name);
       for (const auto& [variant, s] : ex.variants) shapes[s.model().name()][shape(s.model())].insert(name);
     }

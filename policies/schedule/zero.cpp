@@ -45,18 +45,18 @@ class Zero final : public LayerSchedule {
   }
 
  private:
+  // What ZeRO partitions of a layer, on a GPU: its experts' and its dense parameters' bytes.
+  static double layer_bytes(const LayerOps& ops) { return ops.expert_bytes() * ops.experts() + ops.layer_dense_bytes(); }
   // A layer's experts and dense parameters gathered (all-gather) or their gradients scattered
   // (reduce-scatter).
   static OpId gather_or_scatter(LayerOps& ops, CollectiveType type, std::string label, std::vector<OpId> deps) {
-    return ops.collective(Stream::comm, std::move(label),
-                          {type, ops.everyone(), {ops.expert_bytes() * ops.experts() + ops.layer_dense_bytes()}, "ring"},
-                          std::move(deps));
+    return ops.collective(Stream::comm, std::move(label), {type, ops.everyone(), {layer_bytes(ops)}, "ring"}, std::move(deps));
   }
   // ZeRO-2's gradients: G reduces of a layer's S/G, each into the GPU that owns that shard
   // (group[0], the ring's root), one after another on the comm stream.
   static OpId reduce_to_owners(LayerOps& ops, int l, std::vector<OpId> deps) {
     const int G = ops.gpus();
-    const double shard = (ops.expert_bytes() * ops.experts() + ops.layer_dense_bytes()) / G;
+    const double shard = layer_bytes(ops) / G;
     OpId last = 0;
     for (int owner = 0; owner < G; ++owner) {
       std::vector<int> group(static_cast<std::size_t>(G));
