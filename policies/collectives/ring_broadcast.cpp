@@ -15,6 +15,7 @@ Lowering lower_chain(const Collective& c, const Cluster& cluster, bool towards_r
   const auto chains = rings(c.group, cluster, true);
   const double share = c.bytes[0] / double(chains.size());
   Step step;
+  step.transfers.reserve(chains.size() * (n - 1));
   for (const auto& chain : chains)
     for (std::size_t i = 0; i + 1 < n; ++i)
       step.transfers.push_back(towards_root ? Transfer{chain[n - 1 - i], chain[n - 2 - i], share} : Transfer{chain[i], chain[i + 1], share});

@@ -24,20 +24,37 @@ std::vector<std::vector<int>> rings(const std::vector<int>& group, const Cluster
   // the first member at or after the entry's position.
   std::vector<std::tuple<int, int, int>> keyed;  // (nodes after group[0]'s, ring position, rank)
   keyed.reserve(group.size());
-  for (const int rank : group)
-    keyed.emplace_back((cluster.node_of(rank) - first_node + N) % N, position[std::size_t(cluster.local_of(rank))], rank);
-  std::sort(keyed.begin(), keyed.end());
+  auto key = [&](int rank) {
+    return std::tuple((cluster.node_of(rank) - first_node + N) % N, position[std::size_t(cluster.local_of(rank))], rank);
+  };
+  if (group.size() * 8 >= std::size_t(N) * std::size_t(g)) {
+    // Most of the cluster (ZeRO's per-owner reduces, 1,024 chains a layer at 1,024 GPUs): each
+    // GPU's key is its own slot node · g + position, so the order is read off the slots.
+    std::vector<int> slot(std::size_t(N) * std::size_t(g), -1);
+    for (const int rank : group) {
+      const auto [node, pos, r] = key(rank);
+      slot[std::size_t(node) * std::size_t(g) + std::size_t(pos)] = r;
+    }
+    for (const int rank : slot)
+      if (rank >= 0) keyed.push_back(key(rank));
+  } else {
+    for (const int rank : group) keyed.push_back(key(rank));
+    std::sort(keyed.begin(), keyed.end());
+  }
+  std::vector<std::size_t> node_starts;  // where each node's members begin in `keyed`, and its end
+  for (std::size_t i = 0; i < keyed.size(); ++i)
+    if (i == 0 || std::get<0>(keyed[i]) != std::get<0>(keyed[i - 1])) node_starts.push_back(i);
+  node_starts.push_back(keyed.size());
   std::vector<std::vector<int>> out;
   for (int c = 0; c < cluster.ring_channels(); ++c) {
     const int entry = cluster.channel_entry(c);
     auto& ring = out.emplace_back();
     ring.reserve(group.size());
-    for (auto node = keyed.begin(); node != keyed.end();) {
-      const auto next = std::find_if(node, keyed.end(), [&](const auto& k) { return std::get<0>(k) != std::get<0>(*node); });
+    for (std::size_t m = 0; m + 1 < node_starts.size(); ++m) {
+      const auto node = keyed.begin() + std::ptrdiff_t(node_starts[m]), next = keyed.begin() + std::ptrdiff_t(node_starts[m + 1]);
       const auto from = std::find_if(node, next, [&](const auto& k) { return std::get<1>(k) >= entry; });
       for (auto k = from; k != next; ++k) ring.push_back(std::get<2>(*k));
       for (auto k = node; k != from; ++k) ring.push_back(std::get<2>(*k));
-      node = next;
     }
     if (rooted) std::rotate(ring.begin(), std::find(ring.begin(), ring.end(), group.front()), ring.end());
   }
