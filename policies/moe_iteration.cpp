@@ -173,6 +173,8 @@ TaskGraph LayerOps::build() {
   using RS = ReplicaSchedule;
   const RS mode = replicas_.timing;
   const bool zero = placement_.kind == ExpertPlacement::data_parallel;
+  // The MoE FFN alone (model.moe_layer_only): no attention, nothing after the backward.
+  const bool layer_only = in_.model.spec().moe_layer_only();
   // Experts changing owner move with their parameters and Adam states before anything else runs
   // (SmartMoE's rearrangement is on the critical path).
   std::vector<OpId> migrated;
@@ -231,11 +233,12 @@ TaskGraph LayerOps::build() {
   for (int l = 0; l < L; ++l) {
     if (mode == RS::second_stream && l + 1 < L) broadcast_replicas(l + 1, Stream::comm2);  // under layer l
     if (mode == RS::under_attention) broadcast_replicas(l, Stream::comm, l == 0 ? start : std::vector<OpId>{});  // spAG under attention_l
-    tp_op(fmt::format("L{}.fwd", l), "", 1, tp ? before_layer : l == 0 ? start : std::vector<OpId>{}, [&](std::vector<OpId> deps) {
-      cp_beside(fmt::format("L{}.fwd", l), "", 1, Pass::forward, tp ? deps : before_layer);  // not before the last layer's decode
-      return every_gpu(fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, std::move(deps));
-    });
-    every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, after_attention());
+    if (!layer_only)
+      tp_op(fmt::format("L{}.fwd", l), "", 1, tp ? before_layer : l == 0 ? start : std::vector<OpId>{}, [&](std::vector<OpId> deps) {
+        cp_beside(fmt::format("L{}.fwd", l), "", 1, Pass::forward, tp ? deps : before_layer);  // not before the last layer's decode
+        return every_gpu(fmt::format("L{}.fwd.attention", l), {ComputeKind::gemm, dense, dense_bytes}, std::move(deps));
+      });
+    every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, layer_only && l == 0 ? start : after_attention());
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::forward); })};
     if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
     if (plan_.shadow_search && G > 1) search_shadows(l);           // ready_: after the host has them all
@@ -279,6 +282,10 @@ TaskGraph LayerOps::build() {
     if (replicas_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
     every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::backward); }, after);
     const OpId gate_done = every_gpu(fmt::format("L{}.bwd.gate", l), {ComputeKind::gate, backward_gemms({gate}), scores_bytes_});
+    if (layer_only) {
+      ready_ = {gate_done};
+      continue;
+    }
     ready_ = {tp_op(fmt::format("L{}.bwd", l), "", 1, {gate_done}, [&](std::vector<OpId> deps) {
       cp_beside(fmt::format("L{}.bwd", l), "", 1, Pass::backward, deps);
       return every_gpu(fmt::format("L{}.bwd.attention", l), {ComputeKind::gemm, dense_backward, 2 * dense_bytes}, std::move(deps));
@@ -294,6 +301,8 @@ TaskGraph LayerOps::build() {
                        std::move(deps));
     })};
   }
+  // A layer benchmark ends with the backward: it neither all-reduces nor steps.
+  if (layer_only) return std::move(graph_);
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner. ZeRO
   // reduce-scatters the layers' dense gradients with the experts' (schedule/zero.cpp) and shards
   // their optimizer states: only the parameters outside the layers are all-reduced here.

@@ -335,8 +335,7 @@ TEST_CASE("ZeRO partitions every tensor of a layer: its collectives carry the ex
       }
     CHECK(carried.at("dense") == 0);  // allreduce.dense: nothing outside the layers in this model
     if (std::string(name) == "zero3") {
-      CHECK(carried.at("fwd.experts_allgather") == Approx(layer));
-      CHECK(carried.at("bwd.experts_allgather") == Approx(layer));
+      CHECK(carried.at("fwd.experts_allgather") == Approx(layer));  // the backward's: the next case
       CHECK(carried.at("bwd.grads_reduce_scatter") == Approx(layer));
     } else {  // DeepSpeed v0.4.4's stage 2: a reduce of each owner's shard into it, for every GPU
       const int G = t.cluster.num_gpus();
@@ -345,6 +344,77 @@ TEST_CASE("ZeRO partitions every tensor of a layer: its collectives carry the ex
       CHECK(carried.at("experts_allgather_updated") == Approx(layer));
     }
   }
+}
+
+TEST_CASE("ZeRO-3 gathers again before a layer's backward only the modules DeepSpeed's reuse distance released") {
+  // DeepSpeed's stage3_max_reuse_distance, 1e9 elements: a module keeps its gathered parameters
+  // if fewer elements run between its forward and its backward. MoE-GPT-S's layer in fp32 (the
+  // FasterMoE artifact's ZeRO): experts' first and second GEMMs 16 · 1024 · 2048 = 33,554,432
+  // elements each, the attention and gate 4 · 1024² + 1024 · 16 = 4,210,688, the layer 71,319,552.
+  const double w = 33'554'432, dense = 4'210'688, layer = 2 * w + dense;
+  auto regathered = [](const test::SmallSetup& t) {
+    std::map<int, double> bytes;  // layer -> the backward's gather
+    const auto routing = t.routing(1);
+    const TaskGraph g = iteration_of("zero3", t, routing);
+    for (const auto& op : g.ops())
+      if (op.label.ends_with(".bwd.experts_allgather")) bytes[std::stoi(op.label.substr(1))] = std::get<Collective>(op.body).bytes[0];
+    return bytes;
+  };
+  const std::vector<std::string> gpt_s = {"model.d_model=1024", "model.d_ffn=2048", "model.experts=16", "model.heads=16", "model.dtype=FP32"};
+  auto with = [&](std::string layers) {
+    auto v = gpt_s;
+    v.push_back(std::move(layers));
+    return test::SmallSetup(v);
+  };
+  const test::SmallSetup twelve = with("model.layers=12");
+  REQUIRE(twelve.model.experts() * twelve.model.expert_params() + twelve.model.dense_params_per_layer() == layer);
+  const auto bytes = regathered(twelve);
+  // Layers 5-11: at most 2 · 6 layers run between, 855.8M elements, and 134.2M more of their own
+  // layer for the attention: all kept. Layer 4: 2 · 7 layers, 998.5M: the second GEMM kept, the
+  // first (+ 2 · 33.6M) and the attention released. Layers 0-3: 2 · 8 layers or more, all released.
+  for (int l = 5; l < 12; ++l) CHECK(bytes.count(l) == 0);
+  CHECK(bytes.at(4) == Approx((w + dense) * 4));
+  for (int l = 0; l < 4; ++l) CHECK(bytes.at(l) == Approx(layer * 4));
+  // The artifact's ZeRO runs one FMoETransformerMLP layer: gathered once, kept for the backward;
+  // a layer benchmark (model.moe_layer_only) of twelve layers times each so.
+  CHECK(regathered(with("model.layers=1")).empty());
+  auto alone = gpt_s;
+  alone.insert(alone.end(), {"model.layers=12", "model.moe_layer_only=true"});
+  CHECK(regathered(test::SmallSetup(alone)).empty());
+}
+
+TEST_CASE("a layer benchmark (model.moe_layer_only) is the iteration less the attention, the all-reduce and the optimizer") {
+  // FasterMoE's artifact times FMoETransformerMLP's forward and backward alone (run_iters.py,
+  // run_ds.py): every op of the MoE layers stays as it is, nothing of the blocks' rest is left.
+  for (const char* name : {"ep", "fastermoe", "zero2", "zero3"}) {
+    INFO(name);
+    const test::SmallSetup full, alone({"model.moe_layer_only=true"});
+    const auto routing = full.routing(2);
+    const TaskGraph g = iteration_of(name, full, routing), h = iteration_of(name, alone, routing);
+    auto rest = [](const std::string& label) {
+      return label.find("attention") != std::string::npos || label == "allreduce.dense" || label == "optimizer" ||
+             label.find("allgather_updated") != std::string::npos;  // ZeRO-2's, after the optimizer step
+    };
+    std::vector<std::string> kept;  // and ZeRO-3's second gathers: a layer benchmark keeps its layer (the next case)
+    for (const auto& op : g.ops())
+      if (!rest(op.label) && !op.label.ends_with(".bwd.experts_allgather")) kept.push_back(op.label);
+    std::vector<std::string> layer_only;
+    for (const auto& op : h.ops()) layer_only.push_back(op.label);
+    CHECK(layer_only == kept);
+    CHECK(kept.size() < g.ops().size());
+    double full_bytes = 0, alone_bytes = 0;  // what the layers' collectives carry, the same
+    for (const auto& [graph, sum] : {std::pair{&g, &full_bytes}, std::pair{&h, &alone_bytes}})
+      for (const auto& op : graph->ops())
+        if (const auto* c = std::get_if<Collective>(&op.body); c && !rest(op.label))
+          for (std::size_t i = 0; i < c->bytes.size(); ++i) *sum += c->bytes[i];
+    if (std::string(name).starts_with("zero"))  // ZeRO's collectives carry the layer's attention too
+      CHECK(alone_bytes < full_bytes);
+    else
+      CHECK(alone_bytes == Approx(full_bytes));
+  }
+  const test::SmallSetup alone({"model.moe_layer_only=true"});  // the layer's dense parameters: the gate's
+  CHECK(alone.model.dense_params_per_layer() == double(alone.model.spec().d_model()) * alone.model.experts());
+  CHECK_THROWS_WITH(test::SmallSetup({"model.moe_layer_only=true", "model.vocab=50304"}), Catch::Contains("model.moe_layer_only"));
 }
 
 TEST_CASE("ZeRO's expert op on a GPU times each expert's GEMMs on that GPU's own tokens") {

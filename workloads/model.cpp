@@ -47,6 +47,9 @@ MoeModel::MoeModel(spec::ModelSpec spec) : spec_(std::move(spec)) {
   }
   require(spec_.dtype() != spec::DTYPE_UNSPECIFIED, "dtype", "is not set; use FP32, TF32, FP16 or BF16");
   in(spec_.vocab(), 0, 1u << 24, "vocab");
+  if (spec_.moe_layer_only())
+    require(spec_.vocab() == 0 && spec_.dense_layers() == 0 && spec_.shared_experts() == 0 && spec_.extra_dense_gemms_size() == 0,
+            "moe_layer_only", "the MoE FFN alone has no vocab, dense_layers, shared_experts or extra_dense_gemms: leave them unset");
   for (int i = 0; i < spec_.extra_dense_gemms_size(); ++i) {
     const auto& g = spec_.extra_dense_gemms(i);
     constexpr std::uint64_t kMaxDim = 1ull << 24, kMaxBatch = 1ull << 20;
@@ -79,6 +82,7 @@ MoeModel MoeModel::tensor_parallel(int tp) const {
   if (tp == tp_) return *this;
   auto divides = [&](std::uint32_t n, const char* what) { require_divides("parallel.tp", "tensor-parallel", tp, n, what); };
   if (tp_ != 1 || tp < 1) throw FieldError("parallel.tp", "must be at least 1");
+  if (spec_.moe_layer_only()) throw FieldError("parallel.tp", "must be 1 for a model.moe_layer_only benchmark (no attention to split)");
   divides(spec_.tokens_per_gpu(), "tokens_per_gpu");
   divides(spec_.heads(), "heads");
   if (spec_.kv_heads()) divides(spec_.kv_heads(), "kv_heads");
@@ -92,6 +96,7 @@ MoeModel MoeModel::tensor_parallel(int tp) const {
 MoeModel MoeModel::context_parallel(int cp) const {
   if (cp == cp_) return *this;
   if (cp_ != 1 || cp < 1) throw FieldError("parallel.cp", "must be at least 1");
+  if (spec_.moe_layer_only()) throw FieldError("parallel.cp", "must be 1 for a model.moe_layer_only benchmark (no attention to split)");
   require_divides("parallel.cp", "context-parallel", cp, spec_.seq_len(), "seq_len");
   require_divides("parallel.cp", "context-parallel", cp, spec_.tokens_per_gpu(), "tokens_per_gpu");
   MoeModel out = *this;
@@ -108,6 +113,7 @@ double MoeModel::kv_gathered_bytes() const {
 }
 
 std::vector<Gemm> MoeModel::dense_forward_gemms() const {
+  if (spec_.moe_layer_only()) return {};  // no attention
   // Under tensor parallelism: the group's tokens, 1/tp of the heads (Megatron's column- and
   // row-parallel attention). Under context parallelism the tokens are 1/cp of each of their
   // sequences: seq_len/cp queries a sequence, each against all seq_len keys.
@@ -126,6 +132,7 @@ std::vector<Gemm> MoeModel::dense_forward_gemms() const {
 }
 
 double MoeModel::dense_forward_memory_bytes() const {
+  if (spec_.moe_layer_only()) return 0;
   // Scores of 1/tp of the heads over the group's sequences; norms and residuals on the GPU's own
   // 1/tp of the tokens (sequence parallelism).
   const double t = spec_.tokens_per_gpu(), d = spec_.d_model(), s = spec_.seq_len(), h = double(spec_.heads()) / tp_;
@@ -135,7 +142,7 @@ double MoeModel::dense_forward_memory_bytes() const {
 }
 
 std::vector<Gemm> MoeModel::attention_recompute_gemms() const {
-  if (!spec_.flash_attention()) return {};
+  if (!spec_.flash_attention() || spec_.moe_layer_only()) return {};
   return {dense_forward_gemms()[1]};  // the scores Q·Kᵀ
 }
 
@@ -182,6 +189,7 @@ double MoeModel::embedding_params() const {
 double MoeModel::expert_params() const { return (spec_.gated_ffn() ? 3.0 : 2.0) * spec_.d_model() * expert_ffn(); }
 
 double MoeModel::attention_params() const {
+  if (spec_.moe_layer_only()) return 0;
   const double d = spec_.d_model(), h = spec_.heads();
   if (!spec_.kv_heads() && !spec_.head_dim()) return 4 * d * d;
   const double dh = spec_.head_dim() ? spec_.head_dim() : d / h, kv = spec_.kv_heads() ? spec_.kv_heads() : h;

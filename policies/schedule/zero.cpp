@@ -3,7 +3,8 @@
 // whole only parameters below stage3_param_persistence_threshold, 1e5 elements: biases and norms):
 // every GPU computes every expert on its own tokens, so no all-to-all moves tokens. Stage 3 shards
 // the parameters: a layer's experts and dense parameters are all-gathered before its forward
-// experts and again before its backward, and their gradients reduce-scattered after (DeepSpeed
+// experts and, those not kept by DeepSpeed's reuse distance (regathered_bytes()), again before its
+// backward, and their gradients reduce-scattered after (DeepSpeed
 // gathers each module before it runs, the attention's before the attention: the same bytes, here
 // in one collective with the experts'). Stage 2 keeps the parameters, reduces each owner's shard
 // of the gradients to it, one reduce per GPU in turn, as DeepSpeed v0.4.4's stage 2 does
@@ -27,8 +28,9 @@ class Zero final : public LayerSchedule {
 
   OpId emit(LayerOps& ops, int l, Pass pass) const override {
     std::vector<OpId> deps;
-    if (stage_ == 3)
-      deps.push_back(gather_or_scatter(ops, CollectiveType::all_gather, LayerOps::label(l, pass, "experts_allgather"), {}));
+    if (const double bytes = pass == Pass::forward ? layer_bytes(ops) : regathered_bytes(ops, l); stage_ == 3 && bytes > 0)
+      deps.push_back(ops.collective(Stream::comm, LayerOps::label(l, pass, "experts_allgather"),
+                                    {CollectiveType::all_gather, ops.everyone(), {bytes}, "ring"}, {}));
     std::vector<OpId> experts(std::size_t(ops.gpus()));
     for (int r = 0; r < ops.gpus(); ++r)  // after the GPU's encode by its stream's order
       experts[std::size_t(r)] = ops.expert_op(l, r, LayerOps::label(l, pass, "experts"), r, r + 1, pass, deps);
@@ -47,6 +49,30 @@ class Zero final : public LayerSchedule {
  private:
   // What ZeRO partitions of a layer, on a GPU: its experts' and its dense parameters' bytes.
   static double layer_bytes(const LayerOps& ops) { return ops.expert_bytes() * ops.experts() + ops.layer_dense_bytes(); }
+  // DeepSpeed's stage3_max_reuse_distance (1e9 elements, its default and the FasterMoE artifact's,
+  // benchmarks/deepspeed_config_stage3.json): after a module runs, its gathered parameters are kept
+  // if the elements of the modules the step runs before its next use are fewer
+  // (stage3.py, PrefetchCoordinator._distance_in_numel at v0.4.4), otherwise released and gathered
+  // again before its backward. A layer's modules in forward order: the dense part (attention, gate),
+  // the experts' first GEMM, their second; between a module's forward and its backward run the
+  // modules after it in this layer and every module of the layers after it, each twice (none in a
+  // layer benchmark, which runs one layer).
+  static constexpr double kMaxReuseDistance = 1e9;
+  static double regathered_bytes(const LayerOps& ops, int l) {
+    const auto& model = ops.model();
+    const double dtype = model.dtype_bytes(), experts = ops.experts() * ops.expert_bytes() / dtype;
+    const double second = experts * double(model.spec().d_model()) * model.expert_ffn() / model.expert_params();
+    const std::vector<double> modules = {ops.layer_dense_bytes() / dtype, experts - second, second};  // elements
+    // Layer benchmarks (model.moe_layer_only) time each layer in a model of its own.
+    const int layers_after = model.spec().moe_layer_only() ? 0 : model.layers() - 1 - l;
+    const double after_layer = 2.0 * layers_after * (modules[0] + modules[1] + modules[2]);
+    double regathered = 0, after_module = 0;  // elements of this layer's modules after the one at hand
+    for (std::size_t m = modules.size(); m-- > 0;) {
+      if (after_layer + 2 * after_module >= kMaxReuseDistance) regathered += modules[m];
+      after_module += modules[m];
+    }
+    return regathered * dtype;
+  }
   // A layer's experts and dense parameters gathered (all-gather) or their gradients scattered
   // (reduce-scatter).
   static OpId gather_or_scatter(LayerOps& ops, CollectiveType type, std::string label, std::vector<OpId> deps) {

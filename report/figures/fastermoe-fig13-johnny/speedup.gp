@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:3.523]
+set yrange [0:3.744]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.7532 0.1199 1.3314 0.0106 2.0188 0.0956
-"gpt-l" 1.0000 0.0000 1.4116 0.0801 1.1965 0.0051 1.6269 0.0678
-"bert-deep" 1.0000 0.0000 2.4379 0.2204 1.3814 0.0048 2.7883 0.1970
-"bert-deep-l" 1.0000 0.0000 1.8274 0.1419 1.2118 0.0078 2.1310 0.1251
+"gpt-s" 1.0000 0.0000 1.7943 0.1370 1.4026 0.0114 2.1236 0.1102
+"gpt-l" 1.0000 0.0000 1.4465 0.0894 1.2386 0.0067 1.7200 0.0759
+"bert-deep" 1.0000 0.0000 2.5237 0.2521 1.4352 0.0057 2.9432 0.2299
+"bert-deep-l" 1.0000 0.0000 1.8891 0.1562 1.2427 0.0101 2.2610 0.1377
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
