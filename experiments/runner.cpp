@@ -276,10 +276,6 @@ double simulated_value(const spec::PaperValue& p, const ExperimentResult& result
     };
     if (p.quantity() == PV::SPEEDUP) {
       values.push_back(best([](const RunResult& r) { return r.mean_time(); }));
-    } else if (p.quantity() == PV::MOE_SPEEDUP) {
-      values.push_back(best([](const RunResult& r) {
-        return moe_layer_seconds(r.mean_breakdown());
-      }));
     } else if (p.quantity() == PV::ALL_TO_ALL) {
       values.push_back(best([](const RunResult& r) { return all_to_all_seconds(r.mean_breakdown()); }));
     } else if (p.quantity() == PV::OTHER_COMM) {

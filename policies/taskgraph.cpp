@@ -438,11 +438,6 @@ Attribution Attribution::scaled(double f) const {
   return a;
 }
 
-double moe_layer_seconds(const Breakdown& b) {
-  return b[Phase::routing] + b[Phase::codec] + b[Phase::expert_compute] + b[Phase::compression] + b[Phase::dispatch] +
-         b[Phase::combine] + b[Phase::sync];
-}
-
 double all_to_all_seconds(const Breakdown& b) { return b[Phase::dispatch] + b[Phase::combine]; }
 
 double sparse_collective_seconds(const Breakdown& b) {

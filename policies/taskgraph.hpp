@@ -414,10 +414,7 @@ struct Attribution {
 };
 Attribution attribute(const TaskGraph& graph, const Timing& timing);
 
-/// Groups of phases that papers time. The MoE layer: routing, codec, expert compute, compression,
-/// dispatch, combine and the joins between them (ScheMoE Table 10, Tutel's layer figures).
-double moe_layer_seconds(const Breakdown& b);
-/// The token all-to-alls: dispatch and combine (Hecate Fig. 12's "A2A").
+/// Groups of phases that papers time. The token all-to-alls: dispatch and combine (Hecate Fig. 12's "A2A").
 double all_to_all_seconds(const Breakdown& b);
 /// The sparse collectives of replicating and sharding policies: replica broadcasts and reduces,
 /// parameter gathers and expert moves (Hecate Fig. 12's Rearr + SpAG + SpRS).

@@ -23,14 +23,14 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "adaptive" 1.0000 0.0000
-"linear-1" 0.8636 0.0000
-"linear-2" 0.9744 0.0000
+"linear-1" 0.6977 0.0000
+"linear-2" 0.9328 0.0000
 "linear-4" 1.0000 0.0000
-"linear-8" 0.9746 0.0000
-"2dh-1" 0.6753 0.0000
-"2dh-2" 0.7571 0.0000
-"2dh-4" 0.7558 0.0000
-"2dh-8" 0.7533 0.0000
+"linear-8" 0.9333 0.0000
+"2dh-1" 0.4312 0.0000
+"2dh-2" 0.5318 0.0000
+"2dh-4" 0.5301 0.0000
+"2dh-8" 0.5268 0.0000
 EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7
