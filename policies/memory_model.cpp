@@ -143,6 +143,9 @@ void account_iteration(const IterationInput& in, const IterationPlan& plan, cons
       owned(std::size_t(G), 0.0);
   for (std::size_t l = 0; l < plan.layers.size(); ++l) {
     std::vector<double> H(std::size_t(G), 0.0);  // token-slots each GPU computes
+    if (plan.placement().kind == ExpertPlacement::data_parallel)  // ZeRO: its own, every expert (no list)
+      for (int t = 0; t < G; ++t)
+        for (int e = 0; e < E; ++e) H[std::size_t(t)] += double(plan.layers[l].routing.at(t, e));
     for (int t = 0; t < G; ++t)
       for (const auto& served : computes[l][std::size_t(t)]) H[std::size_t(t)] += double(served.tokens);
     for (int t = 0; t < G; ++t) {  // what GPU t materializes and keeps for this layer

@@ -70,7 +70,8 @@ struct ExpertLoad {
   std::int64_t tokens;
   bool local = false;  // all of them the GPU's own tokens (its copy of a shadowed or replicated expert)
 };
-/// Per layer, per GPU: the experts it computes (its own and the copies sources send it), in order.
+/// Per layer, per GPU: the experts it computes (its own and the copies sources send it), in order;
+/// empty under ZeRO, where every GPU computes every expert on its own tokens (its routing row).
 using ExpertLoads = std::vector<std::vector<std::vector<ExpertLoad>>>;
 
 /// The iteration's accounting, from the plan and what each GPU computes: per layer the spread of

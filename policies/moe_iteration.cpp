@@ -107,12 +107,7 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
     computes_.emplace_back(G);
     const auto& R = plans[l].routing;
     auto& on_gpu = computes_[l];
-    if (zero) {  // every GPU its own tokens: row s as it is, in expert order
-      for (int s = 0; s < G; ++s)
-        for (int e = 0; e < E; ++e)
-          if (const std::int64_t x = R.at(s, e); x != 0) on_gpu[std::size_t(s)].push_back({e, x});
-      continue;
-    }
+    if (zero) continue;  // every GPU its own tokens, every expert: row s of the routing (expert_work())
     // An expert whose every source's tokens go to one GPU: its column's sum there, all the GPU's
     // own tokens when no other source sends any. Summed row by row, as the counts are stored.
     std::vector<std::int64_t> load(std::size_t(E), 0);
@@ -593,7 +588,14 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
   };
   const bool whole = from == 0 && to == gpus_ && parts == 1;
   std::vector<long> sizes;  // ZeRO: the distinct token counts of its experts (experts_of_size_ counts each)
-  for (const auto& [e, total, local] : computes_[std::size_t(l)][std::size_t(rank)]) {
+  if (zero && from <= rank && rank < to)  // every expert on this GPU's own tokens: E of them
+    for (int e = 0; e < experts_; ++e)
+      if (const long tokens = share(rank, e); tokens > 0) {
+        if (std::size_t(tokens) >= experts_of_size_.size()) experts_of_size_.resize(std::size_t(tokens) + 1, 0);
+        if (experts_of_size_[std::size_t(tokens)]++ == 0) sizes.push_back(tokens);
+        c.tokens += tokens;
+      }
+  for (const auto& [e, total, local] : computes_[std::size_t(l)][std::size_t(rank)]) {  // none for ZeRO
     long tokens = 0;
     if (whole)  // every source's tokens for e that this GPU computes, summed once (the constructor)
       tokens = long(total);
@@ -603,18 +605,12 @@ Compute LayerOps::expert_work(int l, int rank, int from, int to, Pass pass, std:
       for (int s = from; s < to; ++s)
         if (target(l, s, e) == rank) tokens += share(s, e);
     if (tokens == 0) continue;
-    if (zero) {  // every expert on this GPU's own tokens: E of them
-      if (std::size_t(tokens) >= experts_of_size_.size()) experts_of_size_.resize(std::size_t(tokens) + 1, 0);
-      if (experts_of_size_[std::size_t(tokens)]++ == 0) sizes.push_back(tokens);
-      c.tokens += tokens;
-      continue;
-    }
     const std::vector<Gemm> fwd = in_.model.expert_gemms(tokens);
     c.memory_bytes += copy_bytes * double(tokens);
     const auto gemms = bwd ? backward_gemms(fwd) : fwd;
     c.gemms.insert(c.gemms.end(), gemms.begin(), gemms.end());
     c.tokens += tokens;
-    if (!zero && rank != owner(l, e)) {
+    if (rank != owner(l, e)) {
       if (!replicas_.persistent)
         if (const auto arrival = copy_arrival(l, rank, e, pass)) deps.push_back(*arrival);
       copies.push_back(e);
