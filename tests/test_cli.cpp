@@ -7,6 +7,7 @@
 #include <map>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "helpers.hpp"
 #include "taskgraph.hpp"
@@ -203,4 +204,32 @@ TEST_CASE("an override that the spec's variants set again is named, not dropped 
   REQUIRE(test::run_command(kBin + " run " + spec + " --set policy.name=tutel --set seed=3 -q --out " + dir, out) == 0);
   CHECK_THAT(out, Contains("note: --set policy.name=tutel: 2 of the spec's 2 variants set policy.name themselves"));
   CHECK_THAT(out, !Contains("--set seed=3:"));  // no variant sets the seed: no note
+}
+
+TEST_CASE("the README's demo table is what the demo prints, with the real trace beside the checkout") {
+  // The quick start's promise: a newcomer runs the demo and sees the README's table. The README
+  // shows the run on the real trace (../shared, never in the repository); without it, skip.
+  if (demo_trace_path().empty()) {
+    test::skip("the real trace (../shared/traces) is not beside the checkout; the README's table is of it");
+    return;
+  }
+  std::string out;
+  REQUIRE(test::run_command("cd " + test::temp_dir("demo") + " && " + kBin + " run --out out -q", out) == 0);
+  // A row of the table: two spaces, then the variant's name and its figures.
+  auto rows = [](const std::string& text, const std::string& from) {
+    std::vector<std::string> found;
+    std::istringstream in(text.substr(text.find(from)));
+    std::string line;
+    std::getline(in, line);  // the demo's first line
+    bool table = false;
+    while (std::getline(in, line)) {
+      if (line.starts_with("  variant ")) table = true;
+      else if (table && line.empty()) break;
+      else if (table && line.starts_with("  ") && line[2] != ' ') found.push_back(line);
+    }
+    return found;
+  };
+  const auto printed = rows(out, "demo: "), readme = rows(test::read_file(std::string(MOESIM_SOURCE_DIR) + "/README.md"), "demo: ");
+  CHECK(printed.size() == 19);
+  CHECK(readme == printed);
 }
