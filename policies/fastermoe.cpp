@@ -136,6 +136,48 @@ std::vector<int> released_shadowing(double d, const RoutingMatrix& R, ReleasedCo
   return chosen;
 }
 
+/// The artifact's rule: thu-pacman/FasterMoE `fmoe/transformer.py` _global_policy (b2d13dd, "final
+/// updates", the prototype's last change to it; the AE runs it with FMOE_ENABLE_DYNREP=1,
+/// docs/spec/fastermoe.md §2.4), one expert per worker (the AE's num_expert = 1), its constants and
+/// units as written: H = d_model, alpha = d_hidden / H, alphaHsquared = alpha·H²·4 (bytes:
+/// data_size 4, which the compute terms carry too),
+///   L_w = the tokens expert w receives, B = max L,
+///   lat_comp = 12·B·alphaHsquared/bw_mm + 4·B·H·4/bw_net,
+///   model_size = 2·alphaHsquared/bw_net · 2 (the model out and its gradient back; 583c50d had
+///   (1 + 2(W − 1)/W) there),
+///   for i = 0, 1, ... over the experts by load, descending: L_{e_i} = 0 and L_w += R(w, e_i) for
+///   every w (each source computes its own tokens of e_i); c_i = max L · 12·alphaHsquared/bw_mm
+///   + (i + 1)·model_size; keep the least c; stop at the first c_i above it,
+/// then shadow e_0 .. e_{i−1} (i where it stopped; the last index if it never did) if lat_comp is
+/// above the least c. bw_net = 50 Gb/s, bw_mm = 11.5 TFLOP/s.
+std::vector<int> prototype_shadowing(double d_model, double d_hidden, const RoutingMatrix& R) {
+  const int W = R.experts;
+  if (W < 2) return {};
+  constexpr double bw_net = 50e9 / 8, bw_mm = 11.5e12, data_size = 4;
+  const double alpha_h2 = d_hidden / d_model * d_model * d_model * data_size;
+  std::vector<double> L;
+  for (const std::int64_t load : R.expert_loads()) L.push_back(double(load));
+  std::vector<int> order(static_cast<std::size_t>(W));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return L[std::size_t(a)] > L[std::size_t(b)]; });
+  const double B = *std::max_element(L.begin(), L.end());
+  const double lat_comp = 12 * B * alpha_h2 / bw_mm + 4 * B * d_model * data_size / bw_net;
+  const double model_size = 2 * alpha_h2 / bw_net * 2, comp_time = 12 * alpha_h2 / bw_mm;
+  double best = std::numeric_limits<double>::infinity();
+  int i = 0;
+  for (; i < W; ++i) {
+    const int e = order[std::size_t(i)];
+    L[std::size_t(e)] = 0;
+    for (int w = 0; w < W; ++w) L[std::size_t(w)] += double(R.at(w, e));
+    const double c = *std::max_element(L.begin(), L.end()) * comp_time + (i + 1) * model_size;
+    if (c < best) best = c;
+    else if (c > best) break;
+  }
+  if (i == W) i = W - 1;  // Python's loop variable after a loop that never broke
+  if (!(lat_comp > best)) return {};
+  return {order.begin(), order.begin() + i};
+}
+
 /// The congestion-avoiding gate (§4.3) on counts: at most `limit` token-slots of each source leave
 /// its node; the excess is re-routed to the experts of its own node in proportion to how it already
 /// uses them. Which slots stay (the best-scoring, in the paper) cannot be seen in counts: the
@@ -186,6 +228,11 @@ class FasterMoe final : public Policy {
                                                     "blocking is for shadowing without it (fastermoe-shadow)");
     if (!(f.outgoing_fraction() >= 0 && f.outgoing_fraction() <= 1))  // whatever the gate: never a silent NaN
       throw FieldError("policy.fastermoe.outgoing_fraction", "must be in [0, 1] (0 means the released default, 0.14)");
+    if (f.shadow_variant() == spec::FasterMoeSpec::PROTOTYPE && model.experts() != cluster.num_gpus())
+      throw FieldError("policy.fastermoe.shadow_variant",
+                       fmt::format("PROTOTYPE is the artifact's rule for one expert per GPU (its num_expert = 1); "
+                                   "the model has {} experts on {} GPUs",
+                                   model.experts(), cluster.num_gpus()));
     if (code_ != Code::released) return;
     const auto& r = f.released();
     if (r.shadow() && !r.schedule())
@@ -228,9 +275,11 @@ class FasterMoe final : public Policy {
 
   std::vector<int> shadowed(const spec::FasterMoeSpec& f, const IterationInput& in, const RoutingMatrix& routing) const {
     const double d = in.model.spec().d_model();
-    if (code_ == Code::paper)
-      return f.shadow_variant() == spec::FasterMoeSpec::RELEASED ? released_shadowing(d, routing, ReleasedCounting::per_expert)
-                                                                 : dynamic_shadowing(*cost_, in.model, routing);
+    if (code_ == Code::paper) switch (f.shadow_variant()) {
+        case spec::FasterMoeSpec::RELEASED: return released_shadowing(d, routing, ReleasedCounting::per_expert);
+        case spec::FasterMoeSpec::PROTOTYPE: return prototype_shadowing(d, in.model.expert_ffn(), routing);
+        default: return dynamic_shadowing(*cost_, in.model, routing);
+      }
     const auto& r = f.released();
     ReleasedConstants k;
     if (r.has_netbw_bytes_per_s()) k.bw_net = r.netbw_bytes_per_s();

@@ -20,6 +20,9 @@ enum class ReleasedCounting { per_rank, per_expert };
 /// The released code's rule (shadow_policy.py global_policy): the experts it shadows; see fastermoe.cpp.
 std::vector<int> released_shadowing(double d_model, const RoutingMatrix& routing, ReleasedCounting counting,
                                     const ReleasedConstants& constants = {});
+/// The rule FasterMoE's artifact ran (thu-pacman/FasterMoE fmoe/transformer.py), one expert per
+/// worker as there: the experts it shadows; see fastermoe.cpp.
+std::vector<int> prototype_shadowing(double d_model, double d_hidden, const RoutingMatrix& routing);
 /// The topology-aware gate on counts: at most `limit` slots per source leave its node; returns the
 /// slots re-routed to experts of the source's own node.
 std::int64_t topology_aware_gate(RoutingMatrix& routing, const Cluster& cluster, std::int64_t tokens, double limit);

@@ -152,6 +152,35 @@ TEST_CASE("dynamic shadowing picks the hot experts and none under a uniform load
   CHECK(released_shadowing(1024, zipf, ReleasedCounting::per_expert) == std::vector<int>{0, 1, 2, 3, 4, 5});
 }
 
+TEST_CASE("the artifact's shadowing rule (thu-pacman/FasterMoE transformer.py) on hand cases") {
+  // H = 1024, alpha = 2 (d_hidden 2048), as the code has them: alphaHsquared = 2·1024²·4 = 8,388,608;
+  // a token's compute 12·alphaHsquared/11.5e12 = 8.7535 µs, its features 4·1024·4/6.25e9 = 2.6214 µs;
+  // a shadowed model 2·alphaHsquared/6.25e9 · 2 = 5.369 ms.
+  // Expert 0 hot: every source sends it 1,000 tokens and 100 to each other expert. lat_comp =
+  // 4,000 · (8.7535 + 2.6214) µs = 45.5 ms. Shadowing expert 0 leaves the others 1,400 each: 12.25 +
+  // 5.37 = 17.62 ms, the least; then expert 1 (ties keep their order) leaves 1,500 on experts 2 and
+  // 3: 13.13 + 10.74 = 23.87 ms, above it: stop, and shadow expert 0 (45.5 > 17.62).
+  RoutingMatrix hot(4, 4);
+  for (int s = 0; s < 4; ++s)
+    for (int e = 0; e < 4; ++e) hot.mutable_at(s, e) = e == 0 ? 1000 : 100;
+  CHECK(prototype_shadowing(1024, 2048, hot) == std::vector<int>{0});
+  // Even loads, 250 from each source to each expert: lat_comp = 1,000 · 11.375 µs = 11.4 ms, and the
+  // best candidate, 1,250 · 8.7535 µs + 5.37 ms = 16.3 ms, is slower: nothing shadowed.
+  RoutingMatrix even(4, 4);
+  for (int s = 0; s < 4; ++s)
+    for (int e = 0; e < 4; ++e) even.mutable_at(s, e) = 250;
+  CHECK(prototype_shadowing(1024, 2048, even).empty());
+  // Two equally hot experts, 1,000 tokens from each source each and 10 to the two others: lat_comp =
+  // 4,000 · 11.375 µs = 45.5 ms. Shadowing expert 0 adds each worker's own 1,000 of it: 5,000 on
+  // worker 1, 43.77 + 5.37 = 49.14 ms, the least so far (where the released rule, each step to beat
+  // the last, stops); expert 1 too leaves 2,000 / 1,000 / 2,040 / 2,040: 17.86 + 10.74 = 28.60 ms,
+  // less; expert 2 too (2,050 on worker 3: 17.94 + 16.11 = 34.05 ms) is more: stop, shadow 0 and 1.
+  RoutingMatrix two(4, 4);
+  for (int s = 0; s < 4; ++s)
+    for (int e = 0; e < 4; ++e) two.mutable_at(s, e) = e < 2 ? 1000 : 10;
+  CHECK(prototype_shadowing(1024, 2048, two) == std::vector<int>{0, 1});
+}
+
 // The released function's own decisions (tools/fastermoe_released_policy.py ran laekov/fastmoe's
 // global_policy in a gloo group of 4, 8 and 16 ranks over 246 routings): moesim's released rule must
 // shadow exactly the experts it shadowed, summing the counts as shipped (per rank) and per expert,

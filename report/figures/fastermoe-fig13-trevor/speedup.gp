@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'trevor × 64 GPUs; 2 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:6.771]
+set yrange [0:6.464]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
-"bert-wide" 1.0000 0.0000 4.3016 0.3516 1.6240 0.0070 5.3480 0.3903
-"bert-wide-l" 1.0000 0.0000 3.8920 0.3286 1.5654 0.0075 4.9947 0.3553
+"bert-wide" 1.0000 0.0000 3.9673 0.3769 1.6240 0.0070 5.0717 0.4066
+"bert-wide-l" 1.0000 0.0000 3.7524 0.3267 1.5654 0.0075 4.6570 0.3379
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
