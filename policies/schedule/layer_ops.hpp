@@ -130,7 +130,8 @@ class LayerOps {
   std::vector<std::vector<int>> target_;  // per layer: [source · E + expert] -> GPU, or [expert] when
                                           // no replica makes it depend on the source (target())
   std::vector<std::vector<int>> sole_target_;  // per layer, by expert: sole_target()
-  ExpertLoads computes_;                  // per layer, per GPU: the experts it computes, in order (ZeRO: none listed, all on its own tokens)
+  ExpertLoads computes_;                  // per layer, per GPU: the experts it computes, in order (ZeRO:
+                                          // none listed, every expert on its own tokens)
   // Per layer, per GPU: the places in its computes_ list of the experts not `local`, the only ones
   // a step without the GPU's own tokens counts (FasterMoE's smart schedule: every step but C_0,
   // where each GPU's list also holds its copies of every shadowed expert).

@@ -29,8 +29,7 @@ class Zero final : public LayerSchedule {
   OpId emit(LayerOps& ops, int l, Pass pass) const override {
     std::vector<OpId> deps;
     if (const double bytes = pass == Pass::forward ? layer_bytes(ops) : regathered_bytes(ops, l); stage_ == 3 && bytes > 0)
-      deps.push_back(ops.collective(Stream::comm, LayerOps::label(l, pass, "experts_allgather"),
-                                    {CollectiveType::all_gather, ops.everyone(), {bytes}, "ring"}, {}));
+      deps.push_back(gather_or_scatter(ops, CollectiveType::all_gather, LayerOps::label(l, pass, "experts_allgather"), {}, bytes));
     std::vector<OpId> experts(std::size_t(ops.gpus()));
     for (int r = 0; r < ops.gpus(); ++r)  // after the GPU's encode by its stream's order
       experts[std::size_t(r)] = ops.expert_op(l, r, LayerOps::label(l, pass, "experts"), r, r + 1, pass, deps);
@@ -73,10 +72,11 @@ class Zero final : public LayerSchedule {
     }
     return regathered * dtype;
   }
-  // A layer's experts and dense parameters gathered (all-gather) or their gradients scattered
-  // (reduce-scatter).
-  static OpId gather_or_scatter(LayerOps& ops, CollectiveType type, std::string label, std::vector<OpId> deps) {
-    return ops.collective(Stream::comm, std::move(label), {type, ops.everyone(), {layer_bytes(ops)}, "ring"}, std::move(deps));
+  // A layer's experts and dense parameters (or the part `bytes` of them) gathered (all-gather) or
+  // their gradients scattered (reduce-scatter).
+  static OpId gather_or_scatter(LayerOps& ops, CollectiveType type, std::string label, std::vector<OpId> deps, double bytes = 0) {
+    return ops.collective(Stream::comm, std::move(label), {type, ops.everyone(), {bytes > 0 ? bytes : layer_bytes(ops)}, "ring"},
+                          std::move(deps));
   }
   // ZeRO-2's gradients: G reduces of a layer's S/G, each into the GPU that owns that shard
   // (group[0], the ring's root), one after another on the comm stream.
