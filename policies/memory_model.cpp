@@ -20,6 +20,7 @@ namespace {
 // two f-wide outputs (gate, up) and their product instead of one output and its activation: 2f
 // more per token-slot (our count; Korthikanti et al. give the ungated one).
 double attention_units(const spec::ModelSpec& s, double tokens) {
+  if (s.moe_layer_only()) return 0;  // a layer benchmark: the MoE FFN alone
   const double h = s.d_model(), a = s.heads(), seq = s.seq_len();
   // FlashAttention keeps a 4-byte log-sum-exp per head instead of the scores, softmax and dropout.
   const double scores = s.flash_attention() ? 2 * a : 5 * a * seq;

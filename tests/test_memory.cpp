@@ -45,6 +45,10 @@ TEST_CASE("memory model: activations per layer are Korthikanti et al.'s 34h + 5a
   auto fp32 = gpt_moe_s();
   fp32.set_dtype(spec::FP32);
   CHECK(layer_activation_bytes(MoeModel(fp32), T, T * k) == Approx(2 * expected));
+  // A layer benchmark (model.moe_layer_only) keeps the MoE FFN's alone: no attention, no norms.
+  auto alone = gpt_moe_s();
+  alone.set_moe_layer_only(true);
+  CHECK(layer_activation_bytes(MoeModel(alone), T, T * k) == Approx(T * k * (3 * h + 4 * f) + T * 2 * k * h));
 }
 
 TEST_CASE("memory model: the output layer keeps Korthikanti et al.'s 4sbh(1 + v/h), the logits in fp32") {
