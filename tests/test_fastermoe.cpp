@@ -444,6 +444,7 @@ TEST_CASE("a layer benchmark (model.moe_layer_only) is the iteration less the at
   const test::SmallSetup alone({"model.moe_layer_only=true"});  // the layer's dense parameters: the gate's
   CHECK(alone.model.dense_params_per_layer() == double(alone.model.spec().d_model()) * alone.model.experts());
   CHECK_THROWS_WITH(test::SmallSetup({"model.moe_layer_only=true", "model.vocab=50304"}), Catch::Contains("model.moe_layer_only"));
+  CHECK_THROWS_WITH(test::SmallSetup({"model.moe_layer_only=true", "parallel.tp=2"}), Catch::Contains("parallel.tp"));
 }
 
 TEST_CASE("ZeRO's expert op on a GPU times each expert's GEMMs on that GPU's own tokens") {
