@@ -106,7 +106,7 @@ MemoryUse peak_memory(const IterationInput& in, const IterationPlan& plan, const
   }
   MemoryUse dense = dense_memory(model);
   if (where.kind == ExpertPlacement::data_parallel) {  // ZeRO shards the layers' dense tensors as their experts (zero.cpp)
-    const double layered = L * model.dense_params_per_layer() / model.tp(), shard = layered * (1 - 1.0 / G);
+    const double layered = L * model.layer_dense_params_per_gpu(), shard = layered * (1 - 1.0 / G);
     dense.grads -= shard * b.grad;
     dense.optimizer -= shard * b.optimizer;
     if (where.zero_stage == 3) {
@@ -145,8 +145,7 @@ void account_iteration(const IterationInput& in, const IterationPlan& plan, cons
   for (std::size_t l = 0; l < plan.layers.size(); ++l) {
     std::vector<double> H(std::size_t(G), 0.0);  // token-slots each GPU computes
     if (plan.placement().kind == ExpertPlacement::data_parallel)  // ZeRO: its own, every expert (no list)
-      for (int t = 0; t < G; ++t)
-        for (int e = 0; e < E; ++e) H[std::size_t(t)] += double(plan.layers[l].routing.at(t, e));
+      for (int t = 0; t < G; ++t) H[std::size_t(t)] += double(plan.layers[l].routing.row_sum(t));
     for (int t = 0; t < G; ++t)
       for (const auto& served : computes[l][std::size_t(t)]) H[std::size_t(t)] += double(served.tokens);
     for (int t = 0; t < G; ++t) {  // what GPU t materializes and keeps for this layer

@@ -301,7 +301,7 @@ TaskGraph LayerOps::build() {
   // Data parallelism over all GPUs for the dense parameters; each expert has one owner. ZeRO
   // reduce-scatters the layers' dense gradients with the experts' (schedule/zero.cpp) and shards
   // their optimizer states: only the parameters outside the layers are all-reduced here.
-  const double layered = L * in_.model.dense_params_per_layer() / in_.model.tp();
+  const double layered = L * in_.model.layer_dense_params_per_gpu();
   const double dense_params = in_.model.dense_params_per_gpu() - (zero ? layered : 0);
   std::vector<OpId> before_ar(ready_);
   for (const OpId id : after_attention()) before_ar.push_back(id);

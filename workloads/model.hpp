@@ -110,6 +110,8 @@ class MoeModel {
   /// The dense parameters one GPU keeps, trains and all-reduces: every MoE layer's, the dense
   /// blocks' and the embeddings', 1/tp of them under tensor parallelism.
   double dense_params_per_gpu() const;
+  /// One MoE layer's share of it: the layer's dense parameters, 1/tp of them.
+  double layer_dense_params_per_gpu() const { return dense_params_per_layer() / tp_; }
 
  private:
   double attention_params() const;

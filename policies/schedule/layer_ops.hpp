@@ -43,7 +43,7 @@ class LayerOps {
   double token_bytes() const { return token_bytes_; }
   double expert_bytes() const { return expert_bytes_; }  // one expert's parameters
   /// A layer's dense parameters (attention, gate, shared experts) on a GPU, in bytes.
-  double layer_dense_bytes() const { return in_.model.dense_params_per_layer() / in_.model.tp() * in_.model.dtype_bytes(); }
+  double layer_dense_bytes() const { return in_.model.layer_dense_params_per_gpu() * in_.model.dtype_bytes(); }
   /// "L{l}.{fwd|bwd}.{what}", the label of a layer's op.
   static std::string label(int l, Pass pass, const std::string& what);
 

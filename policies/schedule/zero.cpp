@@ -35,14 +35,15 @@ class Zero final : public LayerSchedule {
       experts[std::size_t(r)] = ops.expert_op(l, r, LayerOps::label(l, pass, "experts"), r, r + 1, pass, deps);
     if (pass == Pass::forward) return ops.join(LayerOps::label(l, pass, "experts_done"), experts);
     if (stage_ == 3)
-      return gather_or_scatter(ops, CollectiveType::reduce_scatter, LayerOps::label(l, pass, "grads_reduce_scatter"), experts);
+      return gather_or_scatter(ops, CollectiveType::reduce_scatter, LayerOps::label(l, pass, "grads_reduce_scatter"), experts,
+                               layer_bytes(ops));
     return reduce_to_owners(ops, l, std::move(experts));
   }
 
   void after_optimizer(LayerOps& ops, const std::vector<OpId>& steps) const override {
     if (stage_ == 2)  // every GPU gathers the shards the others updated
       for (int l = 0; l < ops.model().layers(); ++l)
-        gather_or_scatter(ops, CollectiveType::all_gather, fmt::format("L{}.experts_allgather_updated", l), steps);
+        gather_or_scatter(ops, CollectiveType::all_gather, fmt::format("L{}.experts_allgather_updated", l), steps, layer_bytes(ops));
   }
 
  private:
@@ -72,11 +73,10 @@ class Zero final : public LayerSchedule {
     }
     return regathered * dtype;
   }
-  // A layer's experts and dense parameters (or the part `bytes` of them) gathered (all-gather) or
-  // their gradients scattered (reduce-scatter).
-  static OpId gather_or_scatter(LayerOps& ops, CollectiveType type, std::string label, std::vector<OpId> deps, double bytes = 0) {
-    return ops.collective(Stream::comm, std::move(label), {type, ops.everyone(), {bytes > 0 ? bytes : layer_bytes(ops)}, "ring"},
-                          std::move(deps));
+  // `bytes` of a layer's experts and dense parameters gathered (all-gather) or of their gradients
+  // scattered (reduce-scatter) over every GPU.
+  static OpId gather_or_scatter(LayerOps& ops, CollectiveType type, std::string label, std::vector<OpId> deps, double bytes) {
+    return ops.collective(Stream::comm, std::move(label), {type, ops.everyone(), {bytes}, "ring"}, std::move(deps));
   }
   // ZeRO-2's gradients: G reduces of a layer's S/G, each into the GPU that owns that shard
   // (group[0], the ring's root), one after another on the comm stream.
