@@ -1,3 +1,4 @@
+#include <atomic>
 #include "cluster.hpp"
 
 #include <fmt/format.h>
@@ -174,6 +175,8 @@ spec::NodeSpec first_gpus(const spec::NodeSpec& node, int gpus) {
 }
 
 Cluster::Cluster(spec::ClusterSpec spec) : spec_(std::move(spec)) {
+  static std::atomic<std::uint64_t> clusters{0};
+  id_ = ++clusters;
   require(!spec_.name().empty(), "name", "is empty; name the cluster");
   require(spec_.nodes() >= 1 && spec_.nodes() <= kMaxNodes, "nodes", fmt::format("must be in [1, {}]", kMaxNodes));
   validate_gpu(spec_.gpu());

@@ -4,6 +4,7 @@
 // cost model reads the same routes.
 #pragma once
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ class Cluster {
   explicit Cluster(spec::ClusterSpec spec);
 
   const spec::ClusterSpec& spec() const { return spec_; }
+  /// A number no other Cluster built in this process has (a copy keeps it: a Cluster never changes),
+  /// for caches of what is derived from one.
+  std::uint64_t id() const { return id_; }
   const std::string& name() const { return spec_.name(); }
   int nodes() const { return int(spec_.nodes()); }
   int gpus_per_node() const { return int(spec_.node().gpus()); }
@@ -100,6 +104,7 @@ class Cluster {
 
  private:
   spec::ClusterSpec spec_;
+  std::uint64_t id_ = 0;
   double nccl_call_latency_ = 0;
   std::vector<NodeLink> links_;
   std::vector<std::vector<Route>> intra_;

@@ -19,4 +19,13 @@ constexpr double net_overhead_us(bool amd_cpu, bool simple) { return (amd_cpu ? 
 /// channel moves through the network, by which NCCL sizes a remote peer's channels.
 inline constexpr double p2pPerChannelNetBw = 14;
 
+/// Bytes a ring broadcast or reduce moves per channel and step with the Simple protocol: the 4 MiB
+/// buffer (init.cc DEFAULT_BUFFSIZE) over NCCL_STEPS = 8 (devcomm.h), one step a chunk and a slice
+/// (collectives.h BROADCAST_CHUNKSTEPS, REDUCE_CHUNKSTEPS = 1; broadcast.h and reduce.h: a chunk is
+/// min(this, the bytes left / channels)). The same at v2.10.3-1, the NCCL of the V100 papers.
+inline constexpr double simpleChainSlice = double(1 << 22) / 8;
+/// connect.cc ncclTopoPostset ("Duplicate channels rings/trees"): NCCL runs every channel its
+/// search found twice, on the same ring, up to MAXCHANNELS.
+inline constexpr int channelDuplication = 2;
+
 }  // namespace moesim::nccl

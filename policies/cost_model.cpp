@@ -82,7 +82,7 @@ double CostModel::lowering_time(const Lowering& lowering, bool floors) const {
     for (const auto& step : lane) {
       std::fill(load.begin(), load.end(), 0.0);
       for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds, step.rounds * step.messages);
-      t += std::max(max_time(load), floors ? step.min_seconds : 0.0);
+      t += std::max(max_time(load), floors ? step.min_seconds : 0.0) + step.fill_seconds;
     }
     longest = std::max(longest, t);
   }
@@ -94,13 +94,7 @@ double CostModel::allreduce_time(const std::vector<int>& group, double bytes) co
 }
 
 NcclTunerInput CostModel::nccl_tuner_input(const std::vector<int>& group) const {
-  NcclTunerInput in;
-  in.ranks = int(group.size());
-  std::vector<int> nodes;
-  for (const int r : group) nodes.push_back(cluster_.node_of(r));
-  std::sort(nodes.begin(), nodes.end());
-  in.nodes = int(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
-  in.channels = cluster_.ring_channels();
+  NcclTunerInput in = nccl_platform_input(group, cluster_);
   if (in.ranks < 2) return in;
   const double S = double(1 << 30), n = in.ranks, C = in.channels;
   // The links' bandwidth, as NCCL's search measures it: without the Tree kernels' cap, which the
@@ -109,24 +103,6 @@ NcclTunerInput CostModel::nccl_tuner_input(const std::vector<int>& group) const 
   const double tree = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "tree"}, cluster_), false);
   in.ring_bw = ring > 0 ? 2 * (n - 1) / n * S / ring / 1e9 / C : 0;
   in.tree_bw = tree > 0 ? 2 * S / tree / 1e9 / C : 0;
-  const auto& spec = cluster_.spec();
-  in.compute_capability = spec.gpu().compute_capability() ? int(spec.gpu().compute_capability()) : 70;
-  in.amd_cpu = spec.node().cpu_vendor() == "amd";
-  // NVLink inside the node when every hop of the node's ring runs over NVLink or NVSwitch links
-  // (NCCL: graph->typeIntra == LINK_NVL).
-  const auto& order = cluster_.ring_order();
-  in.nvlink = order.size() > 1;
-  for (std::size_t p = 0; in.nvlink && p < order.size(); ++p)
-    for (const Hop& h : cluster_.intra_route(order[p], order[(p + 1) % order.size()])) {
-      const auto& kind = cluster_.node_links()[std::size_t(h.link)].kind;
-      in.nvlink = in.nvlink && (kind == "nvlink" || kind == "nvswitch");
-    }
-  const int k = cluster_.nic_of(cluster_.local_of(group.front()));
-  const auto& nic_spec = k >= 0 ? spec.node().nics(k) : spec::NicSpec::default_instance();
-  // LL128: NCCL enables it over NVLink inside nodes and a NIC the GPU reaches directly (tuning.cc:518-536).
-  in.ll128 = in.compute_capability >= 70 && in.nvlink && (in.nodes == 1 || nic_spec.staging_memory().empty());
-  in.simple_only = in.nodes > 1 && nic_spec.simple_protocol_only();
-  in.net_latency_us = in.nodes > 1 ? nic_spec.nccl_latency_us() : 0;
   return in;
 }
 

@@ -36,13 +36,17 @@ struct Model {
   double busBw = 0, latency = 0;
 };
 
-// ncclTopoTuneModel for coll = AllReduce, one algorithm and protocol (tuning.cc:258-437, 538).
-Model tune(const NcclTunerInput& in, int a, int p) {
+// ncclTopoTuneModel for one algorithm and protocol (tuning.cc:258-437, 538): coll = AllReduce, or
+// with `chain` a ring Broadcast or Reduce, whose latency NCCL models apart (tuning.cc:395-402): one
+// hop's when its channels are all the same ring (`same_channels`), else nsteps = nRanks hops, with
+// the Simple protocol each at the Tree's Simple hop latency ("Add some chunk latency, waiting for
+// proper chunk modeling").
+Model tune(const NcclTunerInput& in, int a, int p, bool chain = false, bool same_channels = false) {
   const int compCapIndex = comp_cap_index(in.compute_capability);
   const int index2 = in.nodes <= 2 ? in.nodes - 1 : 2;
   const int index1 = in.nodes == 1 ? compCapIndex : in.amd_cpu ? 1 : 0;
   const double llMaxBw = llMaxBws[index1][index2];
-  const int nsteps = 2 * (in.ranks - 1);
+  const int nsteps = chain ? in.ranks : 2 * (in.ranks - 1);
   const double ppn = double(in.ranks) / in.nodes;
 
   Model m;
@@ -59,7 +63,13 @@ Model tune(const NcclTunerInput& in, int a, int p) {
   m.busBw = busBw;
 
   m.latency = baseLat[a][p];
-  double intraLat = (in.nvlink ? hwLatNvlink : hwLatPci)[a][p];
+  const auto& intraHw = in.nvlink ? hwLatNvlink : hwLatPci;
+  if (chain) {
+    const auto& hw = in.nodes == 1 ? intraHw : hwLatNet;
+    m.latency += same_channels ? hw[kRing][p] : nsteps * (p == int(NcclProtocol::simple) ? hw[kTree][p] : hw[kRing][p]);
+    return m;
+  }
+  double intraLat = intraHw[a][p];
   double interLat = (ppn == 1 ? hwLatNet[kTree][p] : hwLatNet[a][p]) + in.net_latency_us;
   if (p == int(NcclProtocol::simple)) interLat += in.net_latency_us;  // "the flush extra latency"
   if (a == kRing) {
@@ -112,6 +122,18 @@ NcclChoice nccl_all_reduce_choice(const NcclTunerInput& in, double bytes) {
       const double t = nccl_all_reduce_time_us(in, a, p, bytes);
       if (t >= 0 && (best.time_us < 0 || t < best.time_us)) best = {a, p, t};
     }
+  return best;
+}
+
+NcclProtocol nccl_chain_protocol(const NcclTunerInput& in, bool same_channels, double bytes) {
+  NcclProtocol best = NcclProtocol::simple;
+  double fastest = -1;
+  for (const auto p : {NcclProtocol::ll, NcclProtocol::ll128, NcclProtocol::simple}) {
+    const Model m = tune(in, kRing, int(p), true, same_channels);
+    if (m.busBw <= 0) continue;
+    const double t = m.latency + bytes / (1000 * m.busBw);
+    if (fastest < 0 || t < fastest) best = p, fastest = t;
+  }
   return best;
 }
 

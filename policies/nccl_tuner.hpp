@@ -42,4 +42,9 @@ double nccl_all_reduce_time_us(const NcclTunerInput& in, const std::string& algo
 /// The algorithm and protocol NCCL would run (the fastest; Tree before Ring on a tie, as NCCL scans).
 NcclChoice nccl_all_reduce_choice(const NcclTunerInput& in, double bytes);
 
+/// The protocol NCCL runs a ring broadcast or reduce of `bytes` with (Ring is its only algorithm
+/// for them): the fastest by its tuner, whose latency for them is one hop's when all its channels
+/// are the same ring (`same_channels`) and nRanks hops' otherwise (tuning.cc:395-402).
+NcclProtocol nccl_chain_protocol(const NcclTunerInput& in, bool same_channels, double bytes);
+
 }  // namespace moesim

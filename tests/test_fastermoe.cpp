@@ -12,6 +12,7 @@
 #include <sstream>
 #include <set>
 
+#include "collectives/collectives.hpp"
 #include "cost_model.hpp"
 #include "fastermoe.hpp"
 #include "errors.hpp"
@@ -91,8 +92,16 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
   // at GPU c, so each 25 GB/s rail carries one ring edge each way, 2·15/16·S/8 in 30 messages, after
   // NCCL's 8.4 µs per call.
   CHECK(cost.allreduce_time(ring, 100e6) == Approx(8.4e-6 + 2.0 * 15 / 16 * 100e6 / 8 / 25e9 + 30 * 6e-6));
-  // A broadcast from GPU 0: each channel's ring cut at 0 leaves and enters each node once, S/8 a rail.
-  CHECK(cost.broadcast_time(ring, 100e6) == Approx(8.4e-6 + 100e6 / 8 / 25e9 + 6e-6));
+  // A broadcast from GPU 0: each channel's ring cut at 0 leaves and enters each node once, S/8 a
+  // rail; then the chain's fill. NCCL runs it with LL128 here (eight channels that are not the same
+  // ring: its tuner charges Simple 16 hops of 14 µs, LL128 16 of 4), whose lines cross a hop as they
+  // land, so the fill is the other hops' latencies only, no 512 KiB slices (those would be 14 hops
+  // of 1 MiB at 300/8 GB/s, over 390 µs).
+  const Lowering bcast = lower(Collective{CollectiveType::broadcast, ring, {100e6}, "ring"}, c);
+  const double fill = bcast.at(0).at(0).fill_seconds;
+  CHECK(fill > 0);
+  CHECK(fill < 20e-6);
+  CHECK(cost.broadcast_time(ring, 100e6) == Approx(8.4e-6 + 100e6 / 8 / 25e9 + 6e-6 + fill));
   const MoeModel m(layer_model(16, 1024, 4096));
   RoutingMatrix R(16, 16);
   for (int s = 0; s < 16; ++s) R.mutable_at(s, 3) = 4096, R.mutable_at(s, 9) = 4096;

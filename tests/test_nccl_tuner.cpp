@@ -1,4 +1,4 @@
-// NCCL's choice between Ring and Tree for an all-reduce (policies/nccl_tuner.cpp, a port of
+// NCCL's choice between Ring and Tree for an all-reduce, and of a protocol for a ring broadcast or reduce
 // src/graph/tuning.cc): a hand-computed prediction, the choices NCCL's model makes for the systems
 // moesim models, and the policies' all-reduces taking them.
 #include <catch2/catch.hpp>
@@ -125,4 +125,33 @@ TEST_CASE("an iteration's dense all-reduce runs what NCCL's tuner picks, or the 
       }
     CHECK(found == 1);
   }
+}
+
+// A ring broadcast or reduce (nsteps = nRanks, tuning.cc:395-402): one hop's latency when the
+// channels are all the same ring, else nRanks hops', Simple's at the Tree's Simple hop latency.
+TEST_CASE("NCCL's protocol for a ring broadcast or reduce, by hand: LL, LL128 or Simple by size") {
+  // Two PCIe nodes, one channel (the same ring): Simple 8.4 + 14 µs + S / 11 GB/s against LL
+  // 6.6 + 2.7 µs + S / 5.5 GB/s (half the bandwidth): LL below S = 13.1 µs · 11 GB/s = 144 KB.
+  NcclTunerInput pcie;
+  pcie.ranks = 16, pcie.nodes = 2, pcie.channels = 1, pcie.ring_bw = 11, pcie.compute_capability = 70;
+  CHECK(nccl_chain_protocol(pcie, true, 100e3) == NcclProtocol::ll);
+  CHECK(nccl_chain_protocol(pcie, true, 200e3) == NcclProtocol::simple);
+  // Two DGX-A100-like nodes, eight channels that are not the same ring: Simple 8.4 + 16 · 14 µs +
+  // S / 200 GB/s; LL128 14 + 16 · 4 µs + S / 160 GB/s (8 channels at Ampere's 20 GB/s cap); LL
+  // 6.6 + 16 · 2.7 µs + S / 39 GB/s. LL up to 1.45 MB, LL128 up to 123.5 MB, then Simple.
+  NcclTunerInput dgx;
+  dgx.ranks = 16, dgx.nodes = 2, dgx.channels = 8, dgx.ring_bw = 25, dgx.compute_capability = 80;
+  dgx.nvlink = true, dgx.ll128 = true;
+  CHECK(nccl_chain_protocol(dgx, false, 1.4e6) == NcclProtocol::ll);
+  CHECK(nccl_chain_protocol(dgx, false, 1.5e6) == NcclProtocol::ll128);
+  CHECK(nccl_chain_protocol(dgx, false, 120e6) == NcclProtocol::ll128);
+  CHECK(nccl_chain_protocol(dgx, false, 127e6) == NcclProtocol::simple);
+  // The same channels: one hop's latency each (Simple 22.4 µs, LL128 18, LL 9.3), so Simple's
+  // bandwidth wins from 4.4 µs / (1/160 − 1/200 GB/s) = 3.52 MB on, and LL only below 449 KB.
+  CHECK(nccl_chain_protocol(dgx, true, 400e3) == NcclProtocol::ll);
+  CHECK(nccl_chain_protocol(dgx, true, 3.4e6) == NcclProtocol::ll128);
+  CHECK(nccl_chain_protocol(dgx, true, 3.6e6) == NcclProtocol::simple);
+  // NCCL_PROTO=simple (EFA): Simple at every size.
+  dgx.simple_only = true;
+  CHECK(nccl_chain_protocol(dgx, false, 1e3) == NcclProtocol::simple);
 }

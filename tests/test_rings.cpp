@@ -386,6 +386,31 @@ TEST_CASE("host-staged transport: inter-node bytes pass through host memory, onc
   CHECK(CostModel(Cluster(staged_platform(false)), gpu).alltoall_time(bytes) == Approx(0.16));
 }
 
+// NCCL's chain, store and forward by slices (ring_broadcast.cpp chain_fill(); docs/collectives.md):
+// on the hand platform above (GPUDirect RDMA, latencies 0) a broadcast from GPU 0 runs down the
+// chain 0 -> 1 -> 2 -> 3, every hop's narrowest link 11 GB/s (gpu-cpu0). 8 MiB goes with the Simple
+// protocol, in slices of 512 KiB on each of NCCL's two copies of the one channel: the last 1 MiB
+// still has two hops to cross when the first hop is done, S/b + 2 · 1 MiB/b. A reduce runs the same
+// chain backwards. 64 KiB goes with LL (NCCL's tuner: Simple's 8.4 + 14 µs of latency against LL's
+// 6.6 + 2.7 at half the bandwidth), whose lines need no slice: S/b alone.
+TEST_CASE("a chain's broadcast and reduce pay its pipeline fill: two 1 MiB rounds of hops with Simple, none with LL") {
+  const Cluster c(staged_platform(false));
+  const GpuModel gpu(c.spec().gpu(), spec::FP16);
+  const double b = 11e9, S = 8 << 20, round = 1 << 20;
+  SimBackend sim(c, gpu);
+  for (const auto type : {CollectiveType::broadcast, CollectiveType::reduce}) {
+    INFO(collective_type_name(type));
+    const Collective big{type, {0, 1, 2, 3}, {S}, "ring"}, small{type, {0, 1, 2, 3}, {64 << 10}, "ring"};
+    CHECK(lower(big, c).at(0).at(0).fill_seconds == Approx(2 * round / b));
+    CHECK(lower(small, c).at(0).at(0).fill_seconds == 0);
+    CHECK(CostModel(c, gpu).collective_time(big) == Approx(c.nccl_call_latency() + S / b + 2 * round / b));
+    TaskGraph g(4);
+    const OpId op = g.add_collective(Stream::comm, "chain", big);
+    const Timing t = sim.execute(g);
+    CHECK(t.end[op] - t.start[op] == Approx(c.nccl_call_latency() + S / b + 2 * round / b).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("a staging memory that is not a vertex, or is a NIC, is refused naming the field") {
   auto s = staged_platform(true);
   s.mutable_node()->mutable_nics(0)->set_staging_memory("ram9");

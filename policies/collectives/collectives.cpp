@@ -115,4 +115,34 @@ Lowering one_step(Step step) {
   return lowering;
 }
 
+NcclTunerInput nccl_platform_input(const std::vector<int>& group, const Cluster& cluster) {
+  NcclTunerInput in;
+  in.ranks = int(group.size());
+  std::vector<int> nodes;
+  for (const int r : group) nodes.push_back(cluster.node_of(r));
+  std::sort(nodes.begin(), nodes.end());
+  in.nodes = int(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+  in.channels = cluster.ring_channels();
+  if (in.ranks < 2) return in;
+  const auto& spec = cluster.spec();
+  in.compute_capability = spec.gpu().compute_capability() ? int(spec.gpu().compute_capability()) : 70;
+  in.amd_cpu = spec.node().cpu_vendor() == "amd";
+  // NVLink inside the node when every hop of the node's ring runs over NVLink or NVSwitch links
+  // (NCCL: graph->typeIntra == LINK_NVL).
+  const auto& order = cluster.ring_order();
+  in.nvlink = order.size() > 1;
+  for (std::size_t p = 0; in.nvlink && p < order.size(); ++p)
+    for (const Hop& h : cluster.intra_route(order[p], order[(p + 1) % order.size()])) {
+      const auto& kind = cluster.node_links()[std::size_t(h.link)].kind;
+      in.nvlink = in.nvlink && (kind == "nvlink" || kind == "nvswitch");
+    }
+  const int k = cluster.nic_of(cluster.local_of(group.front()));
+  const auto& nic_spec = k >= 0 ? spec.node().nics(k) : spec::NicSpec::default_instance();
+  // LL128: NCCL enables it over NVLink inside nodes and a NIC the GPU reaches directly (tuning.cc:518-536).
+  in.ll128 = in.compute_capability >= 70 && in.nvlink && (in.nodes == 1 || nic_spec.staging_memory().empty());
+  in.simple_only = in.nodes > 1 && nic_spec.simple_protocol_only();
+  in.net_latency_us = in.nodes > 1 ? nic_spec.nccl_latency_us() : 0;
+  return in;
+}
+
 }  // namespace moesim

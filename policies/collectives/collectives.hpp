@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cluster.hpp"
+#include "nccl_tuner.hpp"
 #include "taskgraph.hpp"
 
 namespace moesim {
@@ -39,6 +40,9 @@ struct Step {
   /// limit (NCCL's per-channel Tree cap, tree_allreduce.cpp; its channels to a remote send/recv
   /// peer, Cluster::net_peer_bandwidth(), set by lower()). 0: none.
   double min_seconds = 0;
+  /// A chain's pipeline fill (ring_broadcast.cpp, chain_fill()): after its bytes, the step lasts
+  /// this many seconds more, as the last slice crosses the chain's other hops. 0: none.
+  double fill_seconds = 0;
   /// Set by lower_unlisted() instead of `transfers`: the step sends from every group[i] to every
   /// group[j], i ≠ j, the bytes[i·n + j] > 0 of this all-to-all (rotating_pairs()'s transfers).
   const Collective* all_pairs = nullptr;
@@ -137,6 +141,11 @@ struct TreeLinks {
   int child_type = 0;
 };
 TreeLinks double_binary_tree(int nodes, int node, int tree);
+
+/// What NCCL's tuner knows of `group` on `cluster` but its bandwidths (CostModel::nccl_tuner_input()
+/// adds those): ranks, nodes, channels, the GPU generation, the hosts' CPU, NVLink inside the node,
+/// the protocols enabled, the network plugin's latency.
+NcclTunerInput nccl_platform_input(const std::vector<int>& group, const Cluster& cluster);
 
 /// A lowering of one lane of one step (moved, not copied: a step may hold a million transfers).
 Lowering one_step(Step step);
