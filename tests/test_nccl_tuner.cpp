@@ -1,6 +1,6 @@
-// NCCL's choice between Ring and Tree for an all-reduce, and of a protocol for a ring broadcast or reduce
-// src/graph/tuning.cc): a hand-computed prediction, the choices NCCL's model makes for the systems
-// moesim models, and the policies' all-reduces taking them.
+// NCCL's choice between Ring and Tree for an all-reduce, and of a protocol for a ring broadcast or
+// reduce (policies/nccl_tuner.cpp, a port of src/graph/tuning.cc): hand-computed predictions, the
+// choices NCCL's model makes for the systems moesim models, and the policies' all-reduces taking them.
 #include <catch2/catch.hpp>
 
 #include "cost_model.hpp"
