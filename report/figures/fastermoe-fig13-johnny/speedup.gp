@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:3.572]
+set yrange [0:2.935]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.7987 0.1387 1.4026 0.0114 2.0364 0.1278
-"gpt-l" 1.0000 0.0000 1.4956 0.1071 1.2386 0.0067 1.6087 0.1214
-"bert-deep" 1.0000 0.0000 2.3731 0.2459 1.4352 0.0057 2.8080 0.2188
-"bert-deep-l" 1.0000 0.0000 2.0160 0.1723 1.2427 0.0101 2.2045 0.1559
+"gpt-s" 1.0000 0.0000 1.4831 0.1031 1.4026 0.0114 1.6438 0.1088
+"gpt-l" 1.0000 0.0000 1.4687 0.1056 1.2386 0.0067 1.5778 0.1200
+"bert-deep" 1.0000 0.0000 2.0178 0.1806 1.4352 0.0057 2.3268 0.1604
+"bert-deep-l" 1.0000 0.0000 1.9856 0.1680 1.2427 0.0101 2.1684 0.1522
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

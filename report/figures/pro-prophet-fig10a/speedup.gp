@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.540]
+set yrange [0:1.375]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.0585 0.0676 1.2192 0.0823
-"M" 1.0000 0.0000 1.0208 0.0666 1.1579 0.0822
-"L" 1.0000 0.0000 0.9754 0.0634 1.1362 0.0768
-"DS" 1.0000 0.0000 1.0785 0.0403 1.2552 0.0502
-"DM" 1.0000 0.0000 1.0396 0.0317 1.1829 0.0444
+"S" 1.0000 0.0000 0.6525 0.0491 0.9719 0.0491
+"M" 1.0000 0.0000 0.8564 0.0620 1.0525 0.0689
+"L" 1.0000 0.0000 0.9274 0.0628 1.0975 0.0680
+"DS" 1.0000 0.0000 0.6627 0.0282 0.9871 0.0298
+"DM" 1.0000 0.0000 0.8677 0.0265 1.0758 0.0343
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
