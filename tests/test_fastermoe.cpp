@@ -95,8 +95,8 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
   // A broadcast from GPU 0: each channel's ring cut at 0 leaves and enters each node once, S/8 a
   // rail; then the chain's fill. NCCL runs it with LL128 here (eight channels that are not the same
   // ring: its tuner charges Simple 16 hops of 14 µs, LL128 16 of 4), whose lines cross a hop as they
-  // land, so the fill is the other hops' latencies only, no 512 KiB slices (those would be 14 hops
-  // of 1 MiB at 300/8 GB/s, over 390 µs).
+  // land, so the fill is the other hops' latencies only (16 µs), no 512 KiB slices (Simple's
+  // would add 13 NVSwitch hops of 1.7 µs and a 21 µs one through a NIC: over 40 µs in all).
   const Lowering bcast = lower(Collective{CollectiveType::broadcast, ring, {100e6}, "ring"}, c);
   const double fill = bcast.at(0).at(0).fill_seconds;
   CHECK(fill > 0);

@@ -16,14 +16,12 @@ namespace moesim {
 namespace {
 
 // The hops of NCCL's rings over a group, for chain_fill(): each channel's ring as a cycle (its
-// chains are the ring cut at a root), each edge's latency and bandwidth, and what NCCL's tuner knows
-// of the group. A hop's bandwidth is its narrowest link shared by every edge of the channels' rings
-// that crosses it, as NCCL's channels share it (counted over whole rings: a chain lacks one edge of
-// each). Built once per group and cluster: ZeRO's per-owner reduces lower a thousand chains of one
-// group a layer.
+// chains are the ring cut at a root), each edge's latency and narrowest link, and what NCCL's tuner
+// knows of the group. Built once per group and cluster: ZeRO's per-owner reduces lower a thousand
+// chains of one group a layer.
 struct RingHops {
   std::vector<std::vector<int>> position;  // [channel][rank]: where the rank is on the ring, −1 if absent
-  std::vector<std::vector<std::pair<double, double>>> hop;  // [channel][p]: ring[p] -> ring[p + 1], (latency, bandwidth)
+  std::vector<std::vector<std::pair<double, double>>> hop;  // [channel][p]: ring[p] -> ring[p + 1], (latency, narrowest link)
   NcclTunerInput tuner;
   // Per channel for one slice (the last asked for): Σ τ over the whole ring, the largest τ and
   // where, the second largest; so that a chain, the ring less one hop, costs O(1) a channel.
@@ -38,7 +36,8 @@ struct RingHops {
 RingHops ring_hops(const std::vector<int>& group, const Cluster& cluster) {
   const int L = int(cluster.node_links().size()), K = int(cluster.nics().size());
   const double fabric_latency = 2 * cluster.spec().fabric().latency_us() * 1e-6;  // up to the leaf and down
-  // Directed links, as (node · (L + K) + link or L + NIC) · 2 + direction; edges crossing each.
+  // Directed links, as (node · (L + K) + link or L + NIC) · 2 + direction; edges crossing each
+  // (the channels' share of a link, for the tuner's bandwidth).
   std::vector<int> crossing(std::size_t(cluster.nodes()) * std::size_t(L + K) * 2, 0);
   auto id = [&](int node, int link, bool forward) { return (std::size_t(node) * std::size_t(L + K) + std::size_t(link)) * 2 + (forward ? 0 : 1); };
   // f(directed link, its bandwidth) for every link from rank a to rank b; returns the route's latency.
@@ -66,14 +65,17 @@ RingHops ring_hops(const std::vector<int>& group, const Cluster& cluster) {
     auto& hops = out.hop.emplace_back();
     for (std::size_t p = 0; p < n; ++p) {
       at[std::size_t(ring[p])] = int(p);
-      double bandwidth = std::numeric_limits<double>::infinity();
-      const double latency = for_each_link(ring[p], ring[(p + 1) % n], [&](std::size_t l, double bw) { bandwidth = std::min(bandwidth, bw / crossing[l]); });
-      hops.emplace_back(latency, bandwidth);
-      narrowest = std::min(narrowest, bandwidth);
+      double link = std::numeric_limits<double>::infinity(), shared = link;
+      const double latency = for_each_link(ring[p], ring[(p + 1) % n], [&](std::size_t l, double bw) {
+        link = std::min(link, bw);
+        shared = std::min(shared, bw / crossing[l]);
+      });
+      hops.emplace_back(latency, link);
+      narrowest = std::min(narrowest, shared);
     }
   }
   out.tuner = nccl_platform_input(group, cluster);
-  out.tuner.ring_bw = narrowest / 1e9;  // what NCCL's search would give a channel
+  out.tuner.ring_bw = narrowest / 1e9;  // what NCCL's search would give a channel: its share of the links
   return out;
 }
 
@@ -96,18 +98,20 @@ RingHops& cached_ring_hops(const std::vector<int>& group, const Cluster& cluster
 // protocol moves a channel's bytes down the chain in slices of s = 512 KiB
 // (nccl::simpleChainSlice), and a hop forwards a slice only once it holds all of it
 // (prims_simple.h: a receiver waits for the step's tail, the network proxies likewise). With hop
-// i taking τ_i = latency_i + slice/b_i a slice, m slices take Σ_i τ_i + (m − 1)·max_i τ_i: the
-// step's bytes give m·max τ (S/C over the narrowest hop) and one latency, and this is the rest,
-// Σ τ − max τ. A slice here is what one of moesim's chains moves a round: NCCL runs each channel
-// twice on the same ring (nccl::channelDuplication), so 2s, or all of S/C when less. What else runs
-// on the hops' links meanwhile is not counted. LL and LL128 forward each line as it lands, so with
-// them (NCCL's tuner picks the protocol: nccl_chain_protocol()) only the hops' latencies add up.
-// A chain is its ring less the hop into the root; a reduce crosses the same hops backwards, at the
-// same latency and bandwidth.
+// i taking τ_i = latency_i + s/b_i, the last slice crosses every hop after the narrowest: the
+// step's bytes give S/C over the narrowest hop and one latency, and the fill is the rest,
+// Σ τ − max τ. b_i is the hop's narrowest link whole, not the channels' share of it: NCCL's
+// channels do not cross a hop in lockstep, so the first slice to reach an idle hop crosses it at
+// the link's rate (published broadcast_perf on NVSwitch nodes puts the fill at about one slice a
+// hop at the link's rate; docs/collectives.md). s is all of a channel's bytes when they are fewer
+// (S over NCCL's channels, twice moesim's: nccl::channelDuplication). LL and LL128 forward each
+// line as it lands, so with them (NCCL's tuner picks the protocol: nccl_chain_protocol()) only
+// the hops' latencies add up. A chain is its ring less the hop into the root; a reduce crosses
+// the same hops backwards, at the same latency and bandwidth.
 double chain_fill(const Collective& c, double share, const Cluster& cluster) {
   RingHops& rings = cached_ring_hops(c.group, cluster);
   const bool simple = nccl_chain_protocol(rings.tuner, rings.hop.size() == 1, c.bytes[0]) == NcclProtocol::simple;
-  const double slice = simple ? std::min(nccl::channelDuplication * nccl::simpleChainSlice, share) : 0;
+  const double slice = simple ? std::min(nccl::simpleChainSlice, share / nccl::channelDuplication) : 0;
   if (slice != rings.slice) {
     rings.slice = slice;
     rings.sums.assign(rings.hop.size(), {});

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:2.935]
+set yrange [0:3.217]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.4831 0.1031 1.4026 0.0114 1.6438 0.1088
-"gpt-l" 1.0000 0.0000 1.4687 0.1056 1.2386 0.0067 1.5778 0.1200
-"bert-deep" 1.0000 0.0000 2.0178 0.1806 1.4352 0.0057 2.3268 0.1604
-"bert-deep-l" 1.0000 0.0000 1.9856 0.1680 1.2427 0.0101 2.1684 0.1522
+"gpt-s" 1.0000 0.0000 1.6232 0.1167 1.4026 0.0114 1.8162 0.1162
+"gpt-l" 1.0000 0.0000 1.4818 0.1063 1.2386 0.0067 1.5929 0.1207
+"bert-deep" 1.0000 0.0000 2.1784 0.2085 1.4352 0.0057 2.5413 0.1847
+"bert-deep-l" 1.0000 0.0000 2.0005 0.1701 1.2427 0.0101 2.1861 0.1540
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

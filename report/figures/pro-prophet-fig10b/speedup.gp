@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.462]
+set yrange [0:1.506]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.5025 0.0265 1.0013 0.0332
-"M" 1.0000 0.0000 0.7836 0.0353 1.0481 0.0619
-"L" 1.0000 0.0000 0.9404 0.0478 1.1513 0.0881
-"DS" 1.0000 0.0000 0.5264 0.0258 0.9954 0.0220
-"DM" 1.0000 0.0000 0.8073 0.0341 1.0623 0.0507
+"S" 1.0000 0.0000 0.6812 0.0286 1.0098 0.0491
+"M" 1.0000 0.0000 0.9029 0.0460 1.1267 0.0774
+"L" 1.0000 0.0000 0.9847 0.0552 1.1837 0.0923
+"DS" 1.0000 0.0000 0.7074 0.0302 1.0211 0.0419
+"DM" 1.0000 0.0000 0.9260 0.0421 1.1386 0.0636
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

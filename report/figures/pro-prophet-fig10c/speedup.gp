@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.616]
+set yrange [0:1.642]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.7237 0.0542 1.0873 0.0868
-"M" 1.0000 0.0000 0.9554 0.0712 1.2334 0.0998
-"L" 1.0000 0.0000 1.0185 0.0721 1.2711 0.0982
-"DS" 1.0000 0.0000 0.7482 0.0335 1.1132 0.0435
-"DM" 1.0000 0.0000 0.9835 0.0443 1.2641 0.0540
+"S" 1.0000 0.0000 0.9049 0.0660 1.1924 0.0958
+"M" 1.0000 0.0000 1.0449 0.0774 1.2847 0.1008
+"L" 1.0000 0.0000 1.0474 0.0738 1.2928 0.0986
+"DS" 1.0000 0.0000 0.9339 0.0411 1.2219 0.0507
+"DM" 1.0000 0.0000 1.0754 0.0506 1.3184 0.0643
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

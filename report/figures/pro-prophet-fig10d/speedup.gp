@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.679]
+set yrange [0:1.721]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.5449 0.0351 1.0445 0.0553
-"M" 1.0000 0.0000 0.8498 0.0488 1.2195 0.0858
-"L" 1.0000 0.0000 1.0229 0.0697 1.3151 0.1076
-"DS" 1.0000 0.0000 0.5761 0.0338 1.0647 0.0486
-"DM" 1.0000 0.0000 0.8889 0.0482 1.2507 0.0783
+"S" 1.0000 0.0000 0.7531 0.0485 1.1437 0.0684
+"M" 1.0000 0.0000 0.9942 0.0650 1.2760 0.0958
+"L" 1.0000 0.0000 1.0804 0.0790 1.3499 0.1086
+"DS" 1.0000 0.0000 0.7873 0.0421 1.1663 0.0657
+"DM" 1.0000 0.0000 1.0317 0.0567 1.3121 0.0780
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
