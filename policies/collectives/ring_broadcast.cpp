@@ -54,13 +54,13 @@ RingHops ring_hops(const std::vector<int>& group, const Cluster& cluster) {
     f(id(nb, L + cluster.nic_of(lb), false), in.bandwidth);
     return route(na, cluster.nic_route(la), false) + out.latency + fabric_latency + in.latency + route(nb, cluster.nic_route(lb), true);
   };
-  const auto rings_ = rings(group, cluster, false);
+  const auto cycles = rings(group, cluster, false);
   const std::size_t n = group.size();
-  for (const auto& ring : rings_)
+  for (const auto& ring : cycles)
     for (std::size_t p = 0; p < n; ++p) for_each_link(ring[p], ring[(p + 1) % n], [&](std::size_t l, double) { ++crossing[l]; });
   RingHops out;
   double narrowest = std::numeric_limits<double>::infinity();
-  for (const auto& ring : rings_) {
+  for (const auto& ring : cycles) {
     auto& at = out.position.emplace_back(std::size_t(cluster.num_gpus()), -1);
     auto& hops = out.hop.emplace_back();
     for (std::size_t p = 0; p < n; ++p) {
