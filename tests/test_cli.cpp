@@ -143,7 +143,7 @@ TEST_CASE("experts that do not divide among the GPUs are rejected") {
 TEST_CASE("a bandwidth of zero in a platform file is rejected at its line") {
   const auto dir = test::temp_dir("bandwidth");
   std::string platform = test::read_file(std::string(MOESIM_SOURCE_DIR) + "/platforms/dgx-a100.textproto");
-  const std::string from = "b: \"nvswitch\" gbytes_per_s: 300";
+  const std::string from = "b: \"nvswitch\" gbytes_per_s: 231.6";
   const auto first = platform.find(from);
   platform.replace(platform.find(from, first + 1), from.size(), "b: \"nvswitch\" gbytes_per_s: 0");
   test::write_file(dir + "/slow.textproto", platform);

@@ -83,7 +83,7 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
   for (int i = 0; i < 8; ++i)
     for (int j = 0; j < 8; ++j)
       if (i != j) bytes[i * 16 + j] = 1e6;  // node 0 only: each NVSwitch port carries 7 MB each way
-  CHECK(cost.alltoall_time(bytes) == Approx(7e6 / 300e9));
+  CHECK(cost.alltoall_time(bytes) == Approx(7e6 / 231.6e9));
   bytes[0 * 16 + 8] = 50e6;  // plus 50 MB from GPU 0 to GPU 8 over its 25 GB/s rail (6 µs per message)
   CHECK(cost.alltoall_time(bytes) == Approx(50e6 / 25e9 + 6e-6));
   std::vector<int> ring(16);
@@ -530,7 +530,7 @@ TEST_CASE("the topology-aware gate keeps each worker's off-node slots under L") 
   uniform.mutable_uniform();
   RoutingMatrix R = generate_routing(uniform, 16, 16, 4096, 2, 3, 0, 0);
   const RoutingMatrix before = R;
-  // L = W_net / (M · W_local) · B = 200 / (8 · 300) · 8192 slots = 682.67
+  // L = W_net / (M · W_local) · B = 200 / (8 · 300) · 8192 slots = 682.67 (W_local the datasheet's: a test input)
   const double L = c.node_uplink_bandwidth() / (8 * 300e9) * 8192;
   const auto moved = topology_aware_gate(R, c, 4096, L);
   std::int64_t expected = 0;

@@ -41,8 +41,8 @@ TEST_CASE("a single transfer takes bytes over the route's bandwidth plus its lat
   const OpId intra = g.add_transfer(Stream::comm, "intra", {0, 1, B});
   const OpId inter = g.add_transfer(Stream::comm, "inter", {0, 8, B}, {intra});
   const Timing t = b.sim.execute(g);
-  // Inside a node: gpu0 -> NVSwitch -> gpu1, 300 GB/s, 2 × 0.5 µs.
-  CHECK(duration(t, intra) == Approx(B / 300e9 + 1e-6).epsilon(1e-9));
+  // Inside a node: gpu0 -> NVSwitch -> gpu1, 231.6 GB/s (as NCCL measures the port), 2 × 0.5 µs.
+  CHECK(duration(t, intra) == Approx(B / 231.6e9 + 1e-6).epsilon(1e-9));
   // Across nodes: PCIe 0.5 µs, NIC 25 GB/s 1 µs, two fabric links 0.25 µs each, NIC 1 µs, PCIe 0.5 µs;
   // and the NIC's 6 µs per message (NCCL's proxy overhead on AMD hosts, Simple protocol).
   CHECK(duration(t, inter) == Approx(B / 25e9 + 6e-6 + 3.5e-6).epsilon(1e-9));
@@ -66,7 +66,7 @@ TEST_CASE("equal flows through one NIC share it fairly") {
   }
 }
 
-// Each GPU sends 7·M through its 300 GB/s NVSwitch port and receives as much in the other
+// Each GPU sends 7·M through its 231.6 GB/s NVSwitch port and receives as much in the other
 // direction; route latency 1 µs, after NCCL's 8.4 µs per call. Both forms of a collective step must
 // give this.
 void check_nvswitch_alltoall(bool aggregate) {
@@ -75,7 +75,7 @@ void check_nvswitch_alltoall(bool aggregate) {
   TaskGraph g(8);
   const OpId a2a = g.add_collective(Stream::comm, "a2a", uniform_alltoall(8, M));
   const Timing t = b.sim.execute(g);
-  CHECK(duration(t, a2a) == Approx(8.4e-6 + 7 * M / 300e9 + 1e-6).epsilon(1e-9));
+  CHECK(duration(t, a2a) == Approx(8.4e-6 + 7 * M / 231.6e9 + 1e-6).epsilon(1e-9));
 }
 
 TEST_CASE("an all-to-all on one NVSwitch node matches the analytic time") { check_nvswitch_alltoall(true); }
@@ -90,7 +90,7 @@ TEST_CASE("a ring all-reduce on one node matches 2(n-1)/n S over the link bandwi
   TaskGraph g(8);
   const OpId ar = g.add_collective(Stream::comm, "ar", {CollectiveType::all_reduce, {0, 1, 2, 3, 4, 5, 6, 7}, {S}, "ring"});
   const Timing t = b.sim.execute(g);
-  CHECK(duration(t, ar) == Approx(8.4e-6 + 2.0 * 7 / 8 * S / 300e9 + 1e-6).epsilon(1e-9));
+  CHECK(duration(t, ar) == Approx(8.4e-6 + 2.0 * 7 / 8 * S / 231.6e9 + 1e-6).epsilon(1e-9));
 }
 
 // The overheads NCCL itself estimates (platforms/nccl_constants.hpp, from src/graph/tuning.cc): a
@@ -105,9 +105,9 @@ TEST_CASE("a tiny collective costs NCCL's per-call latency, and each NIC message
   const OpId again = g.add_collective(Stream::comm, "again", tiny, {a2a});
   const OpId send = g.add_transfer(Stream::comm, "send", {0, 1, 16}, {again});
   const Timing t = b.sim.execute(g);
-  CHECK(duration(t, a2a) == Approx(8.4e-6 + 1e-6 + 7 * 16 / 300e9).epsilon(1e-6));
+  CHECK(duration(t, a2a) == Approx(8.4e-6 + 1e-6 + 7 * 16 / 231.6e9).epsilon(1e-6));
   CHECK(duration(t, again) == Approx(duration(t, a2a)).epsilon(1e-9));  // every call pays it
-  CHECK(duration(t, send) == Approx(1e-6 + 16 / 300e9).epsilon(1e-6));  // a transfer op is no NCCL call
+  CHECK(duration(t, send) == Approx(1e-6 + 16 / 231.6e9).epsilon(1e-6));  // a transfer op is no NCCL call
   CHECK(b.cluster.message_overhead_bytes(0, 8) == Approx(6e-6 * 25e9));
   CHECK(b.cluster.message_overhead_bytes(0, 1) == 0);  // inside a node: no NIC
   CHECK(Cluster(test::platform("dgx-h100", 2)).message_overhead_bytes(0, 8) == Approx(3e-6 * 50e9));  // Intel
