@@ -411,22 +411,35 @@ TEST_CASE("a chain's broadcast and reduce pay its pipeline fill: two 512 KiB sli
   }
 }
 
+namespace {
+
+// A ring broadcast over one node of 8 GPUs of `platform`, simulated at each (size, published
+// seconds): within 10% of the published time.
+void check_one_node_broadcast(const std::string& platform, const std::vector<std::pair<double, double>>& published) {
+  CollectiveSweep sweep;
+  sweep.platform = platform;
+  sweep.gpus = {8};
+  sweep.sizes.clear();  // not the sweep's default sizes
+  for (const auto& [bytes, seconds] : published) sweep.sizes.push_back(bytes);
+  sweep.collectives = {CollectiveType::broadcast};
+  sweep.algorithms = {"ring"};
+  const auto points = run_collective_sweep(sweep);
+  REQUIRE(points.size() == published.size());
+  for (std::size_t i = 0; i < published.size(); ++i) {
+    INFO(points[i].bytes << " bytes");
+    CHECK(points[i].seconds == Approx(published[i].second).epsilon(0.10));
+  }
+}
+
+}  // namespace
+
 // A published broadcast_perf (nccl-tests) on one node of 8 H800s with NCCL 2.18.3, whose log shows
 // its 16 channels all on one ring, so its tuner ran Simple (docs/collectives.md): 64 MiB in 430.6 µs,
 // 2 GiB in 13,018 µs, its bytes at 165 GB/s plus 26 µs. The fill of one 512 KiB slice a hop at the
 // link's rate keeps moesim within 10%; slices shared by the 16 channels at every hop would add about
 // 300 µs to the 64 MiB one (1.7x).
 TEST_CASE("a broadcast on 8 H800s: within 10% of a published nccl-tests run at 64 MiB and 2 GiB") {
-  CollectiveSweep sweep;
-  sweep.platform = "hgx-h800";
-  sweep.gpus = {8};
-  sweep.sizes = {64 << 20, 2.0 * (1 << 30)};
-  sweep.collectives = {CollectiveType::broadcast};
-  sweep.algorithms = {"ring"};
-  const auto points = run_collective_sweep(sweep);
-  REQUIRE(points.size() == 2);
-  CHECK(points[0].seconds == Approx(430.6e-6).epsilon(0.10));
-  CHECK(points[1].seconds == Approx(13018e-6).epsilon(0.10));
+  check_one_node_broadcast("hgx-h800", {{64 << 20, 430.6e-6}, {2.0 * (1 << 30), 13018e-6}});
 }
 
 // The A100's NVSwitch port is set from two published one-node all-reduce runs (dgx-a100.textproto);
@@ -434,16 +447,7 @@ TEST_CASE("a broadcast on 8 H800s: within 10% of a published nccl-tests run at 6
 // nccl-tests fixture: 256 MiB in 1,271.5 µs, 1 GiB in 4,769.2 µs), checks it: within 10% at both.
 // The datasheet's 300 GB/s gave 921 and 3,605 µs (-28%, -24%).
 TEST_CASE("a broadcast on 8 A100s: within 10% of a published nccl-tests run at 256 MiB and 1 GiB") {
-  CollectiveSweep sweep;
-  sweep.platform = "dgx-a100";
-  sweep.gpus = {8};
-  sweep.sizes = {256 << 20, 1 << 30};
-  sweep.collectives = {CollectiveType::broadcast};
-  sweep.algorithms = {"ring"};
-  const auto points = run_collective_sweep(sweep);
-  REQUIRE(points.size() == 2);
-  CHECK(points[0].seconds == Approx(1271.5e-6).epsilon(0.10));
-  CHECK(points[1].seconds == Approx(4769.2e-6).epsilon(0.10));
+  check_one_node_broadcast("dgx-a100", {{256 << 20, 1271.5e-6}, {1 << 30, 4769.2e-6}});
 }
 
 TEST_CASE("a staging memory that is not a vertex, or is a NIC, is refused naming the field") {
