@@ -35,7 +35,7 @@ int time_collectives(const CollectiveSweep& sweep, const std::string& out, bool 
     else
       fmt::print("{}{} on {}: simulated time; algbw = S/t, busbw = algbw x {} (nccl-tests), GB/s of 1e9 B\n\n",
                  i ? "\n" : "", collective_type_name(type), sweep.platform, bus_bandwidth_formula(type));
-    const bool picks = type == CollectiveType::all_reduce;
+    const bool picks = type == CollectiveType::all_reduce || type == CollectiveType::broadcast || type == CollectiveType::reduce;
     const int w = sweep.routed ? 16 : 10;  // "dispatch 123 MB"
     fmt::print("{:>6} {:>{}}  {:<10} {:>12} {:>11} {:>11} {:>9}{}\n", "GPUs", "S", w, "algorithm", "time us", "algbw", "busbw",
                "speedup", picks ? "  NCCL would run" : "");

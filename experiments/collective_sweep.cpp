@@ -330,6 +330,8 @@ std::vector<CollectivePoint> run_collective_sweep(const CollectiveSweep& sweep, 
         if (type == CollectiveType::all_reduce) {
           const NcclChoice choice = nccl_all_reduce_choice(cost.nccl_tuner_input(c.group), S);
           pick = choice.algorithm + "/" + nccl_protocol_name(choice.protocol);
+        } else if (type == CollectiveType::broadcast || type == CollectiveType::reduce) {
+          pick = std::string("ring/") + nccl_protocol_name(chain_protocol(c, cluster));
         }
         g.add_collective(Stream::comm, collective_type_name(type), std::move(c), {});
         points.push_back({type, n, S, algorithm, sim.execute(g).makespan(), pick});

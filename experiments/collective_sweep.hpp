@@ -53,8 +53,9 @@ struct CollectivePoint {
   double bytes = 0;
   std::string algorithm;
   double seconds = 0;
-  /// An all-reduce's: what NCCL's tuner would run for this size and group ("tree/LL128"; CostModel::
-  /// nccl_tuner_input()); empty for the other collectives.
+  /// What NCCL's tuner would run for this size and group: an all-reduce's algorithm and protocol
+  /// ("tree/LL128"; CostModel::nccl_tuner_input()), a broadcast's or reduce's protocol ("ring/Simple";
+  /// chain_protocol()); empty for the other collectives.
   std::string nccl_pick;
   /// A routed sweep's "dispatch" or "combine"; `bytes` is then what DeepEP's benchmark counts for
   /// rank 0: between nodes the tokens it sends once per node (its own node too), inside one node

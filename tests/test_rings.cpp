@@ -403,6 +403,8 @@ TEST_CASE("a chain's broadcast and reduce pay its pipeline fill: two 512 KiB sli
     const Collective big{type, {0, 1, 2, 3}, {S}, "ring"}, small{type, {0, 1, 2, 3}, {64 << 10}, "ring"};
     CHECK(lower(big, c).at(0).at(0).fill_seconds == Approx(2 * round / b));
     CHECK(lower(small, c).at(0).at(0).fill_seconds == 0);
+    CHECK(chain_protocol(big, c) == NcclProtocol::simple);
+    CHECK(chain_protocol(small, c) == NcclProtocol::ll);
     CHECK(CostModel(c, gpu).collective_time(big) == Approx(c.nccl_call_latency() + S / b + 2 * round / b));
     TaskGraph g(4);
     const OpId op = g.add_collective(Stream::comm, "chain", big);

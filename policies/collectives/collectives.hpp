@@ -147,6 +147,10 @@ TreeLinks double_binary_tree(int nodes, int node, int tree);
 /// the protocols enabled, the network plugin's latency.
 NcclTunerInput nccl_platform_input(const std::vector<int>& group, const Cluster& cluster);
 
+/// The protocol NCCL's tuner runs a ring broadcast or reduce of `c` with (nccl_chain_protocol() on
+/// the group's rings: the same ring for every channel when moesim has one); ring_broadcast.cpp.
+NcclProtocol chain_protocol(const Collective& c, const Cluster& cluster);
+
 /// A lowering of one lane of one step (moved, not copied: a step may hold a million transfers).
 Lowering one_step(Step step);
 

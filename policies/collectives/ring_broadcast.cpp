@@ -94,6 +94,15 @@ RingHops& cached_ring_hops(const std::vector<int>& group, const Cluster& cluster
   return cache.emplace(std::move(key), ring_hops(group, cluster)).first->second;
 }
 
+}  // namespace
+
+NcclProtocol chain_protocol(const Collective& c, const Cluster& cluster) {
+  const RingHops& rings = cached_ring_hops(c.group, cluster);
+  return nccl_chain_protocol(rings.tuner, rings.hop.size() == 1, c.bytes.empty() ? 0 : c.bytes[0]);
+}
+
+namespace {
+
 // A chain's pipeline fill, NCCL's way (docs/collectives.md, "A chain's pipeline fill"). The Simple
 // protocol moves a channel's bytes down the chain in slices of s = 512 KiB
 // (nccl::simpleChainSlice), and a hop forwards a slice only once it holds all of it
@@ -110,7 +119,7 @@ RingHops& cached_ring_hops(const std::vector<int>& group, const Cluster& cluster
 // the same hops backwards, at the same latency and bandwidth.
 double chain_fill(const Collective& c, double share, const Cluster& cluster) {
   RingHops& rings = cached_ring_hops(c.group, cluster);
-  const bool simple = nccl_chain_protocol(rings.tuner, rings.hop.size() == 1, c.bytes[0]) == NcclProtocol::simple;
+  const bool simple = chain_protocol(c, cluster) == NcclProtocol::simple;
   const double slice = simple ? std::min(nccl::simpleChainSlice, share / nccl::channelDuplication) : 0;
   if (slice != rings.slice) {
     rings.slice = slice;
