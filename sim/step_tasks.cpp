@@ -302,7 +302,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
         if (alone) {  // a gate its seconds after the step starts (timed_steps.cpp)
           auto gate = marker(op.rank);
           all.push_back(gate);  // started by its timer
-          floors[last.get()].push_back({gate, alone->seconds + step.fill_seconds});  // the fill's too
+          floors[last.get()].push_back({gate, alone->seconds});
           ends.push_back(gate);
         } else if (options.aggregate && step.sends())
           flows = aggregated_tasks(bytes());
@@ -329,9 +329,8 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
           for (auto& e : ends) e->add_successor(done);
           last = done;
         }
-        // A chain's pipeline fill: the step ends that long after its bytes (a timer, as the floors;
-        // a timed step's gate has it already).
-        if (step.fill_seconds > 0 && step.sends() && !alone) {
+        // A chain's pipeline fill: the step ends that long after its bytes (a timer, as the floors).
+        if (step.fill_seconds > 0 && step.sends()) {
           auto gate = marker(op.rank);
           all.push_back(gate);  // started by its timer
           floors[last.get()].push_back({gate, step.fill_seconds});

@@ -94,12 +94,14 @@ RingHops& cached_ring_hops(const std::vector<int>& group, const Cluster& cluster
   return cache.emplace(std::move(key), ring_hops(group, cluster)).first->second;
 }
 
-}  // namespace
-
-NcclProtocol chain_protocol(const Collective& c, const Cluster& cluster) {
-  const RingHops& rings = cached_ring_hops(c.group, cluster);
+// The protocol NCCL's tuner runs the chain of `c` over these rings with.
+NcclProtocol protocol(const RingHops& rings, const Collective& c) {
   return nccl_chain_protocol(rings.tuner, rings.hop.size() == 1, c.bytes.empty() ? 0 : c.bytes[0]);
 }
+
+}  // namespace
+
+NcclProtocol chain_protocol(const Collective& c, const Cluster& cluster) { return protocol(cached_ring_hops(c.group, cluster), c); }
 
 namespace {
 
@@ -119,7 +121,7 @@ namespace {
 // the same hops backwards, at the same latency and bandwidth.
 double chain_fill(const Collective& c, double share, const Cluster& cluster) {
   RingHops& rings = cached_ring_hops(c.group, cluster);
-  const bool simple = chain_protocol(c, cluster) == NcclProtocol::simple;
+  const bool simple = protocol(rings, c) == NcclProtocol::simple;
   const double slice = simple ? std::min(nccl::simpleChainSlice, share / nccl::channelDuplication) : 0;
   if (slice != rings.slice) {
     rings.slice = slice;
