@@ -74,19 +74,22 @@ double CostModel::collective_time(const Collective& c) const {
   return lowering.empty() ? 0 : cluster_.nccl_call_latency() + lowering_time(lowering, true);
 }
 
+// Lanes run at the same time: the longest lane, or longer where they share links, at least every
+// lane's bytes over the link they load most.
 double CostModel::lowering_time(const Lowering& lowering, bool floors) const {
   double longest = 0;
-  std::vector<double> load(bandwidth_.size());
+  std::vector<double> load(bandwidth_.size()), all(lowering.size() > 1 ? bandwidth_.size() : 0);
   for (const auto& lane : lowering) {
     double t = 0;
     for (const auto& step : lane) {
       std::fill(load.begin(), load.end(), 0.0);
       for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds, step.rounds * step.messages);
       t += std::max(max_time(load), floors ? step.min_seconds : 0.0) + step.fill_seconds;
+      for (std::size_t l = 0; l < all.size(); ++l) all[l] += load[l];
     }
     longest = std::max(longest, t);
   }
-  return longest;
+  return std::max(longest, all.empty() ? 0.0 : max_time(all));
 }
 
 double CostModel::allreduce_time(const std::vector<int>& group, double bytes) const {

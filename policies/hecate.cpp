@@ -16,7 +16,9 @@
 // numbers ask for that: they put sharding alone at 0.40-0.54x EP (Fig. 15a's 3.32x and 1.27x with
 // Fig. 9's 1.34-1.78x), which placing every expert by load (t = 0 there: 1.32x EP) cannot be. The
 // builder's under_attention schedule sends the copies (spAG) with the attention forward and
-// reduces their gradients to the owners (spRS) under the attention backward; each source's tokens
+// reduces their gradients to the owners (spRS) under the attention backward, each of a layer's
+// spAG and spRS one NCCL group call whose broadcasts (reduces) run at the same time (§5.1,
+// ReplicaOptions::grouped); each source's tokens
 // go to a copy on its own GPU, else on its node, else to one spread by source (replica_targets(),
 // the dispatcher of §7).
 //
@@ -34,7 +36,7 @@
 // order, each to the GPU with the most free slots; owners are not relabelled to minimise moves.
 // The calibration's m is what the fullest GPU has left (m minus its predicted copies), its t the
 // same t; its estimate of a layer is 3 × the slowest GPU's expert time (forward + backward) plus
-// 4 all-to-alls (FasterMoE's Lat_e2e), and its broadcasts count one after another (one stream).
+// 4 all-to-alls (FasterMoE's Lat_e2e), and its broadcasts count as one group call, as they run.
 #include "hecate.hpp"
 
 #include <fmt/format.h>
@@ -213,7 +215,7 @@ bool calibrate(LayerPlan& plan, int t, int m, const MoeModel& model, const CostM
   const std::vector<double> F(loads.begin(), loads.end());  // the real loads
   const auto extra = sparse_materialize(F, owner, t, m_left, cluster);
   LayerPlan calibrated = plan;
-  double broadcasts = 0;  // the extra spAG, one broadcast after another on the critical path
+  std::vector<std::vector<int>> chains;  // the extra spAG: one group call on the critical path
   for (int e = 0; e < E; ++e) {
     std::vector<int> fresh;
     for (int g : extra[std::size_t(e)])
@@ -225,9 +227,17 @@ bool calibrate(LayerPlan& plan, int t, int m, const MoeModel& model, const CostM
     rep->late = int(fresh.size());
     std::vector<int> chain{owner[std::size_t(e)]};
     chain.insert(chain.end(), fresh.begin(), fresh.end());
-    broadcasts += cost.broadcast_time(chain, model.expert_params() * model.dtype_bytes());
+    chains.push_back(std::move(chain));
   }
-  if (broadcasts == 0 || layer_estimate(calibrated, model, cost) + broadcasts >= layer_estimate(plan, model, cost)) return false;
+  if (chains.empty()) return false;
+  std::vector<int> members;
+  for (const auto& c : chains) members.insert(members.end(), c.begin(), c.end());
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  Collective spag{CollectiveType::broadcast, std::move(members), {model.expert_params() * model.dtype_bytes()}, "ring"};
+  spag.grouped = std::move(chains);
+  const double broadcasts = cost.collective_time(spag);
+  if ( layer_estimate(calibrated, model, cost) + broadcasts >= layer_estimate(plan, model, cost)) return false;
   plan = std::move(calibrated);
   return true;
 }
@@ -311,6 +321,7 @@ class Hecate final : public Policy {
     IterationPlan plan(std::move(plans));
     plan.replicas.timing = ReplicaSchedule::under_attention;
     plan.replicas.rematerialize = spec.rematerialize();
+    plan.replicas.grouped = true;  // §5.1: NCCL group calls, the broadcasts (reduces) at the same time
     return plan;
   }
 

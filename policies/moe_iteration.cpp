@@ -1,6 +1,7 @@
 #include "moe_iteration.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -270,9 +271,9 @@ TaskGraph LayerOps::build() {
       const int n = int(plan_.layers[std::size_t(l)].replicas.size());
       reduce_replicas(l, Stream::comm, l == 0 ? n : std::min(n, replicas_.agg_under_dense));  // SubAgg1
     } else {
+      const std::size_t before = reduces_.size();
       reduce_replicas(l, mode == RS::second_stream ? Stream::comm2 : Stream::comm);
-      if (mode == RS::exposed)
-        after.insert(after.end(), reduces_.end() - std::ptrdiff_t(plan_.layers[std::size_t(l)].replicas.size()), reduces_.end());
+      if (mode == RS::exposed) after.insert(after.end(), reduces_.begin() + std::ptrdiff_t(before), reduces_.end());
     }
     if (replicas_.rematerialize && l > 0) regather_replicas(l - 1);  // under attention_l's backward
     every_gpu(fmt::format("L{}.bwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::backward); }, after);
@@ -410,34 +411,82 @@ namespace {
 std::size_t early(const Replica& rep) { return rep.holders.size() - std::size_t(rep.late); }
 }  // namespace
 
+// The replicas' broadcasts or reduces `groups` (each the replica's owner first; experts[i] is
+// groups[i]'s): one op each ("<label>.e<expert>"), one after another on `stream`, or, with
+// ReplicaOptions::grouped, one op for all, an NCCL group call that runs them at the same time
+// ("<label>.e<expert>+<expert>+...", the experts in the order of Collective::grouped). Returns
+// each expert's op.
+std::vector<OpId> LayerOps::replica_collectives(Stream stream, const std::string& label, CollectiveType type,
+                                                std::vector<std::vector<int>> groups, const std::vector<int>& experts,
+                                                const std::vector<std::vector<OpId>>& deps) {
+  if (groups.empty()) return {};
+  if (!replicas_.grouped || groups.size() == 1) {
+    std::vector<OpId> ids;
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      ids.push_back(graph_.add_collective(stream, fmt::format("{}.e{}", label, experts[i]),
+                                          {type, std::move(groups[i]), {expert_bytes_}, "ring"}, deps[i]));
+    return ids;
+  }
+  std::vector<int> members;
+  std::vector<OpId> after;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    members.insert(members.end(), groups[i].begin(), groups[i].end());
+    after.insert(after.end(), deps[i].begin(), deps[i].end());
+  }
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  std::sort(after.begin(), after.end());
+  after.erase(std::unique(after.begin(), after.end()), after.end());
+  Collective c{type, std::move(members), {expert_bytes_}, "ring"};
+  c.grouped = std::move(groups);
+  return std::vector<OpId>(experts.size(),
+                           graph_.add_collective(stream, fmt::format("{}.e{}", label, fmt::join(experts, "+")), std::move(c), std::move(after)));
+}
+
 // The broadcasts of layer l's replicas not yet sent, up to the first `limit` of them.
 void LayerOps::broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps, int limit) {
   const auto& reps = plan_.layers[std::size_t(l)].replicas;
   const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
   if (replicas_.persistent) return;  // the copies are already there
+  std::vector<std::vector<int>> groups;
+  std::vector<int> experts;
   for (int& i = trans_sent_[std::size_t(l)]; i < end; ++i)
-    if (early(reps[std::size_t(i)]) > 0)
-      bcast_[std::size_t(l)][reps[std::size_t(i)].expert] = graph_.add_collective(
-          stream, fmt::format("L{}.fwd.replica_bcast.e{}", l, reps[std::size_t(i)].expert),
-          {CollectiveType::broadcast, group_of(l, reps[std::size_t(i)], 0, early(reps[std::size_t(i)])), {expert_bytes_}, "ring"}, deps);
+    if (const Replica& rep = reps[std::size_t(i)]; early(rep) > 0) {
+      groups.push_back(group_of(l, rep, 0, early(rep)));
+      experts.push_back(rep.expert);
+    }
+  const auto ids = replica_collectives(stream, fmt::format("L{}.fwd.replica_bcast", l), CollectiveType::broadcast, std::move(groups),
+                                       experts, std::vector<std::vector<OpId>>(experts.size(), deps));
+  for (std::size_t i = 0; i < ids.size(); ++i) bcast_[std::size_t(l)][experts[i]] = ids[i];
 }
 
 // Hecate's calibration (docs/spec/hecate.md §4.4): the copies decided from the gate's real counts, sent
 // after the gate on the comm stream, before the dispatch: on the critical path.
 void LayerOps::broadcast_late(int l) {
+  std::vector<std::vector<int>> groups;
+  std::vector<int> experts;
   for (const auto& rep : plan_.layers[std::size_t(l)].replicas)
-    if (rep.late > 0)
-      late_bcast_[{l, rep.expert}] = graph_.add_collective(
-          Stream::comm, fmt::format("L{}.fwd.replica_calibrate.e{}", l, rep.expert),
-          {CollectiveType::broadcast, group_of(l, rep, early(rep)), {expert_bytes_}, "ring"}, ready_);
+    if (rep.late > 0) {
+      groups.push_back(group_of(l, rep, early(rep)));
+      experts.push_back(rep.expert);
+    }
+  const auto ids = replica_collectives(Stream::comm, fmt::format("L{}.fwd.replica_calibrate", l), CollectiveType::broadcast,
+                                       std::move(groups), experts, std::vector<std::vector<OpId>>(experts.size(), ready_));
+  for (std::size_t i = 0; i < ids.size(); ++i) late_bcast_[{l, experts[i]}] = ids[i];
 }
 
 // Re-materialization (docs/spec/hecate.md §6): layer l's copies gathered again for its backward (a second
 // spAG to every holder), on the comm stream after the spRS of layer l + 1.
 void LayerOps::regather_replicas(int l) {
-  for (const auto& rep : plan_.layers[std::size_t(l)].replicas)
-    regather_[{l, rep.expert}] = graph_.add_collective(Stream::comm, fmt::format("L{}.bwd.replica_regather.e{}", l, rep.expert),
-                                                       {CollectiveType::broadcast, group_of(l, rep), {expert_bytes_}, "ring"}, {});
+  std::vector<std::vector<int>> groups;
+  std::vector<int> experts;
+  for (const auto& rep : plan_.layers[std::size_t(l)].replicas) {
+    groups.push_back(group_of(l, rep));
+    experts.push_back(rep.expert);
+  }
+  const auto ids = replica_collectives(Stream::comm, fmt::format("L{}.bwd.replica_regather", l), CollectiveType::broadcast,
+                                       std::move(groups), experts, std::vector<std::vector<OpId>>(experts.size()));
+  for (std::size_t i = 0; i < ids.size(); ++i) regather_[{l, experts[i]}] = ids[i];
 }
 
 // The op that brings GPU `rank` its copy of expert e of layer l for the forward or the backward
@@ -461,15 +510,26 @@ void LayerOps::reduce_replicas(int l, Stream stream, int limit) {
   const auto& reps = plan_.layers[std::size_t(l)].replicas;
   const int end = limit < 0 ? int(reps.size()) : std::min(limit, int(reps.size()));
   const bool all = replicas_.persistent;  // every copy keeps the summed gradient
+  std::vector<std::vector<int>> groups;
+  std::vector<int> experts;
+  std::vector<std::vector<OpId>> deps;
   for (int& i = agg_sent_[std::size_t(l)]; i < end; ++i) {
     const Replica& rep = reps[std::size_t(i)];
     auto group = group_of(l, rep);
-    const std::string algorithm = all ? all_reduce_algorithm(group, expert_bytes_) : "ring";  // reduce: ring only
-    reduces_.push_back(graph_.add_collective(
-        stream, fmt::format("L{}.bwd.replica_{}.e{}", l, all ? "allreduce" : "reduce", rep.expert),
-        {all ? CollectiveType::all_reduce : CollectiveType::reduce, std::move(group), {expert_bytes_}, algorithm},
-        users_[{l, rep.expert}]));
+    if (all) {
+      const std::string algorithm = all_reduce_algorithm(group, expert_bytes_);
+      reduces_.push_back(graph_.add_collective(stream, fmt::format("L{}.bwd.replica_allreduce.e{}", l, rep.expert),
+                                               {CollectiveType::all_reduce, std::move(group), {expert_bytes_}, algorithm},
+                                               users_[{l, rep.expert}]));
+      continue;
+    }
+    groups.push_back(std::move(group));  // a reduce: ring only
+    experts.push_back(rep.expert);
+    deps.push_back(users_[{l, rep.expert}]);
   }
+  const auto ids = replica_collectives(stream, fmt::format("L{}.bwd.replica_reduce", l), CollectiveType::reduce, std::move(groups), experts, deps);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (i == 0 || ids[i] != ids[i - 1]) reduces_.push_back(ids[i]);
 }
 
 void LayerOps::under_experts(int l, Pass pass) {

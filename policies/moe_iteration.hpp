@@ -107,6 +107,10 @@ struct ReplicaOptions {
   /// last layer keeps its copies (its backward follows its forward at once). Memory: one layer's
   /// copies at a time instead of every layer's.
   bool rematerialize = false;
+  /// A layer's broadcasts (and its reduces, and its re-materialization) go as one NCCL group call,
+  /// all at the same time, sharing the links (Hecate §5.1: "group calls that schedule a series of
+  /// Broadcast and Reduce operations at the same time"), instead of one after another.
+  bool grouped = false;
 };
 
 /// The expert kernels' shape (Tutel Fig. 23's baselines, TutelSpec).

@@ -295,8 +295,11 @@ OpId TaskGraph::add_shifted(const Op& op, int rank_offset, std::vector<OpId> dep
   copy.deps = std::move(deps);
   copy.body = op.body;
   if (auto* t = std::get_if<Transfer>(&copy.body)) t->src += rank_offset, t->dst += rank_offset;
-  if (auto* c = std::get_if<Collective>(&copy.body))
+  if (auto* c = std::get_if<Collective>(&copy.body)) {
     for (int& r : c->group) r += rank_offset;
+    for (auto& g : c->grouped)
+      for (int& r : g) r += rank_offset;
+  }
   if (auto* c = std::get_if<Computes>(&copy.body))
     for (int& r : c->ranks) r += rank_offset;
   return add(std::move(copy));  // a Computes op's parts numbered anew there
@@ -342,6 +345,12 @@ OpId TaskGraph::add_transfer(Stream stream, std::string label, Transfer t, std::
 
 OpId TaskGraph::add_collective(Stream stream, std::string label, Collective c, std::vector<OpId> deps) {
   if (c.group.empty()) throw std::logic_error("TaskGraph: collective '" + label + "' has an empty group");
+  if (!c.grouped.empty() && c.type != CollectiveType::broadcast && c.type != CollectiveType::reduce)
+    throw std::logic_error("TaskGraph: grouped collective '" + label + "' is not a broadcast or a reduce");
+  for (const auto& g : c.grouped)
+    for (int r : g)
+      if (std::find(c.group.begin(), c.group.end(), r) == c.group.end())
+        throw std::logic_error("TaskGraph: grouped collective '" + label + "' has a member outside its group");
   const int first = c.group.front();
   return add(Op{0, first, stream, std::move(label), std::move(deps), std::move(c)});
 }

@@ -255,6 +255,12 @@ struct Collective {
   /// The share of each member GPU's compute its kernels hold while it runs (DeepEP's normal
   /// kernels: their SMs over the GPU's), which compute overlapping it on that GPU goes without.
   double sm_share = 0;
+  /// An NCCL group call (ncclGroupStart ... ncclGroupEnd) of this collective over each of these
+  /// groups, root first: NCCL runs them at the same time, sharing the links (Hecate's sparse
+  /// collectives, "a series of Broadcast and Reduce operations at the same time": docs/spec/hecate.md
+  /// §2.2). Each moves `bytes`; `group` is then every member of them (the op's ranks), and a
+  /// lowering is theirs side by side, one lane each (collectives.cpp lower()).
+  std::vector<std::vector<int>> grouped = {};
   double total_bytes() const;
   /// Every byte count × factor (a pipeline's part, a compressed payload): `bytes`, `network_bytes`
   /// and `gathered`.

@@ -252,9 +252,10 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
     // each. Markers only where several activities join: every extra activity is an event,
     // and each event re-solves the sharing of the big parallel tasks then running.
     const auto& coll = std::get<Collective>(op.body);
-    const bool timed = options.aggregate && overlaps.alone(op.id);  // nothing else on the network meanwhile
     auto start = entry = keep(marker(op.rank));
     const Lowering lowering = options.aggregate ? lower_unlisted(coll, cluster) : lower(coll, cluster);
+    // Nothing else on the network meanwhile, not even another lane of its own.
+    const bool timed = options.aggregate && overlaps.alone(op.id) && lowering.size() <= 1;
     // NCCL's per-call latency: the lanes start that long after the call (a timer, as the floors).
     if (!lowering.empty() && cluster.nccl_call_latency() > 0) {
       auto gate = marker(op.rank);

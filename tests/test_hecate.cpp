@@ -188,11 +188,21 @@ GraphOwners graph_owners(const TaskGraph& g) {
   for (const auto& op : g.ops()) {
     if (op.label.find("migrate") == std::string::npos && op.label.find("replica_reduce") == std::string::npos) continue;
     const int layer = std::stoi(op.label.substr(1, op.label.find('.') - 1));
-    const int expert = op.label.find(".e") != std::string::npos ? std::stoi(op.label.substr(op.label.rfind(".e") + 2)) : -1;
+    // ".e<expert>", or a group call's ".e<expert>+<expert>+...", its members' experts in order.
+    std::vector<int> experts;
+    if (const auto at = op.label.rfind(".e"); at != std::string::npos)
+      for (std::size_t p = at + 2; p <= op.label.size(); p = op.label.find('+', p) + 1) {
+        experts.push_back(std::stoi(op.label.substr(p)));
+        if (op.label.find('+', p) == std::string::npos) break;
+      }
+    const int expert = experts.empty() ? -1 : experts.front();
     if (const auto* t = std::get_if<Transfer>(&op.body); t && op.label.find("migrate") != std::string::npos)
       out.migrations.push_back({layer, expert, t->src, t->dst});
-    if (const auto* c = std::get_if<Collective>(&op.body); c && c->type == CollectiveType::reduce)
-      out.reduce_root[{layer, expert}] = c->group.front();
+    const auto* c = std::get_if<Collective>(&op.body);
+    if (!c || c->type != CollectiveType::reduce) continue;
+    const auto members = c->grouped.empty() ? std::vector<std::vector<int>>{c->group} : c->grouped;
+    REQUIRE(members.size() == experts.size());
+    for (std::size_t i = 0; i < members.size(); ++i) out.reduce_root[{layer, experts[i]}] = members[i].front();
   }
   return out;
 }
@@ -282,6 +292,7 @@ struct SparseTraffic {
   double ring_allreduce = 0;  // what a ring all-reduce over each group moves (the rearrangement systems')
   double chunk_copies = 0;    // Σ_i (|𝒟_i| − 1): the (e, d) ∈ 𝒫′ \ 𝒫, i.e. λ|𝒞| over the iteration
   double last_layer_copies = 0;
+  int reduce_ops = 0;  // spRS ops: one group call a layer
   PolicyReport report;
   TaskGraph graph{1};
 };
@@ -303,11 +314,14 @@ SparseTraffic hecate_traffic(bool rematerialize) {
     if (c->type == CollectiveType::broadcast) out.spag += moved(*c, t.cluster);
     if (c->type != CollectiveType::reduce) continue;
     out.sprs += moved(*c, t.cluster);
-    const double n = double(c->group.size());  // |𝒟_i|: the owner and the copies
-    out.eq2 += n * 2 * (n - 1) / n * S;
-    out.ring_allreduce += moved({CollectiveType::all_reduce, c->group, {S}, "ring"}, t.cluster);
-    out.chunk_copies += n - 1;
-    if (op.label.rfind("L1.", 0) == 0) out.last_layer_copies += n - 1;
+    ++out.reduce_ops;
+    for (const auto& group : c->grouped.empty() ? std::vector<std::vector<int>>{c->group} : c->grouped) {
+      const double n = double(group.size());  // |𝒟_i|: the owner and the copies
+      out.eq2 += n * 2 * (n - 1) / n * S;
+      out.ring_allreduce += moved({CollectiveType::all_reduce, group, {S}, "ring"}, t.cluster);
+      out.chunk_copies += n - 1;
+      if (op.label.rfind("L1.", 0) == 0) out.last_layer_copies += n - 1;
+    }
   }
   return out;
 }
@@ -325,6 +339,9 @@ TEST_CASE("hecate: spAG and spRS move λ|𝒞| experts each, as Eq. (2)'s all-re
   // Eq. (2) (over each group's devices): the pair moves what the replicas' AllReduces would.
   CHECK(plain.spag + plain.sprs == Approx(plain.eq2));
   CHECK(plain.spag + plain.sprs == Approx(plain.ring_allreduce));
+  // §5.1: each layer's spRS is one NCCL group call of its reduces (2 layers).
+  CHECK(plain.reduce_ops > 0);
+  CHECK(plain.reduce_ops <= t.model.layers());
   // With re-materialization every layer but the last gathers its copies a second time.
   const auto rm = hecate_traffic(true);
   CHECK(rm.chunk_copies == plain.chunk_copies);  // the same placement

@@ -69,9 +69,30 @@ Lowering with_net_peer_cap(Lowering lowering, const Cluster& cluster) {
 
 }  // namespace
 
-Lowering lower(const Collective& c, const Cluster& cluster) { return with_net_peer_cap(algorithm_of(c).lower(c, cluster), cluster); }
+namespace {
+
+// An NCCL group call of one collective over several groups (Collective::grouped): each group's
+// lowering, side by side as lanes of their own, which run at the same time and share the links.
+Lowering lower_grouped(const Collective& c, const Cluster& cluster, Lowering (*each)(const Collective&, const Cluster&)) {
+  Lowering all;
+  Collective one = c;
+  one.grouped = {};
+  for (const auto& g : c.grouped) {
+    one.group = g;
+    for (auto& lane : each(one, cluster)) all.push_back(std::move(lane));
+  }
+  return all;
+}
+
+}  // namespace
+
+Lowering lower(const Collective& c, const Cluster& cluster) {
+  if (!c.grouped.empty()) return lower_grouped(c, cluster, lower);
+  return with_net_peer_cap(algorithm_of(c).lower(c, cluster), cluster);
+}
 
 Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
+  if (!c.grouped.empty()) return lower_grouped(c, cluster, lower_unlisted);
   const CollectiveAlgorithm& a = algorithm_of(c);
   return with_net_peer_cap(a.lower_unlisted ? a.lower_unlisted(c, cluster) : a.lower(c, cluster), cluster);
 }

@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.194]
+set yrange [0:3.371]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0723 0.0110 0.9812 0.0376 1.8226 0.0800 2.5999 0.1072
-"gpt-l" 1.0000 0.0000 1.2376 0.0174 0.9893 0.0358 1.8294 0.0846 2.4027 0.1368
+"gpt-s" 1.0000 0.0000 1.0723 0.0110 0.9812 0.0376 1.8226 0.0800 2.7415 0.1155
+"gpt-l" 1.0000 0.0000 1.2376 0.0174 0.9893 0.0358 1.8294 0.0846 2.4280 0.1386
 "bert" 1.0000 0.0000 1.1457 0.0144 0.9825 0.0412 1.9997 0.1054 1.8180 0.1373
 "bert-deep" 1.0000 0.0000 1.1486 0.0115 1.0050 0.0233 1.9978 0.0505 1.8319 0.1022
 EOD

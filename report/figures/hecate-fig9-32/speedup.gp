@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.657]
+set yrange [0:3.978]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0694 0.0142 0.9127 0.0447 1.7728 0.0798 2.8961 0.2031
-"gpt-l" 1.0000 0.0000 1.2243 0.0168 0.9251 0.0407 1.8390 0.0761 2.8006 0.1697
+"gpt-s" 1.0000 0.0000 1.0694 0.0142 0.9127 0.0447 1.7728 0.0798 3.1457 0.2256
+"gpt-l" 1.0000 0.0000 1.2243 0.0168 0.9251 0.0407 1.8390 0.0761 2.8438 0.1729
 "bert" 1.0000 0.0000 1.1310 0.0159 0.9121 0.0459 1.8867 0.0874 2.0654 0.1155
 "bert-deep" 1.0000 0.0000 1.1282 0.0072 0.9529 0.0214 1.8946 0.0336 2.0603 0.1017
 EOD
