@@ -230,14 +230,9 @@ bool calibrate(LayerPlan& plan, int t, int m, const MoeModel& model, const CostM
     chains.push_back(std::move(chain));
   }
   if (chains.empty()) return false;
-  std::vector<int> members;
-  for (const auto& c : chains) members.insert(members.end(), c.begin(), c.end());
-  std::sort(members.begin(), members.end());
-  members.erase(std::unique(members.begin(), members.end()), members.end());
-  Collective spag{CollectiveType::broadcast, std::move(members), {model.expert_params() * model.dtype_bytes()}, "ring"};
-  spag.grouped = std::move(chains);
-  const double broadcasts = cost.collective_time(spag);
-  if ( layer_estimate(calibrated, model, cost) + broadcasts >= layer_estimate(plan, model, cost)) return false;
+  const double broadcasts =
+      cost.collective_time(group_call(CollectiveType::broadcast, std::move(chains), model.expert_params() * model.dtype_bytes(), "ring"));
+  if (layer_estimate(calibrated, model, cost) + broadcasts >= layer_estimate(plan, model, cost)) return false;
   plan = std::move(calibrated);
   return true;
 }

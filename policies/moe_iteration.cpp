@@ -427,20 +427,12 @@ std::vector<OpId> LayerOps::replica_collectives(Stream stream, const std::string
                                           {type, std::move(groups[i]), {expert_bytes_}, "ring"}, deps[i]));
     return ids;
   }
-  std::vector<int> members;
   std::vector<OpId> after;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    members.insert(members.end(), groups[i].begin(), groups[i].end());
-    after.insert(after.end(), deps[i].begin(), deps[i].end());
-  }
-  std::sort(members.begin(), members.end());
-  members.erase(std::unique(members.begin(), members.end()), members.end());
+  for (const auto& d : deps) after.insert(after.end(), d.begin(), d.end());
   std::sort(after.begin(), after.end());
   after.erase(std::unique(after.begin(), after.end()), after.end());
-  Collective c{type, std::move(members), {expert_bytes_}, "ring"};
-  c.grouped = std::move(groups);
-  return std::vector<OpId>(experts.size(),
-                           graph_.add_collective(stream, fmt::format("{}.e{}", label, fmt::join(experts, "+")), std::move(c), std::move(after)));
+  return std::vector<OpId>(experts.size(), graph_.add_collective(stream, fmt::format("{}.e{}", label, fmt::join(experts, "+")),
+                                                                 group_call(type, std::move(groups), expert_bytes_, "ring"), std::move(after)));
 }
 
 // The broadcasts of layer l's replicas not yet sent, up to the first `limit` of them.

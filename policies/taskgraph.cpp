@@ -273,6 +273,16 @@ double CollectiveBytes::total() const {
 
 double Collective::total_bytes() const { return bytes.total(); }
 
+Collective group_call(CollectiveType type, std::vector<std::vector<int>> groups, double bytes, std::string algorithm) {
+  std::vector<int> members;
+  for (const auto& g : groups) members.insert(members.end(), g.begin(), g.end());
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  Collective c{type, std::move(members), {bytes}, std::move(algorithm)};
+  c.grouped = std::move(groups);
+  return c;
+}
+
 void TaskGraph::drop_collective_matrices() {
   for (auto& op : ops_)
     if (auto* c = std::get_if<Collective>(&op.body)) {

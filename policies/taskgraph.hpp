@@ -271,6 +271,11 @@ struct Collective {
   }
 };
 
+/// An NCCL group call of `type` over each of `groups` (each its root first), `bytes` each: the
+/// Collective whose `grouped` are the groups and whose `group` is every member of them, once, in
+/// rank order.
+Collective group_call(CollectiveType type, std::vector<std::vector<int>> groups, double bytes, std::string algorithm);
+
 /// What an op's time is accounted to: the phases of an iteration. An op's phase follows from its
 /// name (kOpNames in taskgraph.cpp, documented op by op in docs/timeline.md), or from its kind where
 /// the name is not one of moesim's (a calibration op, a test's).

@@ -422,15 +422,7 @@ TEST_CASE("a group call of broadcasts runs them at the same time, sharing the li
   const Cluster c(staged_platform(false));
   const GpuModel gpu(c.spec().gpu(), spec::FP16);
   const double b = 11e9, S = 8 << 20, call = c.nccl_call_latency();
-  auto grouped = [&](std::vector<std::vector<int>> groups) {
-    std::vector<int> members;
-    for (const auto& g : groups) members.insert(members.end(), g.begin(), g.end());
-    std::sort(members.begin(), members.end());
-    members.erase(std::unique(members.begin(), members.end()), members.end());
-    Collective coll{CollectiveType::broadcast, members, {S}, "ring"};
-    coll.grouped = std::move(groups);
-    return coll;
-  };
+  auto grouped = [&](std::vector<std::vector<int>> groups) { return group_call(CollectiveType::broadcast, std::move(groups), S, "ring"); };
   SimBackend sim(c, gpu);
   auto op_seconds = [&](const Collective& coll) {
     TaskGraph g(4);
@@ -440,6 +432,7 @@ TEST_CASE("a group call of broadcasts runs them at the same time, sharing the li
   };
   // Opposite directions: one broadcast's time, not two.
   const Collective crossing = grouped({{0, 1}, {1, 0}});
+  CHECK(crossing.group == std::vector<int>{0, 1});  // every member once
   CHECK(lower(crossing, c).size() == 2);  // a lane each
   CHECK(op_seconds(crossing) == Approx(call + S / b).epsilon(1e-6));
   CHECK(CostModel(c, gpu).collective_time(crossing) == Approx(call + S / b));
