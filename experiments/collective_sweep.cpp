@@ -83,8 +83,10 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
     for (int i = 0; i < s.collectives_size(); ++i)
       if (s.collectives(i) != "all_to_all")
         throw InputError(file.describe(fmt::format("collectives[{}]", i), "a routed sweep times all-to-alls only"));
+    need(!r.has_sms() || (r.sms() >= 1 && r.sms() <= 1024), "sms", "must be in [1, 1024] (DeepEP's SMs; default 20)");
     f.sweep.routed = RoutedExchange{int(r.tokens()), int(r.hidden()), int(r.experts()), int(r.top_k()), int(r.node_limit()),
-                                    r.dispatch_bytes_per_element(), r.combine_bytes_per_element(), r.seed()};
+                                    r.dispatch_bytes_per_element(), r.combine_bytes_per_element(), r.seed(),
+                                    r.has_sms() ? int(r.sms()) : 20};
     f.sweep.collectives = {CollectiveType::all_to_all};
     f.sweep.sizes.clear();
   }
@@ -288,6 +290,11 @@ std::vector<CollectivePoint> run_routed_sweep(const CollectiveSweep& sweep, cons
           const CollectiveBytes network = CollectiveBytes(b.per_node).scaled(combine ? combine_scale : 1.0);
           c.network_bytes = combine ? network.transposed() : network;
           c.combine = combine;
+          if (const double sms = cluster.spec().gpu().sms(); sms > 0) {
+            if (r.sms > sms)
+              throw InputError(fmt::format("routed.sms: {} SMs, where the {} has {}", r.sms, cluster.spec().gpu().model(), sms));
+            c.sm_share = r.sms / sms;
+          }
         }
         TaskGraph g(cluster.num_gpus());
         g.add_collective(Stream::comm, combine ? "combine" : "dispatch", std::move(c), {});

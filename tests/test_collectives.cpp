@@ -436,6 +436,17 @@ TEST_CASE("a routed sweep spec: claims in GB/s of the dispatch or the combine, a
     CHECK(test::run_command(std::string(MOESIM_BIN) + " collective " + bad + " -q", out) == 2);
     CHECK_THAT(out, Catch::Matchers::Contains(field));
   }
+  // DeepEP's SMs: at least one, and no more than the GPU has (the H800's 132).
+  for (const auto& [sms, what] : std::vector<std::pair<std::string, std::string>>{
+           {"0", "field 'routed.sms'"}, {"133", "routed.sms: 133 SMs, where the H800-SXM-80GB has 132"}}) {
+    std::string spec = head;
+    spec.replace(spec.find("combine_bytes_per_element: 2 }"), 30, "combine_bytes_per_element: 2 sms: " + sms + " }");
+    const std::string bad = dir + "/sms.textproto";
+    test::write_file(bad, spec);
+    INFO(sms);
+    CHECK(test::run_command(std::string(MOESIM_BIN) + " collective " + bad + " -q", out) == 2);
+    CHECK_THAT(out, Catch::Matchers::Contains(what));
+  }
 }
 
 TEST_CASE("Megatron's all-gather dispatcher: a ring all-gather of every rank's tokens, whatever the routing") {

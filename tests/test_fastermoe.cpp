@@ -84,14 +84,14 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
     for (int j = 0; j < 8; ++j)
       if (i != j) bytes[i * 16 + j] = 1e6;  // node 0 only: each NVSwitch port carries 7 MB each way
   CHECK(cost.alltoall_time(bytes) == Approx(7e6 / 231.6e9));
-  bytes[0 * 16 + 8] = 50e6;  // plus 50 MB from GPU 0 to GPU 8 over its 25 GB/s rail (6 µs per message)
-  CHECK(cost.alltoall_time(bytes) == Approx(50e6 / 25e9 + 6e-6));
+  bytes[0 * 16 + 8] = 50e6;  // plus 50 MB from GPU 0 to GPU 8 over its 24 GB/s rail (6 µs per message)
+  CHECK(cost.alltoall_time(bytes) == Approx(50e6 / 24e9 + 6e-6));
   std::vector<int> ring(16);
   for (int r = 0; r < 16; ++r) ring[r] = r;
   // Eight rings (a channel per NIC), each on S/8: channel c leaves each node from GPU c-1 and enters
-  // at GPU c, so each 25 GB/s rail carries one ring edge each way, 2·15/16·S/8 in 30 messages, after
+  // at GPU c, so each 24 GB/s rail carries one ring edge each way, 2·15/16·S/8 in 30 messages, after
   // NCCL's 8.4 µs per call.
-  CHECK(cost.allreduce_time(ring, 100e6) == Approx(8.4e-6 + 2.0 * 15 / 16 * 100e6 / 8 / 25e9 + 30 * 6e-6));
+  CHECK(cost.allreduce_time(ring, 100e6) == Approx(8.4e-6 + 2.0 * 15 / 16 * 100e6 / 8 / 24e9 + 30 * 6e-6));
   // A broadcast from GPU 0: each channel's ring cut at 0 leaves and enters each node once, S/8 a
   // rail; then the chain's fill. NCCL runs it with LL128 here (eight channels that are not the same
   // ring: its tuner charges Simple 16 hops of 14 µs, LL128 16 of 4), whose lines cross a hop as they
@@ -101,7 +101,7 @@ TEST_CASE("cost model: all-to-all, all-reduce and compute on hand cases") {
   const double fill = bcast.at(0).at(0).fill_seconds;
   CHECK(fill > 0);
   CHECK(fill < 20e-6);
-  CHECK(cost.broadcast_time(ring, 100e6) == Approx(8.4e-6 + 100e6 / 8 / 25e9 + 6e-6 + fill));
+  CHECK(cost.broadcast_time(ring, 100e6) == Approx(8.4e-6 + 100e6 / 8 / 24e9 + 6e-6 + fill));
   const MoeModel m(layer_model(16, 1024, 4096));
   RoutingMatrix R(16, 16);
   for (int s = 0; s < 16; ++s) R.mutable_at(s, 3) = 4096, R.mutable_at(s, 9) = 4096;

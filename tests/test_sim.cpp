@@ -43,9 +43,9 @@ TEST_CASE("a single transfer takes bytes over the route's bandwidth plus its lat
   const Timing t = b.sim.execute(g);
   // Inside a node: gpu0 -> NVSwitch -> gpu1, 231.6 GB/s (as NCCL measures the port), 2 × 0.5 µs.
   CHECK(duration(t, intra) == Approx(B / 231.6e9 + 1e-6).epsilon(1e-9));
-  // Across nodes: PCIe 0.5 µs, NIC 25 GB/s 1 µs, two fabric links 0.25 µs each, NIC 1 µs, PCIe 0.5 µs;
+  // Across nodes: PCIe 0.5 µs, NIC 24 GB/s 1 µs, two fabric links 0.25 µs each, NIC 1 µs, PCIe 0.5 µs;
   // and the NIC's 6 µs per message (NCCL's proxy overhead on AMD hosts, Simple protocol).
-  CHECK(duration(t, inter) == Approx(B / 25e9 + 6e-6 + 3.5e-6).epsilon(1e-9));
+  CHECK(duration(t, inter) == Approx(B / 24e9 + 6e-6 + 3.5e-6).epsilon(1e-9));
   CHECK(t.start[inter] == Approx(t.end[intra]));
 }
 
@@ -108,9 +108,9 @@ TEST_CASE("a tiny collective costs NCCL's per-call latency, and each NIC message
   CHECK(duration(t, a2a) == Approx(8.4e-6 + 1e-6 + 7 * 16 / 231.6e9).epsilon(1e-6));
   CHECK(duration(t, again) == Approx(duration(t, a2a)).epsilon(1e-9));  // every call pays it
   CHECK(duration(t, send) == Approx(1e-6 + 16 / 231.6e9).epsilon(1e-6));  // a transfer op is no NCCL call
-  CHECK(b.cluster.message_overhead_bytes(0, 8) == Approx(6e-6 * 25e9));
+  CHECK(b.cluster.message_overhead_bytes(0, 8) == Approx(6e-6 * 24e9));
   CHECK(b.cluster.message_overhead_bytes(0, 1) == 0);  // inside a node: no NIC
-  CHECK(Cluster(test::platform("dgx-h100", 2)).message_overhead_bytes(0, 8) == Approx(3e-6 * 50e9));  // Intel
+  CHECK(Cluster(test::platform("dgx-h100", 2)).message_overhead_bytes(0, 8) == Approx(3e-6 * 48e9));  // Intel
 }
 
 TEST_CASE("ops on one stream serialize and ops on two streams overlap") {
@@ -228,6 +228,43 @@ TEST_CASE("DeepEP's SMs are taken from compute that overlaps its kernels on thei
   CHECK_THROWS_WITH(deepep_sm_share(p, test::platform("hgx-h800", 1).gpu()), Catch::Contains("give 1 to the GPU's 132"));
 }
 
+// Between nodes DeepEP's kernels move no more than their SMs do. On 2 H800 nodes every GPU sends B to
+// every other (the network carrying each token once per node, B a rail), so each GPU's experts hold
+// 15 B: its NVLink port would take 14 B (7 node-mates' own and 7 forwarded) in 14 B / 160 GB/s, while
+// 24 SMs at 124.92 / 24 GB/s each (deepep_alltoall.cpp, measured on H200s) take 15 B / 124.92 GB/s:
+// the kernels bind, in the simulation and the cost model. A combine's SMs move 145.16 / 24 GB/s each.
+// With no SMs known, or inside one node, the links alone set the time.
+TEST_CASE("DeepEP between nodes lasts at least its experts' tokens over its SMs' rate") {
+  Bench b("hgx-h800", 2);
+  const double B = 64e6, share = 24.0 / 132;
+  auto exchange = [&](int n, bool combine, double sm_share, bool cost_model = false) {
+    std::vector<double> bytes(std::size_t(n * n), B), network(std::size_t(n * n), 0.0);
+    for (int p = 0; p < n; ++p) {
+      bytes[std::size_t(p * n + p)] = 0;
+      if (n > 8) network[std::size_t(p * n + (p + 8) % 16)] = B;
+    }
+    Collective c{CollectiveType::all_to_all, {}, bytes, "deepep"};
+    for (int i = 0; i < n; ++i) c.group.push_back(i);
+    if (n > 8) c.network_bytes = network;
+    if (combine) {
+      c.bytes = c.bytes.transposed();
+      c.network_bytes = c.network_bytes.transposed();
+      c.combine = true;
+    }
+    c.sm_share = sm_share;
+    if (cost_model) return CostModel(b.cluster, b.gpu).collective_time(c);
+    TaskGraph g(b.cluster.num_gpus());
+    const OpId id = g.add_collective(Stream::comm, "exchange", c);
+    return duration(b.sim.execute(g), id);
+  };
+  CHECK(exchange(16, false, share) == Approx(15 * B / 124.92e9).epsilon(0.01));
+  CHECK(exchange(16, false, share, true) == Approx(15 * B / 124.92e9).epsilon(0.01));
+  CHECK(exchange(16, true, share) == Approx(15 * B / 145.16e9).epsilon(0.01));
+  CHECK(exchange(16, false, 0) == Approx(14 * B / 160e9).epsilon(0.01));
+  CHECK(exchange(8, false, share) == Approx(exchange(8, false, 0)).epsilon(1e-9));
+  CHECK(exchange(8, false, share) == Approx(7 * B / 160e9).epsilon(0.01));
+}
+
 TEST_CASE("with skewed routing the expert phase lasts as long as the most loaded GPU") {
   auto ex = load_experiment(test::kBaseSpec, {"cluster.nodes=2", "model.layers=1", "model.experts=16"});
   const Cluster cluster(ex.cluster_spec);
@@ -333,7 +370,7 @@ TEST_CASE("a dispatch sized by counts waits for their exchange and a host sync i
 TEST_CASE("a linear all-to-all whose pairs go as m messages pays the NIC's per-message time m times") {
   // Tutel's pipelined all-to-all sends ΔE messages per peer (Collective::messages). Two GPUs on two
   // DGX-A100 nodes exchange B bytes each way, once as one message per pair, then as four: the NIC
-  // (25 GB/s, 6 µs a message: NCCL's proxy overhead on AMD hosts) carries 18 µs more, in the backend
+  // (24 GB/s, 6 µs a message: NCCL's proxy overhead on AMD hosts) carries 18 µs more, in the backend
   // and in the cost model alike; the cost model adds NCCL's 8.4 µs per call.
   Bench b("dgx-a100", 2);
   const double B = 64e6;
@@ -347,7 +384,7 @@ TEST_CASE("a linear all-to-all whose pairs go as m messages pays the NIC's per-m
   CHECK(duration(t, c) - duration(t, a) == Approx(18e-6).epsilon(1e-3));
   const CostModel cost(b.cluster, b.gpu);
   CHECK(cost.collective_time(four) - cost.collective_time(one) == Approx(18e-6).epsilon(1e-3));
-  CHECK(cost.collective_time(one) == Approx(8.4e-6 + (B + 6e-6 * 25e9) / 25e9).epsilon(1e-6));
+  CHECK(cost.collective_time(one) == Approx(8.4e-6 + (B + 6e-6 * 24e9) / 24e9).epsilon(1e-6));
 }
 
 TEST_CASE("the parts of a Computes op chain on each GPU's stream, not step by step") {
@@ -487,7 +524,7 @@ TEST_CASE("the critical path adds up to the iteration's time through the smart s
 
 // NCCL's PXN (NodeSpec.pxn): each GPU of node 0 of 3 DGX H100s sends B to GPU 0 of node 1 and to
 // GPU 0 of node 2, as an all-to-all. Without PXN each GPU's own NIC sends its 2B, and each
-// receiving NIC 0 takes 8B: 8B at 50 GB/s. With PXN every message crosses NVLink to GPU 0 of node 0
+// receiving NIC 0 takes 8B: 8B at 48 GB/s. With PXN every message crosses NVLink to GPU 0 of node 0
 // first and leaves through its NIC 0, the receivers' rail: 16B through one NIC, twice as long. The
 // aggregated step and one flow per message must agree.
 double pxn_incast(bool pxn, bool aggregate) {
@@ -504,7 +541,7 @@ double pxn_incast(bool pxn, bool aggregate) {
   TaskGraph g(cluster.num_gpus());
   const OpId a2a = g.add_collective(Stream::comm, "a2a", c);
   const Timing t = sim.execute(g);
-  return duration(t, a2a) / (8 * B / 50e9);
+  return duration(t, a2a) / (8 * B / 48e9);
 }
 
 TEST_CASE("without PXN the receivers' NICs bind an incast") { CHECK(pxn_incast(false, true) == Approx(1).epsilon(1e-3)); }
@@ -514,9 +551,9 @@ TEST_CASE("with PXN the sender's NIC on the receivers' rail carries every messag
 TEST_CASE("with PXN one flow per message gives the aggregated step's time") { CHECK(pxn_incast(true, false) == Approx(2).epsilon(1e-3)); }
 
 // NCCL's channels to a send/recv peer on another node (NodeSpec.nccl_net_channels_per_peer), 14 GB/s
-// each: on 2 DGX A100s (25 GB/s NICs) GPU i of node 0 and GPU i of node 1 exchange B, each GPU's one
+// each: on 2 DGX A100s (24 GB/s NICs) GPU i of node 0 and GPU i of node 1 exchange B, each GPU's one
 // remote peer (2DH's inter-node phase on 2 nodes). With one channel (NCCL before 2.12) the exchange
-// lasts B / 14 GB/s, with two (28 GB/s) or none set the NIC binds: B / 25 GB/s. A linear all-to-all
+// lasts B / 14 GB/s, with two (28 GB/s) or none set the NIC binds: B / 24 GB/s. A linear all-to-all
 // of the 16 GPUs, 8 remote peers each, is the same with the cap and without. Returns the
 // all-to-all's time over B / 14 GB/s, simulated (sim) or as the cost model times it.
 double peer_capped(int channels, bool one_peer, bool sim_backend) {
@@ -537,13 +574,13 @@ double peer_capped(int channels, bool one_peer, bool sim_backend) {
   return duration(sim.execute(g), a2a) / (B / 14e9);
 }
 
-TEST_CASE("one NCCL channel to a remote peer caps its messages at 14 GB/s below the NIC's 25") {
+TEST_CASE("one NCCL channel to a remote peer caps its messages at 14 GB/s below the NIC's 24") {
   CHECK(peer_capped(1, true, true) == Approx(1).epsilon(1e-3));
   CHECK(peer_capped(1, true, false) == Approx(1).epsilon(1e-3));  // the cost model agrees
 }
 TEST_CASE("two NCCL channels to a remote peer leave the NIC to bind") {
-  CHECK(peer_capped(2, true, true) == Approx(14.0 / 25).epsilon(2e-3));
-  CHECK(peer_capped(0, true, false) == Approx(14.0 / 25).epsilon(2e-3));  // no cap set, in the cost model
+  CHECK(peer_capped(2, true, true) == Approx(14.0 / 24).epsilon(2e-3));
+  CHECK(peer_capped(0, true, false) == Approx(14.0 / 24).epsilon(2e-3));  // no cap set, in the cost model
 }
 TEST_CASE("a linear all-to-all with 8 remote peers a GPU is the same under a one-channel cap") {
   CHECK(peer_capped(1, false, true) == Approx(peer_capped(0, false, false)).epsilon(0.05));
@@ -551,8 +588,8 @@ TEST_CASE("a linear all-to-all with 8 remote peers a GPU is the same under a one
 
 TEST_CASE("a transfer between nodes under PXN leaves through the receiver's rail, sharing that NIC") {
   // 3 DGX H100s with PXN: GPU 0 -> GPU 1 of node 1 and GPU 1 -> GPU 1 of node 2, side by side, both
-  // through node 0's NIC 1 (GPU 0's message over NVLink to GPU 1 first): each at half of 50 GB/s.
-  // GPU 2 -> GPU 2 of node 1, on its own rail, alone at 50 GB/s.
+  // through node 0's NIC 1 (GPU 0's message over NVLink to GPU 1 first): each at half of 48 GB/s.
+  // GPU 2 -> GPU 2 of node 1, on its own rail, alone at 48 GB/s.
   auto spec = test::platform("dgx-h100", 3);
   spec.mutable_node()->set_pxn(true);
   const Cluster cluster(spec);
@@ -568,9 +605,9 @@ TEST_CASE("a transfer between nodes under PXN leaves through the receiver's rail
   const OpId b = g.add_transfer(Stream::comm, "b", {1, 17, B});
   const OpId c = g.add_transfer(Stream::comm, "c", {2, 10, B});
   const Timing t = sim.execute(g);
-  CHECK(duration(t, a) == Approx(2 * B / 50e9).epsilon(1e-3));
-  CHECK(duration(t, b) == Approx(2 * B / 50e9).epsilon(1e-3));
-  CHECK(duration(t, c) == Approx(B / 50e9).epsilon(1e-3));
+  CHECK(duration(t, a) == Approx(2 * B / 48e9).epsilon(1e-3));
+  CHECK(duration(t, b) == Approx(2 * B / 48e9).epsilon(1e-3));
+  CHECK(duration(t, c) == Approx(B / 48e9).epsilon(1e-3));
 }
 
 // Timed steps (sim/timed_steps.cpp): a collective that no other network op can overlap, or only ops

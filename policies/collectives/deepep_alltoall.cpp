@@ -21,10 +21,18 @@
 // holding both hops' transfers: the exchange lasts as long as its busiest link, NIC or NVLink, the
 // pipeline's fill (one chunk) neglected. The GPU posts its RDMA writes itself (IBGDA, DeepEP's
 // only internode transport since 3e54b78), so no message pays NCCL's CPU-proxy post cost
-// (messages = 0). Not modelled: the SMs' own copy throughput (20 SMs by the library's default,
-// 24 in its benchmark) and the per-call kernels beside the exchange (notify, which exchanges the
-// counts, or with a cached layout cached_notify, a barrier and buffer clean, which DeepEP's
-// benchmark timed with the exchange).
+// (messages = 0).
+//
+// Between nodes the kernels also have a throughput of their own, whatever the links allow: the
+// exchange lasts at least the tokens a GPU's experts hold (what it receives in a dispatch, sends
+// back in a combine, its own included; DeepEP's benchmark counts these as "NVL" bytes) over the
+// rate of the SMs the kernels run on (Collective::sm_share of the GPU's), internode_per_sm() each.
+// Inside one node the kernels are intranode.cu's, whose own rate is not known below the links' (an
+// H20 reached 337 GB/s, deepseek-ai/DeepEP#16, twice the H800's port), so no such floor applies
+// there. Not modelled: the per-call kernels beside the exchange (notify, which exchanges the counts,
+// or with a cached layout cached_notify, a barrier and buffer clean, which DeepEP's benchmark timed
+// with the exchange).
+#include <algorithm>
 #include <stdexcept>
 
 #include "collectives/collectives.hpp"
@@ -34,6 +42,29 @@ namespace moesim {
 extern const CollectiveAlgorithm linear_alltoall;
 
 namespace {
+
+// What one SM moves of the expert side's tokens in DeepEP's internode normal kernels, bytes a second
+// (Hopper: SM90 is what these kernels are built for). Measured with DeepEP's benchmark
+// (tests/test_internode.py, as at 3b1045d) on two nodes of 8 H200 with a 400 Gb/s CX7 per GPU, 24 SMs:
+// "Best dispatch (FP8): SMs 24 ...: 38.19 GB/s (RDMA), 124.92 GB/s (NVL)" and "Best combine: SMs 24
+// ...: 44.37 GB/s (RDMA), 145.16 GB/s (NVL)" (deepseek-ai/DeepEP#493, DeepEP a84a248). The H200's
+// NVLink moves 2.3x the H800's (370 against 160 GB/s, the platforms), yet its NVL bytes match the
+// H800's at EP 16 in DeepEP's own table (43 GB/s of RDMA counted is 140 of NVL): the kernels bind,
+// not the links. Per SM, linear in the SMs (an assumption: only 24 SMs were measured).
+double internode_per_sm(bool combine) { return (combine ? 145.16e9 : 124.92e9) / 24; }
+
+// The kernels' floor between nodes: the most tokens any GPU's experts hold (column sums of a
+// dispatch's bytes, row sums of a combine's, the GPU's own share included) over its SMs' rate.
+double internode_kernel_seconds(const Collective& c, const Cluster& cluster) {
+  const double sms = c.sm_share * double(cluster.spec().gpu().sms());
+  if (!(sms > 0)) return 0;
+  std::vector<double> held(c.group.size());
+  c.bytes.for_each(c.group.size(), [&](std::size_t p, std::size_t q, double b) {
+    held[c.combine ? p : q] += b;
+    return true;
+  });
+  return *std::max_element(held.begin(), held.end()) / (sms * internode_per_sm(c.combine));
+}
 
 Lowering lower_deepep(const Collective& c, const Cluster& cluster) {
   if (!whole_nodes(c.group, cluster)) return linear_alltoall.lower(c, cluster);
@@ -74,6 +105,7 @@ Lowering lower_deepep(const Collective& c, const Cluster& cluster) {
   }
   if (step.transfers.empty()) return {};
   step.messages = 0;
+  if (n > m) step.min_seconds = internode_kernel_seconds(c, cluster);
   return one_step(std::move(step));
 }
 

@@ -19,31 +19,30 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 $s0 << EOD
 8 1.3462 0
-16 2.48975 0
-32 3.78005 0
-64 4.49151 0
+16 2.59199 0
+32 3.93405 0
+64 4.67116 0
 EOD
 $s1 << EOD
 8 2.60198 0
-16 4.78284 0
-32 7.18853 0
-64 8.58108 0
+16 4.98063 0
+32 7.48456 0
+64 8.93113 0
 EOD
 $s2 << EOD
 8 0.891681 0
-16 1.10167 0
-32 1.66312 0
-64 2.1507 0
+16 1.60237 0
+32 1.7906 0
+64 2.23982 0
 EOD
 $s3 << EOD
 8 1.72049 0
-16 2.12538 0
-32 3.21428 0
-64 4.15988 0
+16 2.6687 0
+32 3.34771 0
+64 4.33271 0
 EOD
 set logscale x 2
-set yrange [0:*]
-set ytics 2
+set logscale y 10
 set xlabel 'GPUs'
 set ylabel 'All-to-all time (ms)'
 set key below Left reverse font ',6'

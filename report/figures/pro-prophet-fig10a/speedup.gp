@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.401]
+set yrange [0:1.402]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.8027 0.0552 1.0317 0.0710
-"M" 1.0000 0.0000 0.9294 0.0635 1.1060 0.0808
-"L" 1.0000 0.0000 0.9502 0.0631 1.1158 0.0711
-"DS" 1.0000 0.0000 0.8161 0.0291 1.0527 0.0337
-"DM" 1.0000 0.0000 0.9438 0.0267 1.1314 0.0388
+"S" 1.0000 0.0000 0.8091 0.0558 1.0350 0.0719
+"M" 1.0000 0.0000 0.9328 0.0638 1.1072 0.0810
+"L" 1.0000 0.0000 0.9519 0.0633 1.1163 0.0715
+"DS" 1.0000 0.0000 0.8215 0.0294 1.0545 0.0338
+"DM" 1.0000 0.0000 0.9465 0.0269 1.1316 0.0383
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

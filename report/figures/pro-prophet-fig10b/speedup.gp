@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.506]
+set yrange [0:1.504]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.6812 0.0286 1.0098 0.0491
-"M" 1.0000 0.0000 0.9029 0.0460 1.1267 0.0774
-"L" 1.0000 0.0000 0.9847 0.0552 1.1837 0.0923
-"DS" 1.0000 0.0000 0.7074 0.0302 1.0211 0.0419
-"DM" 1.0000 0.0000 0.9260 0.0421 1.1386 0.0636
+"S" 1.0000 0.0000 0.6886 0.0281 1.0134 0.0486
+"M" 1.0000 0.0000 0.9078 0.0452 1.1283 0.0757
+"L" 1.0000 0.0000 0.9869 0.0544 1.1839 0.0904
+"DS" 1.0000 0.0000 0.7151 0.0305 1.0254 0.0423
+"DM" 1.0000 0.0000 0.9307 0.0421 1.1403 0.0631
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

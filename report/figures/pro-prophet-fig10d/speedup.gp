@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.721]
+set yrange [0:1.718]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.7531 0.0485 1.1437 0.0684
-"M" 1.0000 0.0000 0.9942 0.0650 1.2760 0.0958
-"L" 1.0000 0.0000 1.0804 0.0790 1.3499 0.1086
-"DS" 1.0000 0.0000 0.7873 0.0421 1.1663 0.0657
-"DM" 1.0000 0.0000 1.0317 0.0567 1.3121 0.0780
+"S" 1.0000 0.0000 0.7622 0.0478 1.1459 0.0665
+"M" 1.0000 0.0000 1.0001 0.0637 1.2770 0.0933
+"L" 1.0000 0.0000 1.0832 0.0776 1.3499 0.1063
+"DS" 1.0000 0.0000 0.7963 0.0422 1.1684 0.0652
+"DM" 1.0000 0.0000 1.0367 0.0558 1.3118 0.0764
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -23,8 +23,8 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "top2" ci "top3" ci
-"k1" 1.0000 0.0000 0.7646 0.0164 0.6570 0.0180
-"k2" 1.0000 0.0000 0.8903 0.0159 0.8179 0.0274
+"k1" 1.0000 0.0000 0.7687 0.0155 0.6621 0.0174
+"k2" 1.0000 0.0000 0.8942 0.0152 0.8242 0.0269
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

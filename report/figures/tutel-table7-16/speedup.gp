@@ -23,14 +23,14 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "adaptive" 1.0000 0.0000
-"linear-1" 0.6977 0.0000
-"linear-2" 0.9328 0.0000
+"linear-1" 0.7017 0.0000
+"linear-2" 0.9381 0.0000
 "linear-4" 1.0000 0.0000
-"linear-8" 0.9333 0.0000
-"2dh-1" 0.4245 0.0000
-"2dh-2" 0.5216 0.0000
-"2dh-4" 0.5200 0.0000
-"2dh-8" 0.5167 0.0000
+"linear-8" 0.9310 0.0000
+"2dh-1" 0.4375 0.0000
+"2dh-2" 0.5376 0.0000
+"2dh-4" 0.5359 0.0000
+"2dh-8" 0.5326 0.0000
 EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7

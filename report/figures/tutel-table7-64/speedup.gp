@@ -23,14 +23,14 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "adaptive" 1.0000 0.0000
-"linear-1" 0.8225 0.0000
+"linear-1" 0.8275 0.0000
 "linear-2" 1.0000 0.0000
-"linear-4" 0.8894 0.0000
-"linear-8" 0.7283 0.0000
-"2dh-1" 0.7617 0.0000
-"2dh-2" 0.9303 0.0000
-"2dh-4" 0.9136 0.0000
-"2dh-8" 0.8820 0.0000
+"linear-4" 0.8927 0.0000
+"linear-8" 0.7350 0.0000
+"2dh-1" 0.7679 0.0000
+"2dh-2" 0.9325 0.0000
+"2dh-4" 0.9163 0.0000
+"2dh-8" 0.8855 0.0000
 EOD
 set xtics rotate by 45 right font ',7'
 set boxwidth 0.7
