@@ -407,6 +407,25 @@ TEST_CASE("a routed sweep: DeepEP's intranode dispatch lasts its busiest NVLink 
   CHECK((points[1].seconds - 8.4e-6) / (points[0].seconds - 8.4e-6) == Approx(2 / 1.03125).epsilon(0.005));
 }
 
+TEST_CASE("DeepEP's benchmark routing at EP 16: RDMA over NVL bytes as an H200 run of it measured") {
+  // DeepEP's test_internode.py prints, for rank 0, the tokens it sends once per node (RDMA, its own
+  // node too) and the tokens it receives (NVL, from itself too) over the same time, so their ratio is
+  // a property of the routing alone. Two nodes of 8 H200 (deepseek-ai/DeepEP#493): 40.89 / 133.78 =
+  // 0.3057 (BF16 dispatch) and 44.37 / 145.16 = 0.3057 (combine). moesim's sampler, with the
+  // benchmark's statistics (uniform scores, top-8 of 256 within 4 nodes), gives the same: the rate the
+  // kernels' floor takes from that run (deepep_alltoall.cpp) is in the bytes moesim counts.
+  const RoutedExchange r;
+  const int n = 16, per_gpu = r.experts / n;
+  std::vector<TokenSpread> spreads = {{per_gpu, 0, {}}, {per_gpu * 8, 0, {}}};
+  Rng rng(derive_seed(r.seed, std::uint64_t(n)));
+  sample_routing(std::vector<double>(std::size_t(r.experts), 1.0 / r.experts), n, r.tokens, r.top_k, rng, GroupLimit{2, 2},
+                 &spreads);
+  double rdma = 0, nvl = 0;
+  for (int node = 0; node < 2; ++node) rdma += double(spreads[1].at(0, node));
+  for (int p = 0; p < n; ++p) nvl += double(spreads[0].at(p, 0));
+  CHECK(rdma / nvl == Approx(0.3057).epsilon(0.02));
+}
+
 TEST_CASE("a routed sweep spec: claims in GB/s of the dispatch or the combine, and what it refuses") {
   const auto dir = test::temp_dir("routed");
   const std::string head = "name: \"r\"\nplatform: \"hgx-h800\"\ngpus: [8, 16]\nalgorithms: [\"deepep\", \"linear\"]\n"
