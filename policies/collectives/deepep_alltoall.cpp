@@ -49,8 +49,9 @@ namespace {
 // "Best dispatch (FP8): SMs 24 ...: 38.19 GB/s (RDMA), 124.92 GB/s (NVL)" and "Best combine: SMs 24
 // ...: 44.37 GB/s (RDMA), 145.16 GB/s (NVL)" (deepseek-ai/DeepEP#493, DeepEP a84a248). The H200's
 // NVLink moves 2.3x the H800's (370 against 160 GB/s, the platforms), yet its NVL bytes match the
-// H800's at EP 16 in DeepEP's own table (43 GB/s of RDMA counted is 140 of NVL): the kernels bind,
-// not the links. Per SM, linear in the SMs (an assumption: only 24 SMs were measured).
+// H800's at EP 16 in DeepEP's own table (43 GB/s of RDMA counted is 140 of NVL), as do two H20 nodes'
+// (up to 139.3 GB/s, DeepEP#137): the kernels bind, not the links. Per SM, linear in the SMs (an
+// assumption: only 24 SMs were measured).
 double internode_per_sm(bool combine) { return (combine ? 145.16e9 : 124.92e9) / 24; }
 
 // The kernels' floor between nodes: the most tokens any GPU's experts hold (column sums of a
