@@ -27,9 +27,10 @@
 // exchange lasts at least the tokens a GPU's experts hold (what it receives in a dispatch, sends
 // back in a combine, its own included; DeepEP's benchmark counts these as "NVL" bytes) over the
 // rate of the SMs the kernels run on (Collective::sm_share of the GPU's), internode_per_sm() each.
-// Inside one node the kernels are intranode.cu's, whose own rate is not known below the links' (an
-// H20 reached 337 GB/s, deepseek-ai/DeepEP#16, twice the H800's port), so no such floor applies
-// there. Not modelled: the per-call kernels beside the exchange (notify, which exchanges the counts,
+// Inside one node the kernels are intranode.cu's, which reach 77-88% of the NVLink port's rate on
+// Hopper (H200s at 24 SMs 321-332 GB/s of NVL bytes, aws-samples/awsome-distributed-training
+// deepep-benchmark; the H800's table 153-158): less on the faster port, which one rate does not
+// fit, so no floor applies there and the links set the time. Not modelled: the per-call kernels beside the exchange (notify, which exchanges the counts,
 // or with a cached layout cached_notify, a barrier and buffer clean, which DeepEP's benchmark timed
 // with the exchange).
 #include <algorithm>
