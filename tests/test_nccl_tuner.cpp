@@ -77,15 +77,16 @@ TEST_CASE("the cost model feeds NCCL's tuner its own bandwidths, and the policie
   const NcclTunerInput in = cost.nccl_tuner_input(first(16));
   CHECK(in.nodes == 2);
   CHECK(in.channels == 4);
-  // What NCCL's search gives on p4d (12 and 24 GB/s per channel) from the NICs' 12.5 GB/s.
-  CHECK(in.ring_bw == Approx(12.5).epsilon(0.02));
-  CHECK(in.tree_bw == Approx(25).epsilon(0.02));
+  // What NCCL's search gives on p4d (12 and 24 GB/s per channel): the NICs' 12 GB/s, NCCL's speed for
+  // a 100 Gb/s NIC (src/graph/search.cc speedArrayInter).
+  CHECK(in.ring_bw == Approx(12).epsilon(0.02));
+  CHECK(in.tree_bw == Approx(24).epsilon(0.02));
   CHECK(in.simple_only);
   CHECK(in.net_latency_us == 75);
   CHECK(in.nvlink);
   CHECK(cost.nccl_all_reduce(first(16), 1 << 30) == "tree");
-  // allreduce_time is the chosen algorithm's, here Tree's: S per node each way over 4 × 12.5 GB/s
-  // would take S / 50 GB/s, but NCCL's tree kernels carry at most 23.6 GB/s of bus bandwidth per
+  // allreduce_time is the chosen algorithm's, here Tree's: S per node each way over 4 × 12 GB/s
+  // would take S / 48 GB/s, but NCCL's tree kernels carry at most 23.6 GB/s of bus bandwidth per
   // channel (Ampere, 2 nodes), an algorithm bandwidth of 4 · 23.6 / 2 = 47.2 GB/s.
   CHECK(cost.allreduce_time(first(16), 1 << 30) ==
         Approx(cost.collective_time({CollectiveType::all_reduce, first(16), {1 << 30}, "tree"})));

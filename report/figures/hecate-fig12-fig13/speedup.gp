@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p4d-a100 × 32 GPUs; BERT-MoE-Deep (24 layers, 64 experts, top-2); generator preset naive, se...' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:4.345]
+set yrange [0:4.366]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"fastermoe" 1.0809 0.0075
-"smartmoe" 0.9898 0.0189
-"flexmoe" 2.8515 0.1651
-"hecate" 3.4819 0.2000
-"hecate-rm" 3.4397 0.1969
+"fastermoe" 1.0755 0.0075
+"smartmoe" 0.9896 0.0190
+"flexmoe" 2.8578 0.1667
+"hecate" 3.4980 0.2017
+"hecate-rm" 3.4464 0.1978
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

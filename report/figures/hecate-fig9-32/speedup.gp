@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.978]
+set yrange [0:3.994]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0694 0.0142 0.9127 0.0447 1.7728 0.0798 3.1457 0.2256
-"gpt-l" 1.0000 0.0000 1.2243 0.0168 0.9251 0.0407 1.8390 0.0761 2.8438 0.1729
-"bert" 1.0000 0.0000 1.1310 0.0159 0.9121 0.0459 1.8867 0.0874 2.0654 0.1155
-"bert-deep" 1.0000 0.0000 1.1282 0.0072 0.9529 0.0214 1.8946 0.0336 2.0603 0.1017
+"gpt-s" 1.0000 0.0000 1.0696 0.0142 0.9126 0.0448 1.7751 0.0800 3.1576 0.2273
+"gpt-l" 1.0000 0.0000 1.2246 0.0169 0.9251 0.0407 1.8402 0.0762 2.4608 0.1786
+"bert" 1.0000 0.0000 1.1312 0.0159 0.9120 0.0460 1.8888 0.0875 2.0669 0.1158
+"bert-deep" 1.0000 0.0000 1.1285 0.0072 0.9529 0.0214 1.8968 0.0337 2.0619 0.1021
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
