@@ -15,6 +15,7 @@
 #include "cost_model.hpp"
 #include "errors.hpp"
 #include "gpu.hpp"
+#include "policy.hpp"
 #include "routing.hpp"
 #include "simgrid_backend.hpp"
 #include "spec.hpp"
@@ -86,7 +87,7 @@ CollectiveSweepFile load_collective_sweep(const std::string& path) {
     need(!r.has_sms() || (r.sms() >= 1 && r.sms() <= 1024), "sms", "must be in [1, 1024] (DeepEP's SMs; default 20)");
     f.sweep.routed = RoutedExchange{int(r.tokens()), int(r.hidden()), int(r.experts()), int(r.top_k()), int(r.node_limit()),
                                     r.dispatch_bytes_per_element(), r.combine_bytes_per_element(), r.seed(),
-                                    r.has_sms() ? int(r.sms()) : 20};
+                                    r.has_sms() ? std::optional(r.sms()) : std::nullopt};
     f.sweep.collectives = {CollectiveType::all_to_all};
     f.sweep.sizes.clear();
   }
@@ -277,6 +278,7 @@ std::vector<CollectivePoint> run_routed_sweep(const CollectiveSweep& sweep, cons
   std::vector<CollectivePoint> points;
   const int total = int(sweep.gpus.size() * cases.size() * 2);
   const double combine_scale = r.combine_bytes_per_element / r.dispatch_bytes_per_element;
+  const double sm_share = deepep_sm_share(r.sms, cluster.spec().gpu(), "routed.sms");
   for (const auto& [type, algorithm] : cases)
     for (int n : sweep.gpus)
       for (const bool combine : {false, true}) {
@@ -290,11 +292,7 @@ std::vector<CollectivePoint> run_routed_sweep(const CollectiveSweep& sweep, cons
           const CollectiveBytes network = CollectiveBytes(b.per_node).scaled(combine ? combine_scale : 1.0);
           c.network_bytes = combine ? network.transposed() : network;
           c.combine = combine;
-          if (const double sms = cluster.spec().gpu().sms(); sms > 0) {
-            if (r.sms > sms)
-              throw InputError(fmt::format("routed.sms: {} SMs, where the {} has {}", r.sms, cluster.spec().gpu().model(), sms));
-            c.sm_share = r.sms / sms;
-          }
+          c.sm_share = sm_share;
         }
         TaskGraph g(cluster.num_gpus());
         g.add_collective(Stream::comm, combine ? "combine" : "dispatch", std::move(c), {});

@@ -32,7 +32,7 @@ struct RoutedExchange {
   int tokens = 4096, hidden = 7168, experts = 256, top_k = 8, node_limit = 4;
   double dispatch_bytes_per_element = 1 + 4.0 / 128, combine_bytes_per_element = 2;
   std::uint64_t seed = 1;
-  int sms = 20;  // DeepEP's kernels' SMs (Buffer.num_sms)
+  std::optional<std::uint32_t> sms;  // DeepEP's kernels' SMs (unset: 20, its Buffer.num_sms)
 };
 
 struct CollectiveSweep {

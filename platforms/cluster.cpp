@@ -1,9 +1,9 @@
-#include <atomic>
 #include "cluster.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <map>
 #include <numeric>

@@ -69,11 +69,14 @@ std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType ty
   return name;
 }
 
+double deepep_sm_share(std::optional<std::uint32_t> sms, const spec::GpuSpec& gpu, const std::string& field) {
+  if (sms && (*sms == 0 || (gpu.sms() > 0 && *sms > gpu.sms())))
+    throw FieldError(field, fmt::format("{} SMs: give 1 to the GPU's {}", *sms, gpu.sms()));
+  return gpu.sms() == 0 ? 0 : double(sms.value_or(20)) / double(gpu.sms());  // DeepEP's Buffer.num_sms
+}
+
 double deepep_sm_share(const spec::PolicySpec& spec, const spec::GpuSpec& gpu) {
-  const std::uint32_t sms = spec.deepep().has_sms() ? spec.deepep().sms() : 20;  // DeepEP's Buffer.num_sms
-  if (spec.deepep().has_sms() && (sms == 0 || (gpu.sms() > 0 && sms > gpu.sms())))
-    throw FieldError("policy.deepep.sms", fmt::format("{} SMs: give 1 to the GPU's {}", sms, gpu.sms()));
-  return gpu.sms() == 0 ? 0 : double(sms) / double(gpu.sms());
+  return deepep_sm_share(spec.deepep().has_sms() ? std::optional(spec.deepep().sms()) : std::nullopt, gpu, "policy.deepep.sms");
 }
 
 std::vector<int> spread_blocks(const std::string& algorithm, int experts, int gpus, int gpus_per_node) {

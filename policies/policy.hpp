@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,9 +111,11 @@ std::vector<int> spread_blocks(const std::string& algorithm, int experts, int gp
 /// "policy.all_reduce" for an unknown one.
 std::string collective_algorithm(const spec::PolicySpec& spec, CollectiveType type);
 
-/// The share of a GPU's compute DeepEP's kernels hold while they run (Collective::sm_share):
-/// policy.deepep.sms (default 20) over gpu.sms; 0 for a GPU whose SMs are unknown. FieldError
-/// "policy.deepep.sms" for 0 or more than the GPU has.
+/// The share of a GPU's compute DeepEP's kernels hold while they run (Collective::sm_share): `sms`
+/// (unset: 20, DeepEP's Buffer.num_sms) over gpu.sms; 0 for a GPU whose SMs are unknown.
+/// FieldError `field` (where `sms` was set) for 0 or more than the GPU has.
+double deepep_sm_share(std::optional<std::uint32_t> sms, const spec::GpuSpec& gpu, const std::string& field);
+/// The same for policy.deepep.sms.
 double deepep_sm_share(const spec::PolicySpec& spec, const spec::GpuSpec& gpu);
 
 }  // namespace moesim

@@ -457,7 +457,7 @@ TEST_CASE("a routed sweep spec: claims in GB/s of the dispatch or the combine, a
   }
   // DeepEP's SMs: at least one, and no more than the GPU has (the H800's 132).
   for (const auto& [sms, what] : std::vector<std::pair<std::string, std::string>>{
-           {"0", "field 'routed.sms'"}, {"133", "routed.sms: 133 SMs, where the H800-SXM-80GB has 132"}}) {
+           {"0", "field 'routed.sms'"}, {"133", "routed.sms: 133 SMs: give 1 to the GPU's 132"}}) {
     std::string spec = head;
     spec.replace(spec.find("combine_bytes_per_element: 2 }"), 30, "combine_bytes_per_element: 2 sms: " + sms + " }");
     const std::string bad = dir + "/sms.textproto";

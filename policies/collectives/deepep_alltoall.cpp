@@ -30,9 +30,9 @@
 // Inside one node the kernels are intranode.cu's, which reach 77-88% of the NVLink port's rate on
 // Hopper (H200s at 24 SMs 321-332 GB/s of NVL bytes, aws-samples/awsome-distributed-training
 // deepep-benchmark; the H800's table 153-158): less on the faster port, which one rate does not
-// fit, so no floor applies there and the links set the time. Not modelled: the per-call kernels beside the exchange (notify, which exchanges the counts,
-// or with a cached layout cached_notify, a barrier and buffer clean, which DeepEP's benchmark timed
-// with the exchange).
+// fit, so no floor applies there and the links set the time. Not modelled: the per-call kernels
+// beside the exchange (notify, which exchanges the counts, or with a cached layout cached_notify, a
+// barrier and buffer clean, which DeepEP's benchmark timed with the exchange).
 #include <algorithm>
 #include <stdexcept>
 
