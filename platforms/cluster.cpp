@@ -61,14 +61,18 @@ void validate_gpu(const spec::GpuSpec& gpu) {
           "is empty: without a curve every GEMM would run at the peak, however small; give at least one "
           "`gemm_efficiency { gflops: ... efficiency: ... }` (the catalog's platforms have theirs), or measure one "
           "with `moesim calibrate`");
-  double last = 0;
+  std::map<int, double> last;  // by dtype (0: the points without one)
   for (int i = 0; i < gpu.gemm_efficiency_size(); ++i) {
     const auto& p = gpu.gemm_efficiency(i);
-    require(std::isfinite(p.gflops()) && p.gflops() > last, fmt::format("gpu.gemm_efficiency[{}].gflops", i),
-            "must be > 0 and increase from point to point");
+    require(std::isfinite(p.gflops()) && p.gflops() > last[p.dtype()], fmt::format("gpu.gemm_efficiency[{}].gflops", i),
+            "must be > 0 and increase from point to point (among the points of one dtype)");
     require_in(p.efficiency(), kMinEfficiency, 1, fmt::format("gpu.gemm_efficiency[{}].efficiency", i), "");
-    last = p.gflops();
+    last[p.dtype()] = p.gflops();
   }
+  for (int i = 0; i < gpu.peak_size(); ++i)
+    require(last.count(gpu.peak(i).dtype()) || last.count(spec::DTYPE_UNSPECIFIED), fmt::format("gpu.peak[{}]", i),
+            fmt::format("{} has a peak but no GEMM-efficiency curve: give points with `dtype: {}` or points without a dtype",
+                        dtype_name(gpu.peak(i).dtype()), spec::DType_Name(gpu.peak(i).dtype())));
 }
 
 // Widest-shortest path: fewest hops, then the largest bottleneck bandwidth; first found on ties.

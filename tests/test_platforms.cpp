@@ -1,6 +1,8 @@
 // The catalog, the cluster's routes, the GPU compute model and spec-file plumbing.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "catalog.hpp"
 #include "cluster.hpp"
@@ -93,6 +95,70 @@ TEST_CASE("gemm efficiency interpolates in log size and clamps outside the curve
   CHECK(m.gemm_time(scores) == Approx(bytes / 1e12));
   CHECK(m.gemm_time(scores) > scores.flops() / (100e12 * m.gemm_efficiency(scores.flops())));
   CHECK_THROWS_AS(GpuModel(gpu, spec::BF16), FieldError);  // no bf16 peak on this GPU
+}
+
+TEST_CASE("a dtype's own GEMM-efficiency points make its curve, the others take the points without a dtype") {
+  spec::GpuSpec gpu = test_gpu({{1.0, 0.3}, {10.0, 0.65}});
+  gpu.mutable_peak()->Add()->set_dtype(spec::FP32);
+  gpu.mutable_peak(1)->set_tflops(20);
+  for (auto [gflops, eff] : {std::pair{1.0, 0.5}, std::pair{10.0, 0.9}}) {
+    auto* e = gpu.add_gemm_efficiency();
+    e->set_dtype(spec::FP32);
+    e->set_gflops(gflops);
+    e->set_efficiency(eff);
+  }
+  CHECK(GpuModel(gpu, spec::FP16).gemm_efficiency(1e9) == Approx(0.3));   // the untyped points
+  CHECK(GpuModel(gpu, spec::FP32).gemm_efficiency(1e9) == Approx(0.5));   // its own
+  CHECK(GpuModel(gpu, spec::FP32).gemm_efficiency(1e11) == Approx(0.9));
+  // Points of one dtype need not increase across another's: fp32's 1 GFLOP after fp16's 10.
+  spec::ClusterSpec c = test::platform("dgx1-v100", 1);
+  *c.mutable_gpu() = gpu;
+  CHECK_NOTHROW(Cluster(c));
+  // A dtype with a peak, no points of its own and no untyped points: refused, and no model built.
+  for (int i = 0; i < 2; ++i) gpu.mutable_gemm_efficiency()->Mutable(i)->set_dtype(spec::BF16);
+  *c.mutable_gpu() = gpu;
+  CHECK_THROWS_WITH(Cluster(c), Contains("gpu.peak[0]") && Contains("dtype: FP16"));
+  CHECK_THROWS_WITH(GpuModel(gpu, spec::FP16), Contains("gpu.gemm_efficiency") && Contains("fp16"));
+}
+
+// DeepBench's V100 GEMMs (tests/data/deepbench-v100-gemm.tsv: m, n, k, transposes, fp32 and fp16
+// microseconds on a DGX-1's SXM2 card) against the catalog's V100 model, the GEMMs the curves were
+// fitted to (tools/fit_gemm_curve.py: every shape below 0.3 GFLOP, above it m and n of 512 or more).
+TEST_CASE("the V100 platforms' GEMM model gives DeepBench's measured V100 GEMM times") {
+  std::ifstream in(std::string(MOESIM_SOURCE_DIR) + "/tests/data/deepbench-v100-gemm.tsv");
+  REQUIRE(in);
+  struct Row {
+    Gemm g;
+    double fp32_us, fp16_us;
+  };
+  std::vector<Row> rows;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line[0] == 'm') continue;
+    std::istringstream f(line);
+    Row r;
+    std::string ta, tb;
+    f >> r.g.m >> r.g.n >> r.g.k >> ta >> tb >> r.fp32_us >> r.fp16_us;
+    r.g.ta = ta == "T", r.g.tb = tb == "T";
+    if (r.g.flops() >= 0.3e9 && std::min(r.g.m, r.g.n) < 512) continue;
+    rows.push_back(r);
+  }
+  REQUIRE(rows.size() == 100);
+  for (const char* name : {"p3dn-v100", "dgx1-v100", "trevor"}) {
+    const spec::ClusterSpec c = test::platform(name, 1);
+    for (const auto dtype : {spec::FP16, spec::FP32}) {
+      INFO(name << " " << spec::DType_Name(dtype));
+      const GpuModel gpu(c.gpu(), dtype);
+      std::vector<double> err;
+      for (const auto& r : rows)
+        err.push_back(std::abs(std::log(gpu.gemm_time(r.g) * 1e6 / (dtype == spec::FP16 ? r.fp16_us : r.fp32_us))));
+      std::sort(err.begin(), err.end());
+      CHECK(err[err.size() / 2] < 0.06);  // the median GEMM within 6%
+      CHECK(err[err.size() * 9 / 10] < 0.25);
+      // The largest fat GEMMs, 0.81 (fp16) and 0.86 (fp32) of the peak: 6144 x 24000 x 2048 NN.
+      const Gemm big{6144, 24000, 2048};
+      CHECK(big.flops() / gpu.gemm_time(big) / gpu.peak_flops() == Approx(dtype == spec::FP16 ? 0.812 : 0.859));
+    }
+  }
 }
 
 TEST_CASE("a kernel takes at least the GPU's floor, kernel_us, and a GEMM of no tokens nothing") {

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:5.876]
+set yrange [0:5.812]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "zero3" ci "zero2" ci "fastmoe" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.4043 0.0012 1.5065 0.0555 2.7292 0.1005
-"gpt-l" 1.0000 0.0000 2.1745 0.0004 2.9695 0.1215 4.7170 0.2623
-"bert-deep" 1.0000 0.0000 1.3745 0.0010 0.8158 0.0325 2.0663 0.0767
-"bert-deep-l" 1.0000 0.0000 2.0834 0.0003 1.5583 0.0731 3.3934 0.0983
+"gpt-s" 1.0000 0.0000 1.4221 0.0005 1.4369 0.0528 2.8632 0.1040
+"gpt-l" 1.0000 0.0000 2.1734 0.0004 2.8640 0.1174 4.6711 0.2544
+"bert-deep" 1.0000 0.0000 1.3906 0.0002 0.7732 0.0300 2.1182 0.0904
+"bert-deep-l" 1.0000 0.0000 2.0782 0.0003 1.5055 0.0708 3.3375 0.0982
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

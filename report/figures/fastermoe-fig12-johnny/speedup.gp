@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:1.743]
+set yrange [0:1.766]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "smart" ci
-"gpt-s" 1.0000 0.0000 1.3648 0.0643
-"gpt-l" 1.0000 0.0000 1.2162 0.0460
-"bert-deep" 1.0000 0.0000 1.4063 0.0707
-"bert-deep-l" 1.0000 0.0000 1.2173 0.0491
+"gpt-s" 1.0000 0.0000 1.4055 0.0697
+"gpt-l" 1.0000 0.0000 1.2020 0.0454
+"bert-deep" 1.0000 0.0000 1.4262 0.0707
+"bert-deep-l" 1.0000 0.0000 1.2071 0.0460
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

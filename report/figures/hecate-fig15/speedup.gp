@@ -19,16 +19,16 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; GPT-MoE-S (12 layers, 64 experts, top-2); generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.899]
+set yrange [0:3.845]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "ep" 1.0000 0.0000
-"mat" 2.7584 0.2404
-"sharding" 0.8220 0.0474
-"interval-10" 2.7054 0.1918
-"interval-25" 2.9484 0.2177
-"interval-50" 3.0134 0.2233
-"interval-100" 3.0674 0.2365
+"mat" 2.7249 0.2338
+"sharding" 0.8243 0.0467
+"interval-10" 2.6820 0.1873
+"interval-25" 2.9151 0.2119
+"interval-50" 2.9768 0.2173
+"interval-100" 3.0282 0.2299
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.378]
+set yrange [0:3.301]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0724 0.0110 0.9812 0.0376 1.8238 0.0802 2.7467 0.1160
-"gpt-l" 1.0000 0.0000 1.2378 0.0174 0.9893 0.0358 1.8300 0.0847 2.1461 0.1270
-"bert" 1.0000 0.0000 1.1459 0.0145 0.9825 0.0412 2.0010 0.1055 1.8189 0.1375
-"bert-deep" 1.0000 0.0000 1.1488 0.0115 1.0050 0.0233 1.9992 0.0506 1.8329 0.1025
+"gpt-s" 1.0000 0.0000 1.0939 0.0116 0.9837 0.0374 1.8183 0.0791 2.6853 0.1125
+"gpt-l" 1.0000 0.0000 1.2718 0.0186 0.9915 0.0355 1.8392 0.0859 2.4143 0.1400
+"bert" 1.0000 0.0000 1.1737 0.0152 0.9851 0.0408 2.0011 0.1051 1.7996 0.1354
+"bert-deep" 1.0000 0.0000 1.1768 0.0122 1.0072 0.0231 1.9994 0.0499 1.8137 0.1016
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'p3dn-v100 × 32 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over ep (x)'
-set yrange [0:3.994]
+set yrange [0:3.937]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "ep" ci "fastermoe" ci "smartmoe" ci "flexmoe" ci "hecate" ci
-"gpt-s" 1.0000 0.0000 1.0696 0.0142 0.9126 0.0448 1.7751 0.0800 3.1576 0.2273
-"gpt-l" 1.0000 0.0000 1.2246 0.0169 0.9251 0.0407 1.8402 0.0762 2.4608 0.1786
-"bert" 1.0000 0.0000 1.1312 0.0159 0.9120 0.0460 1.8888 0.0875 2.0669 0.1158
-"bert-deep" 1.0000 0.0000 1.1285 0.0072 0.9529 0.0214 1.8968 0.0337 2.0619 0.1021
+"gpt-s" 1.0000 0.0000 1.0870 0.0142 0.9151 0.0441 1.7785 0.0787 3.1156 0.2206
+"gpt-l" 1.0000 0.0000 1.2568 0.0174 0.9279 0.0398 1.8568 0.0754 2.8379 0.1703
+"bert" 1.0000 0.0000 1.1548 0.0160 0.9148 0.0451 1.8990 0.0867 2.0530 0.1141
+"bert-deep" 1.0000 0.0000 1.1522 0.0075 0.9551 0.0208 1.9071 0.0332 2.0479 0.1014
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
