@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.402]
+set yrange [0:1.467]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.8091 0.0558 1.0350 0.0719
-"M" 1.0000 0.0000 0.9328 0.0638 1.1072 0.0810
-"L" 1.0000 0.0000 0.9519 0.0633 1.1163 0.0715
-"DS" 1.0000 0.0000 0.8215 0.0294 1.0545 0.0338
-"DM" 1.0000 0.0000 0.9465 0.0269 1.1316 0.0383
+"S" 1.0000 0.0000 0.8233 0.0582 1.0540 0.0752
+"M" 1.0000 0.0000 0.9551 0.0660 1.1400 0.0862
+"L" 1.0000 0.0000 0.9854 0.0663 1.1608 0.0822
+"DS" 1.0000 0.0000 0.8370 0.0303 1.0753 0.0353
+"DM" 1.0000 0.0000 0.9712 0.0283 1.1637 0.0416
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

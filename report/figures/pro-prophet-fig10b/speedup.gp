@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.504]
+set yrange [0:1.559]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.6886 0.0281 1.0134 0.0486
-"M" 1.0000 0.0000 0.9078 0.0452 1.1283 0.0757
-"L" 1.0000 0.0000 0.9869 0.0544 1.1839 0.0904
-"DS" 1.0000 0.0000 0.7151 0.0305 1.0254 0.0423
-"DM" 1.0000 0.0000 0.9307 0.0421 1.1403 0.0631
+"S" 1.0000 0.0000 0.7023 0.0297 1.0319 0.0535
+"M" 1.0000 0.0000 0.9320 0.0516 1.1654 0.0837
+"L" 1.0000 0.0000 1.0230 0.0639 1.2210 0.1003
+"DS" 1.0000 0.0000 0.7297 0.0319 1.0450 0.0457
+"DM" 1.0000 0.0000 0.9558 0.0461 1.1813 0.0686
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 2 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over baseline (x)'
-set yrange [0:1.636]
+set yrange [0:1.698]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" ci "planner" ci "scheduler" ci "full" ci
-"k1" 1.0000 0.0000 1.0490 0.0510 1.1193 0.0787 1.1072 0.0810
-"k2" 1.0000 0.0000 1.1426 0.0776 1.2741 0.0961 1.2852 0.1009
+"k1" 1.0000 0.0000 1.0589 0.0566 1.1400 0.0866 1.1400 0.0862
+"k2" 1.0000 0.0000 1.1665 0.0814 1.3143 0.1001 1.3316 0.1074
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
