@@ -161,6 +161,20 @@ TEST_CASE("the V100 platforms' GEMM model gives DeepBench's measured V100 GEMM t
   }
 }
 
+TEST_CASE("the RTX 3090 platforms run their largest SGEMM at the rate published runs measured") {
+  // 24.46, 24.79 and 24.84 TFLOP/s, the largest square torch.mm in fp32 on three 3090s
+  // (zzc0721/torch-performance-test-data database.md); fp16 keeps its own curve.
+  for (const char* name : {"rtx3090-pcie", "rtx3090-nvlink"}) {
+    INFO(name);
+    const spec::ClusterSpec c = test::platform(name, 1);
+    const Gemm big{8192, 8192, 8192};
+    const double tflops = big.flops() / GpuModel(c.gpu(), spec::FP32).gemm_time(big) / 1e12;
+    CHECK(tflops > 24.4);
+    CHECK(tflops < 25.0);
+    CHECK(GpuModel(c.gpu(), spec::FP16).gemm_efficiency(big.flops()) == Approx(0.85));
+  }
+}
+
 TEST_CASE("a kernel takes at least the GPU's floor, kernel_us, and a GEMM of no tokens nothing") {
   // 1 TB/s, 100 TFLOP/s at 50%, a floor of 3 µs: an op's time is the sum over its kernels of
   // max(kernel, 3 µs) (Compute::seconds).
