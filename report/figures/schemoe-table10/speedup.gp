@@ -19,13 +19,13 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx2080ti-pcie × 32 GPUs; ScheMoE ablation layer (1 layers, 32 experts, top-1); uniform: eve...' font ',5' noenhanced
 set ylabel 'Speedup over naive (x)'
-set yrange [0:1.761]
+set yrange [0:1.849]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $bars << EOD
 "naive" 1.0000 0.0000
-"z" 1.3802 0.0000
-"zp" 1.3802 0.0000
-"full" 1.4920 0.0000
+"z" 1.4334 0.0000
+"zp" 1.4334 0.0000
+"full" 1.5674 0.0000
 EOD
 set xtics rotate by 30 right
 set boxwidth 0.7

@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx2080ti-pcie × 32 GPUs; 4 models; uniform: every expert alike, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over tutel (x)'
-set yrange [0:1.745]
+set yrange [0:1.699]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "tutel" ci "fastermoe" ci "schemoe" ci
-"x12" 1.0000 0.0000 1.0193 0.0000 1.3934 0.0000
-"x16" 1.0000 0.0000 1.0207 0.0000 1.4320 0.0000
-"x20" 1.0000 0.0000 1.0216 0.0000 1.4590 0.0000
-"x24" 1.0000 0.0000 1.0222 0.0000 1.4790 0.0000
+"x12" 1.0000 0.0000 1.0194 0.0000 1.3683 0.0000
+"x16" 1.0000 0.0000 1.0207 0.0000 1.4009 0.0000
+"x20" 1.0000 0.0000 1.0215 0.0000 1.4235 0.0000
+"x24" 1.0000 0.0000 1.0221 0.0000 1.4400 0.0000
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
