@@ -175,6 +175,17 @@ TEST_CASE("the RTX 3090 platforms run their largest SGEMM at the rate published 
   }
 }
 
+TEST_CASE("the RTX 2080 Ti platform times fp32 GEMMs as the ScheMoE group's fit on its testbed") {
+  // Fragile-azalea/PipeMoE solver.py: t = 1.5e-4 s + 3.73e-14 s · m·n·k · 4 bytes.
+  const spec::ClusterSpec c = test::platform("rtx2080ti-pcie", 1);
+  const GpuModel gpu(c.gpu(), spec::FP32);
+  for (const Gemm g : {Gemm{4216, 512, 512}, Gemm{2108, 512, 2048}, Gemm{19661, 8192, 8192}, Gemm{1024, 1024, 1024}}) {
+    INFO(g.m << " x " << g.n << " x " << g.k);
+    const double fit = 1.5e-4 + 3.73e-14 * double(g.m) * double(g.n) * double(g.k) * 4;
+    CHECK(gpu.gemm_time(g) == Approx(fit).epsilon(0.03));  // the curve's points interpolate the fit
+  }
+}
+
 TEST_CASE("a kernel takes at least the GPU's floor, kernel_us, and a GEMM of no tokens nothing") {
   // 1 TB/s, 100 TFLOP/s at 50%, a floor of 3 µs: an op's time is the sum over its kernels of
   // max(kernel, 3 µs) (Compute::seconds).
