@@ -29,7 +29,14 @@ int show(const std::string& name) {
   fmt::print("{}: {}\n", s.name(), s.description());
   fmt::print("  nodes {} × {} GPUs ({}), {} GiB, {:.0f} GB/s memory\n", s.nodes(), s.node().gpus(), s.gpu().model(),
              s.gpu().memory_gib(), s.gpu().memory_gbytes_per_s());
-  for (const auto& p : s.gpu().peak()) fmt::print("  peak {:<5} {:8.1f} TFLOP/s\n", dtype_name(p.dtype()), p.tflops());
+  // Each dtype's peak, and its GEMM-efficiency curve read at a few sizes (its own points or the
+  // untyped ones: EfficiencyPoint.dtype).
+  for (const auto& p : s.gpu().peak()) {
+    const GpuModel gpu(s.gpu(), p.dtype());
+    fmt::print("  peak {:<5} {:8.1f} TFLOP/s; GEMMs of 0.1 / 1 / 10 / 100 GFLOP at {:.0f} / {:.0f} / {:.0f} / {:.0f}% of it\n",
+               dtype_name(p.dtype()), p.tflops(), 100 * gpu.gemm_efficiency(1e8), 100 * gpu.gemm_efficiency(1e9),
+               100 * gpu.gemm_efficiency(1e10), 100 * gpu.gemm_efficiency(1e11));
+  }
   fmt::print("  routes inside a node (bottleneck GB/s, latency µs):\n");
   for (int i = 0; i < c.gpus_per_node(); ++i) {
     fmt::print("    gpu{}:", i);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gpu.hpp"
 #include "helpers.hpp"
 #include "taskgraph.hpp"
 
@@ -185,6 +186,20 @@ TEST_CASE("a custom platform's error names its file, line and field, from run an
   CHECK(test::run_command(kBin + " run " + test::kBaseSpec + kSmall + " --set cluster.platform=" + dir + "/h100.textproto --out " + dir + "/o", out) == 2);
   CHECK_THAT(out, Contains(where));
   CHECK_FALSE(fs::exists(dir + "/o"));
+}
+
+TEST_CASE("platform show prints each dtype's GEMM efficiency at a few sizes, from its own curve") {
+  // p3dn-v100 has one curve per dtype (DeepBench's V100): fp16's and fp32's lines differ.
+  std::string out;
+  REQUIRE(test::run_command(kBin + " platform show p3dn-v100", out) == 0);
+  const spec::ClusterSpec c = test::platform("p3dn-v100", 1);
+  for (const auto dtype : {spec::FP16, spec::FP32}) {
+    const GpuModel gpu(c.gpu(), dtype);
+    CHECK_THAT(out, Contains(fmt::format("GEMMs of 0.1 / 1 / 10 / 100 GFLOP at {:.0f} / {:.0f} / {:.0f} / {:.0f}% of it",
+                                         100 * gpu.gemm_efficiency(1e8), 100 * gpu.gemm_efficiency(1e9),
+                                         100 * gpu.gemm_efficiency(1e10), 100 * gpu.gemm_efficiency(1e11))));
+  }
+  CHECK(GpuModel(c.gpu(), spec::FP16).gemm_efficiency(1e10) < GpuModel(c.gpu(), spec::FP32).gemm_efficiency(1e10));
 }
 
 TEST_CASE("help is available at every level") {
