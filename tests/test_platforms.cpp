@@ -1,6 +1,8 @@
 // The catalog, the cluster's routes, the GPU compute model and spec-file plumbing.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -158,6 +160,34 @@ TEST_CASE("the V100 platforms' GEMM model gives DeepBench's measured V100 GEMM t
       const Gemm big{6144, 24000, 2048};
       CHECK(big.flops() / gpu.gemm_time(big) / gpu.peak_flops() == Approx(dtype == spec::FP16 ? 0.812 : 0.859));
     }
+  }
+}
+
+TEST_CASE("the V100 platforms' curves are what tools/fit_gemm_curve.py fits to DeepBench's GEMMs") {
+  if (std::system("python3 --version > /dev/null 2>&1") != 0) return test::skip("python3 is not installed");
+  std::string out;
+  REQUIRE(test::run_command("python3 " + std::string(MOESIM_SOURCE_DIR) + "/tools/fit_gemm_curve.py " +
+                                std::string(MOESIM_SOURCE_DIR) +
+                                "/tests/data/deepbench-v100-gemm.tsv --peak fp32=15.7 --peak fp16=125 --memory-gbps 900",
+                            out) == 0);
+  const spec::ClusterSpec c = test::platform("p3dn-v100", 1);
+  for (const auto dtype : {spec::FP16, spec::FP32}) {
+    // "fp16 fitted   100 GEMMs: 0.01->0.008 0.134->0.050 ...": each knot's value, as the platform has it.
+    const std::string tag = fmt::format("{} fitted", dtype_name(dtype));
+    const auto at = out.find(tag);
+    REQUIRE(at != std::string::npos);
+    std::istringstream line(out.substr(at, out.find('\n', at) - at));
+    std::string word;
+    int knots = 0;
+    while (line >> word) {
+      const auto arrow = word.find("->");
+      if (arrow == std::string::npos) continue;
+      const double gflops = std::stod(word.substr(0, arrow)), eff = std::stod(word.substr(arrow + 2));
+      INFO(tag << " " << word);
+      CHECK(GpuModel(c.gpu(), dtype).gemm_efficiency(gflops * 1e9) == Approx(eff).margin(0.0011));
+      ++knots;
+    }
+    CHECK(knots == 6);
   }
 }
 
