@@ -24,6 +24,9 @@ inline constexpr double p2pPerChannelNetBw = 14;
 /// (collectives.h BROADCAST_CHUNKSTEPS, REDUCE_CHUNKSTEPS = 1; broadcast.h and reduce.h: a chunk is
 /// min(this, the bytes left / channels)). The same at v2.10.3-1, the NCCL of the V100 papers.
 inline constexpr double simpleChainSlice = double(1 << 22) / 8;
+/// tuning.cc:331 (:130 at v2.10.3-1): a Tree's bus bandwidth is 0.92 of what its channels' links
+/// give ("busBw * .92"), before its kernels' per-channel cap (perChMaxTreeBws).
+inline constexpr double treeLinkEfficiency = 0.92;
 /// connect.cc ncclTopoPostset ("Duplicate channels rings/trees"): NCCL runs every channel its
 /// search found twice, on the same ring, up to MAXCHANNELS.
 inline constexpr int channelDuplication = 2;

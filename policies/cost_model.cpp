@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "collectives/collectives.hpp"
+#include "nccl_constants.hpp"
 
 namespace moesim {
 
@@ -83,7 +84,7 @@ double CostModel::lowering_time(const Lowering& lowering, bool floors) const {
     double t = 0;
     for (const auto& step : lane) {
       std::fill(load.begin(), load.end(), 0.0);
-      for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds, step.rounds * step.messages);
+      for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds / step.link_rate, step.rounds * step.messages);
       t += std::max(max_time(load), floors ? step.min_seconds : 0.0) + step.fill_seconds;
       for (std::size_t l = 0; l < all.size(); ++l) all[l] += load[l];
     }
@@ -100,12 +101,12 @@ NcclTunerInput CostModel::nccl_tuner_input(const std::vector<int>& group) const 
   NcclTunerInput in = nccl_platform_input(group, cluster_);
   if (in.ranks < 2) return in;
   const double S = double(1 << 30), n = in.ranks, C = in.channels;
-  // The links' bandwidth, as NCCL's search measures it: without the Tree kernels' cap, which the
-  // tuner applies itself.
+  // The links' bandwidth, as NCCL's search measures it: without the Tree kernels' cap and the 0.92 a
+  // tree reaches of its links, which the tuner applies itself.
   const double ring = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "ring"}, cluster_), true);
   const double tree = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "tree"}, cluster_), false);
   in.ring_bw = ring > 0 ? 2 * (n - 1) / n * S / ring / 1e9 / C : 0;
-  in.tree_bw = tree > 0 ? 2 * S / tree / 1e9 / C : 0;
+  in.tree_bw = tree > 0 ? 2 * S / (tree * nccl::treeLinkEfficiency) / 1e9 / C : 0;
   return in;
 }
 

@@ -247,13 +247,15 @@ TEST_CASE("ring all-reduce across 2 p4d nodes reaches the nodes' four NICs, not 
   CHECK(one == Approx(12e9).epsilon(0.01));
 }
 
-TEST_CASE("tree all-reduce across 2 p4d nodes, simulated: NCCL's pick there, at its kernels' cap") {
-  // The links allow S / 48 GB/s (S per node each way over 4 × 12 GB/s); NCCL's Tree kernels carry
-  // at most 23.6 GB/s of bus bandwidth per channel (tuning.cc perChMaxTreeBws, Ampere, 2 nodes):
-  // algbw 4 × 23.6 / 2 = 47.2 GB/s, busbw 47.2 × 30/16 = 88.5 GB/s, which the simulation reaches.
+TEST_CASE("tree all-reduce across 2 p4d nodes, simulated: NCCL's pick there, at 0.92 of its links") {
+  // The links allow S / 48 GB/s (S per node each way over 4 × 12 GB/s), and a tree moves at 0.92 of
+  // them as NCCL's tuner rates it ("busBw * .92"): algbw 44.16 GB/s, busbw 44.16 × 30/16 = 82.8 GB/s,
+  // under its kernels' cap of 23.6 GB/s of bus bandwidth a channel (perChMaxTreeBws, Ampere, 2 nodes:
+  // algbw 4 × 23.6 / 2 = 47.2). Published on 2 p4de: 76.8 and 78.3 GB/s (docs/collectives.md).
   const auto p = simulated_allreduce("p4d-a100", "tree");
-  CHECK(p.algbw() == Approx(47.2e9).epsilon(0.001));
-  CHECK(p.busbw() == Approx(88.5e9).epsilon(0.001));
+  CHECK(p.algbw() == Approx(48e9 * 0.92).epsilon(0.002));
+  CHECK(p.busbw() == Approx(48e9 * 0.92 * 30 / 16).epsilon(0.002));
+  CHECK(p.algbw() < 47.2e9);
   CHECK(p.nccl_pick == "tree/Simple");
 }
 

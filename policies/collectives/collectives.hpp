@@ -40,6 +40,9 @@ struct Step {
   /// limit (NCCL's per-channel Tree cap, tree_allreduce.cpp; its channels to a remote send/recv
   /// peer, Cluster::net_peer_bandwidth(), set by lower()). 0: none.
   double min_seconds = 0;
+  /// The fraction of its links' rate the step's transfers reach (their bytes take 1/link_rate as
+  /// long): NCCL's Tree moves at 0.92 of its links (tree_allreduce.cpp). 1: the links' rate.
+  double link_rate = 1;
   /// A chain's pipeline fill (ring_broadcast.cpp, chain_fill()): after its bytes, the step lasts
   /// this many seconds more, as the last slice crosses the chain's other hops. 0: none.
   double fill_seconds = 0;

@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "collectives/collectives.hpp"
+#include "nccl_constants.hpp"
 #include "nccl_tuner.hpp"
 
 namespace moesim {
@@ -81,6 +82,9 @@ Lowering lower_tree_allreduce(const Collective& c, const Cluster& cluster) {
         step.transfers.push_back({at, child, chunk});  // broadcast
       }
   }
+  // Its bytes move at 0.92 of the links' rate, as NCCL's tuner rates a tree (on 2 p4de nodes the
+  // published Tree all-reduce, 76.8-78.3 GB/s busbw, is within 6-8% of it: docs/collectives.md).
+  step.link_rate = nccl::treeLinkEfficiency;
   // NCCL's tree kernels move at most perChMaxTreeBws per channel (bus bandwidth; algorithm
   // bandwidth half of it): with C channels the all-reduce takes at least S / (C · cap / 2).
   const double cap = nccl_tree_channel_cap(int(cluster.spec().gpu().compute_capability()), nodes) * 1e9;
