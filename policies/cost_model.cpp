@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "collectives/collectives.hpp"
-#include "nccl_constants.hpp"
 
 namespace moesim {
 
@@ -77,15 +76,16 @@ double CostModel::collective_time(const Collective& c) const {
 
 // Lanes run at the same time: the longest lane, or longer where they share links, at least every
 // lane's bytes over the link they load most.
-double CostModel::lowering_time(const Lowering& lowering, bool floors) const {
+double CostModel::lowering_time(const Lowering& lowering, bool kernels) const {
   double longest = 0;
   std::vector<double> load(bandwidth_.size()), all(lowering.size() > 1 ? bandwidth_.size() : 0);
   for (const auto& lane : lowering) {
     double t = 0;
     for (const auto& step : lane) {
       std::fill(load.begin(), load.end(), 0.0);
-      for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * step.rounds / step.link_rate, step.rounds * step.messages);
-      t += std::max(max_time(load), floors ? step.min_seconds : 0.0) + step.fill_seconds;
+      const double scale = kernels ? step.rounds / step.link_rate : step.rounds;
+      for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * scale, step.rounds * step.messages);
+      t += std::max(max_time(load), kernels ? step.min_seconds : 0.0) + step.fill_seconds;
       for (std::size_t l = 0; l < all.size(); ++l) all[l] += load[l];
     }
     longest = std::max(longest, t);
@@ -102,11 +102,11 @@ NcclTunerInput CostModel::nccl_tuner_input(const std::vector<int>& group) const 
   if (in.ranks < 2) return in;
   const double S = double(1 << 30), n = in.ranks, C = in.channels;
   // The links' bandwidth, as NCCL's search measures it: without the Tree kernels' cap and the 0.92 a
-  // tree reaches of its links, which the tuner applies itself.
+  // tree reaches of its links (the lowering's min_seconds and link_rate), which the tuner applies itself.
   const double ring = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "ring"}, cluster_), true);
   const double tree = lowering_time(lower({CollectiveType::all_reduce, group, {S}, "tree"}, cluster_), false);
   in.ring_bw = ring > 0 ? 2 * (n - 1) / n * S / ring / 1e9 / C : 0;
-  in.tree_bw = tree > 0 ? 2 * S / (tree * nccl::treeLinkEfficiency) / 1e9 / C : 0;
+  in.tree_bw = tree > 0 ? 2 * S / tree / 1e9 / C : 0;
   return in;
 }
 

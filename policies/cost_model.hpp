@@ -86,8 +86,9 @@ class CostModel {
   std::size_t num_links() const { return bandwidth_.size(); }
 
  private:
-  // collective_time() of a lowering; `floors`: with its steps' min_seconds.
-  double lowering_time(const Lowering& lowering, bool floors) const;
+  // collective_time() of a lowering; `kernels`: with what its kernels lose to the links' rate, each
+  // step's min_seconds and link_rate (without: the links alone, as NCCL's topology search rates them).
+  double lowering_time(const Lowering& lowering, bool kernels) const;
   // Adds `bytes`, sent as `messages` messages (each with its NIC's overhead), to every directed link
   // on the route from GPU i to GPU j.
   void add_route(std::vector<double>& load, int i, int j, double bytes, int messages = 1) const;
