@@ -70,7 +70,7 @@ void validate_gpu(const spec::GpuSpec& gpu) {
     last[p.dtype()] = p.gflops();
   }
   for (int i = 0; i < gpu.peak_size(); ++i)
-    require(last.count(gpu.peak(i).dtype()) || last.count(spec::DTYPE_UNSPECIFIED), fmt::format("gpu.peak[{}]", i),
+    require(gemm_curve_dtype(gpu, gpu.peak(i).dtype()).has_value(), fmt::format("gpu.peak[{}]", i),
             fmt::format("{} has a peak but no GEMM-efficiency curve: give points with `dtype: {}` or points without a dtype",
                         dtype_name(gpu.peak(i).dtype()), spec::DType_Name(gpu.peak(i).dtype())));
 }

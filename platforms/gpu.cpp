@@ -25,6 +25,13 @@ const char* dtype_name(spec::DType dtype) {
   }
 }
 
+std::optional<spec::DType> gemm_curve_dtype(const spec::GpuSpec& gpu, spec::DType dtype) {
+  for (const auto want : {dtype, spec::DTYPE_UNSPECIFIED})
+    for (const auto& p : gpu.gemm_efficiency())
+      if (p.dtype() == want) return want;
+  return std::nullopt;
+}
+
 GpuModel::GpuModel(const spec::GpuSpec& gpu, spec::DType dtype) {
   for (const auto& p : gpu.peak())
     if (p.dtype() == dtype) peak_ = p.tflops() * 1e12;
@@ -37,15 +44,13 @@ GpuModel::GpuModel(const spec::GpuSpec& gpu, spec::DType dtype) {
   if (gpu.has_host_sync_us()) host_sync_ = gpu.host_sync_us() * 1e-6;
   if (gpu.has_launch_us()) launch_ = gpu.launch_us() * 1e-6;
   if (gpu.has_kernel_us()) kernel_ = gpu.kernel_us() * 1e-6;
-  // The dtype's own curve, else the points without a dtype.
-  for (const auto want : {dtype, spec::DTYPE_UNSPECIFIED}) {
+  if (const auto from = gemm_curve_dtype(gpu, dtype)) {
     for (const auto& p : gpu.gemm_efficiency())
-      if (p.dtype() == want) curve_.emplace_back(std::log(p.gflops()), p.efficiency());
-    if (!curve_.empty()) break;
-  }
-  if (curve_.empty() && gpu.gemm_efficiency_size() > 0)
+      if (p.dtype() == *from) curve_.emplace_back(std::log(p.gflops()), p.efficiency());
+  } else if (gpu.gemm_efficiency_size() > 0) {
     throw FieldError("gpu.gemm_efficiency", std::string("has no point for ") + dtype_name(dtype) + " on " + gpu.model() +
                                                 " and none without a dtype; add `gemm_efficiency { gflops: ... efficiency: ... }`");
+  }
   std::sort(curve_.begin(), curve_.end());
 }
 

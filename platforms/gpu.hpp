@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <compare>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "moesim.pb.h"
@@ -13,6 +14,9 @@ namespace moesim {
 /// Bytes per element of a dtype (fp32/tf32 4, fp16/bf16 2).
 int dtype_bytes(spec::DType dtype);
 const char* dtype_name(spec::DType dtype);
+/// Whose gemm_efficiency points make `dtype`'s curve on `gpu` (EfficiencyPoint.dtype): its own, else
+/// the points without a dtype (DTYPE_UNSPECIFIED); nullopt where neither exists.
+std::optional<spec::DType> gemm_curve_dtype(const spec::GpuSpec& gpu, spec::DType dtype);
 
 /// C[m×n] = op(A)·op(B) with op(A) m×k and op(B) k×n, `batch` times. `ta`/`tb`: A is stored k×m
 /// (B n×k) and read transposed, as a backward pass reads the forward's operands (the weight
