@@ -47,13 +47,14 @@ def fit(rows, knots, peak, memory):
     """Coordinate descent on the sum of squared log errors, each knot in [0.005, 0.95]."""
     values = [0.1] * len(knots)
     cost = lambda v: sum(e * e for e in errors(rows, knots, v, peak, memory))
+    best = cost(values)
     for _ in range(100):
         for i in range(len(values)):
             for factor in (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.01, 1.02, 1.05, 1.1, 1.25, 2.0):
                 trial = list(values)
                 trial[i] = min(0.95, max(0.005, values[i] * factor))
-                if cost(trial) < cost(values):
-                    values = trial
+                if (c := cost(trial)) < best:
+                    values, best = trial, c
     return values
 
 
