@@ -83,7 +83,7 @@ double CostModel::lowering_time(const Lowering& lowering, bool kernels) const {
     double t = 0;
     for (const auto& step : lane) {
       std::fill(load.begin(), load.end(), 0.0);
-      const double scale = kernels ? step.rounds / step.link_rate : step.rounds;
+      const double scale = kernels ? step.load_per_byte() : step.rounds;
       for (const auto& tr : step.transfers) add_route(load, tr.src, tr.dst, tr.bytes * scale, step.rounds * step.messages);
       t += std::max(max_time(load), kernels ? step.min_seconds : 0.0) + step.fill_seconds;
       for (std::size_t l = 0; l < all.size(); ++l) all[l] += load[l];

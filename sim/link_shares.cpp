@@ -279,7 +279,7 @@ const SimBackend::Impl::StepBytes& SimBackend::Impl::measure(const Step& step) {
   s.any_intra = s.any_inter = s.crosses = false;
   s.nic_latency = 0;
   s.intra_pair = -1, s.hops = 0;
-  const double scale = step.rounds / step.link_rate, messages = step.messages;
+  const double scale = step.load_per_byte(), messages = step.messages;
   double longest_intra = -1;  // the latency of intra_pair
   // Plain pointers and locals: a million calls a step, and through the vectors' members the
   // compiler reloaded every data pointer at each one.

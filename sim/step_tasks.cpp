@@ -308,7 +308,7 @@ sg4::ExecPtr SimBackend::Impl::issue(const Op& op, std::vector<sg4::ActivityPtr>
         } else if (options.aggregate && step.sends())
           flows = aggregated_tasks(bytes());
         else
-          for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.rounds / step.link_rate, false, step.messages, step.p2p));
+          for (const auto& tr : step.transfers) flows.push_back(transfer_task(tr, step.load_per_byte(), false, step.messages, step.p2p));
         for (auto& f : flows) {
           last->add_successor(f);
           ends.push_back(keep(f));

@@ -53,6 +53,8 @@ struct Step {
   /// between nodes through the receiver's rail (Cluster::pxn_proxy()); rings and trees are not.
   bool p2p = false;
   bool sends() const { return all_pairs || !transfers.empty(); }
+  /// What the links carry, in the time the step takes, per byte of a transfer: its rounds, at link_rate.
+  double load_per_byte() const { return rounds / link_rate; }
 };
 using Lane = std::vector<Step>;
 using Lowering = std::vector<Lane>;
