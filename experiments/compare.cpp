@@ -56,9 +56,10 @@ Run load(const std::string& arg) {
   return r;
 }
 
-/// "L3.fwd.a2a_dispatch.part1" -> "L#.fwd.a2a_dispatch.part#": the numbers that end a segment.
+/// "L3.fwd.a2a_dispatch.part1" -> "L#.fwd.a2a_dispatch.part#": the numbers that end a segment, a
+/// list of them too ("L3.fwd.replica_bcast.e4+9" -> "L#.fwd.replica_bcast.e#").
 std::string op_class(const std::string& label) {
-  static const std::regex numbered("([A-Za-z_]*)[0-9]+(?=\\.|$)");
+  static const std::regex numbered("([A-Za-z_]*)[0-9]+(?:\\+[0-9]+)*(?=\\.|$)");
   return std::regex_replace(label, numbered, "$1#");
 }
 

@@ -256,9 +256,15 @@ class FasterMoe final : public Policy {
       LayerPlan plan{routing, {}};
       if (f.topology_gate() != spec::FasterMoeSpec::NONE && in.cluster.nodes() > 1)
         in.report.rerouted_tokens += topology_aware_gate(plan.routing, in.cluster, in.model.tokens_per_gpu(), gate_limit(in));
-      if (shadow(f))
-        for (int e : shadowed(f, in, plan.routing))
-          plan.replicas.push_back(everywhere(e, in.model.experts(), in.cluster.num_gpus()));
+      if (shadow(f)) {
+        // Broadcast (and reduced) in the release's loop order, each local expert index over the
+        // workers in rank order (cuda/global_exchange.cuh, fmoe_cuda_model_exchange_impl): NCCL calls
+        // in turn, whose fills overlap where one root follows the last down the ring.
+        auto experts = shadowed(f, in, plan.routing);
+        const int local = std::max<int>(1, int(in.model.experts() / in.cluster.num_gpus()));
+        std::sort(experts.begin(), experts.end(), [local](int a, int b) { return std::pair(a % local, a / local) < std::pair(b % local, b / local); });
+        for (int e : experts) plan.replicas.push_back(everywhere(e, in.model.experts(), in.cluster.num_gpus()));
+      }
       in.report.shadowed_experts += int(plan.replicas.size());
       plans.push_back(std::move(plan));
     }

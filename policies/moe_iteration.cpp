@@ -412,27 +412,23 @@ std::size_t early(const Replica& rep) { return rep.holders.size() - std::size_t(
 }  // namespace
 
 // The replicas' broadcasts or reduces `groups` (each the replica's owner first; experts[i] is
-// groups[i]'s): one op each ("<label>.e<expert>"), one after another on `stream`, or, with
-// ReplicaOptions::grouped, one op for all, an NCCL group call that runs them at the same time
-// ("<label>.e<expert>+<expert>+...", the experts in the order of Collective::grouped). Returns
-// each expert's op.
+// groups[i]'s), one op for all ("<label>.e<expert>+<expert>+...", the experts in the order of
+// Collective::grouped; "<label>.e<expert>" for one) after every one's deps: NCCL calls one after
+// another on `stream` (Collective::in_turn), or, with ReplicaOptions::grouped, an NCCL group call
+// that runs them at the same time. Returns each expert's op.
 std::vector<OpId> LayerOps::replica_collectives(Stream stream, const std::string& label, CollectiveType type,
                                                 std::vector<std::vector<int>> groups, const std::vector<int>& experts,
                                                 const std::vector<std::vector<OpId>>& deps) {
   if (groups.empty()) return {};
-  if (!replicas_.grouped || groups.size() == 1) {
-    std::vector<OpId> ids;
-    for (std::size_t i = 0; i < groups.size(); ++i)
-      ids.push_back(graph_.add_collective(stream, fmt::format("{}.e{}", label, experts[i]),
-                                          {type, std::move(groups[i]), {expert_bytes_}, "ring"}, deps[i]));
-    return ids;
-  }
   std::vector<OpId> after;
   for (const auto& d : deps) after.insert(after.end(), d.begin(), d.end());
   std::sort(after.begin(), after.end());
   after.erase(std::unique(after.begin(), after.end()), after.end());
+  Collective c = groups.size() == 1 ? Collective{type, std::move(groups.front()), {expert_bytes_}, "ring"}
+                 : replicas_.grouped ? group_call(type, std::move(groups), expert_bytes_, "ring")
+                                     : calls_in_turn(type, std::move(groups), expert_bytes_, "ring");
   return std::vector<OpId>(experts.size(), graph_.add_collective(stream, fmt::format("{}.e{}", label, fmt::join(experts, "+")),
-                                                                 group_call(type, std::move(groups), expert_bytes_, "ring"), std::move(after)));
+                                                                 std::move(c), std::move(after)));
 }
 
 // The broadcasts of layer l's replicas not yet sent, up to the first `limit` of them.

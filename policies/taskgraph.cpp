@@ -274,12 +274,26 @@ double CollectiveBytes::total() const {
 double Collective::total_bytes() const { return bytes.total(); }
 
 Collective group_call(CollectiveType type, std::vector<std::vector<int>> groups, double bytes, std::string algorithm) {
+  // By rank, not sorted: ZeRO-2's reduces in turn are a thousand groups of a thousand ranks. A
+  // negative rank is left out, for add_collective() to refuse.
+  std::vector<char> in;
+  for (const auto& g : groups)
+    for (const int r : g)
+      if (r >= 0) {
+        if (r >= int(in.size())) in.resize(std::size_t(r) + 1, 0);
+        in[std::size_t(r)] = 1;
+      }
   std::vector<int> members;
-  for (const auto& g : groups) members.insert(members.end(), g.begin(), g.end());
-  std::sort(members.begin(), members.end());
-  members.erase(std::unique(members.begin(), members.end()), members.end());
+  for (std::size_t r = 0; r < in.size(); ++r)
+    if (in[r]) members.push_back(int(r));
   Collective c{type, std::move(members), {bytes}, std::move(algorithm)};
   c.grouped = std::move(groups);
+  return c;
+}
+
+Collective calls_in_turn(CollectiveType type, std::vector<std::vector<int>> groups, double bytes, std::string algorithm) {
+  Collective c = group_call(type, std::move(groups), bytes, std::move(algorithm));
+  c.in_turn = true;
   return c;
 }
 

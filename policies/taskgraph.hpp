@@ -261,6 +261,13 @@ struct Collective {
   /// §2.2). Each moves `bytes`; `group` is then every member of them (the op's ranks), and a
   /// lowering is theirs side by side, one lane each (collectives.cpp lower()).
   std::vector<std::vector<int>> grouped = {};
+  /// With `grouped`: the groups' collectives are not one group call but NCCL calls one after another
+  /// on the op's stream, in the order of `grouped` (FasterMoE's loop of ncclBroadcast over its
+  /// shadowed experts, DeepSpeed's loop of dist.reduce to each shard's owner). NCCL ends a call on
+  /// each rank when that rank's part of it is done, with no barrier, so a rank goes on to the next
+  /// call while the ranks down the chain still forward the last one: the chains' pipeline fills
+  /// overlap (collectives.cpp, lower_in_turn()).
+  bool in_turn = false;
   double total_bytes() const;
   /// Every byte count × factor (a pipeline's part, a compressed payload): `bytes`, `network_bytes`
   /// and `gathered`.
@@ -275,6 +282,9 @@ struct Collective {
 /// Collective whose `grouped` are the groups and whose `group` is every member of them, once, in
 /// rank order.
 Collective group_call(CollectiveType type, std::vector<std::vector<int>> groups, double bytes, std::string algorithm);
+/// The same collectives as calls one after another on one stream (Collective::in_turn), in the
+/// order of `groups`.
+Collective calls_in_turn(CollectiveType type, std::vector<std::vector<int>> groups, double bytes, std::string algorithm);
 
 /// What an op's time is accounted to: the phases of an iteration. An op's phase follows from its
 /// name (kOpNames in taskgraph.cpp, documented op by op in docs/timeline.md), or from its kind where

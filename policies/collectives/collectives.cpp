@@ -84,14 +84,36 @@ Lowering lower_grouped(const Collective& c, const Cluster& cluster, Lowering (*e
   return all;
 }
 
+// Calls one after another on a stream (Collective::in_turn): each group's chain as one step of a
+// single lane, in order, each with the fill left once a rank goes on to the next call as soon as it
+// is done with the last (chain_fills_in_turn()), where an op per call would pay each chain's whole
+// fill. Every call after the first pays NCCL's per-call latency there too (the backends charge an
+// op's first).
+Lowering lower_in_turn(const Collective& c, const Cluster& cluster, Lowering (*each)(const Collective&, const Cluster&)) {
+  const std::vector<double> fills = chain_fills_in_turn(c, cluster);
+  Lowering all(1);
+  Collective one{c.type, {}, c.bytes, c.algorithm};
+  for (std::size_t i = 0; i < c.grouped.size(); ++i) {
+    one.group = c.grouped[i];
+    for (auto& lane : each(one, cluster)) {
+      if (lane.size() != 1) throw std::logic_error("lower_in_turn: a call in turn is one chain, one step");
+      lane.front().fill_seconds = fills[i] + (i > 0 ? cluster.nccl_call_latency() : 0);
+      all.front().push_back(std::move(lane.front()));
+    }
+  }
+  return all;
+}
+
 }  // namespace
 
 Lowering lower(const Collective& c, const Cluster& cluster) {
+  if (c.in_turn && !c.grouped.empty()) return lower_in_turn(c, cluster, lower);
   if (!c.grouped.empty()) return lower_grouped(c, cluster, lower);
   return with_net_peer_cap(algorithm_of(c).lower(c, cluster), cluster);
 }
 
 Lowering lower_unlisted(const Collective& c, const Cluster& cluster) {
+  if (c.in_turn && !c.grouped.empty()) return lower_in_turn(c, cluster, lower_unlisted);
   if (!c.grouped.empty()) return lower_grouped(c, cluster, lower_unlisted);
   const CollectiveAlgorithm& a = algorithm_of(c);
   return with_net_peer_cap(a.lower_unlisted ? a.lower_unlisted(c, cluster) : a.lower(c, cluster), cluster);

@@ -156,6 +156,11 @@ NcclTunerInput nccl_platform_input(const std::vector<int>& group, const Cluster&
 /// the group's rings: the same ring for every channel when moesim has one); ring_broadcast.cpp.
 NcclProtocol chain_protocol(const Collective& c, const Cluster& cluster);
 
+/// For ring broadcasts or reduces one after another on a stream (Collective::in_turn, over
+/// `grouped`): each call's pipeline fill once the calls before it are done on each rank, in order;
+/// a call alone gets its chain's whole fill (ring_broadcast.cpp).
+std::vector<double> chain_fills_in_turn(const Collective& c, const Cluster& cluster);
+
 /// A lowering of one lane of one step (moved, not copied: a step may hold a million transfers).
 Lowering one_step(Step step);
 

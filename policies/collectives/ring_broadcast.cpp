@@ -1,13 +1,16 @@
 // Ring broadcast and ring reduce of S bytes over n ranks, pipelined (docs/spec/fastermoe.md §1.3: "also ring
 // + pipeline, but each link carries a total of S"). The broadcast runs down a chain from the root
 // group[0] (rings(..., rooted): the ring cut at the root, each node left and entered once); the
-// reduce runs the same chain backwards into the root. NCCL splits the buffer over its C channels,
-// each chain crossing between nodes through its own NIC: one step in which every edge of every
-// channel's chain carries S/C, then the chain's pipeline fill (chain_fill()).
+// reduce runs the ring the same way, from the rank after the root round to the root (NCCL's
+// reduce.h: the rank whose prev is the root only sends, the root only receives). NCCL splits the
+// buffer over its C channels, each chain crossing between nodes through its own NIC: one step in
+// which every edge of every channel's chain carries S/C, then the chain's pipeline fill
+// (chain_fill()). Calls one after another on a stream overlap their fills (chain_fills_in_turn()).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "collectives/collectives.hpp"
 #include "nccl_constants.hpp"
@@ -105,6 +108,13 @@ NcclProtocol chain_protocol(const Collective& c, const Cluster& cluster) { retur
 
 namespace {
 
+// What a hop forwards at once of a channel's `share` of c's bytes: a slice with the Simple protocol,
+// all of the share when it is less (S over NCCL's channels, twice moesim's); nothing with LL or
+// LL128, which forward each line as it lands.
+double slice_of(const RingHops& rings, const Collective& c, double share) {
+  return protocol(rings, c) == NcclProtocol::simple ? std::min(nccl::simpleChainSlice, share / nccl::channelDuplication) : 0;
+}
+
 // A chain's pipeline fill, NCCL's way (docs/collectives.md, "A chain's pipeline fill"). The Simple
 // protocol moves a channel's bytes down the chain in slices of s = 512 KiB
 // (nccl::simpleChainSlice), and a hop forwards a slice only once it holds all of it
@@ -117,12 +127,11 @@ namespace {
 // hop at the link's rate; docs/collectives.md). s is all of a channel's bytes when they are fewer
 // (S over NCCL's channels, twice moesim's: nccl::channelDuplication). LL and LL128 forward each
 // line as it lands, so with them (NCCL's tuner picks the protocol: nccl_chain_protocol()) only
-// the hops' latencies add up. A chain is its ring less the hop into the root; a reduce crosses
-// the same hops backwards, at the same latency and bandwidth.
+// the hops' latencies add up. A broadcast's chain is its ring less the hop into the root, a
+// reduce's its ring less the hop out of it.
 double chain_fill(const Collective& c, double share, const Cluster& cluster) {
   RingHops& rings = cached_ring_hops(c.group, cluster);
-  const bool simple = protocol(rings, c) == NcclProtocol::simple;
-  const double slice = simple ? std::min(nccl::simpleChainSlice, share / nccl::channelDuplication) : 0;
+  const double slice = slice_of(rings, c, share);
   if (slice != rings.slice) {
     rings.slice = slice;
     rings.sums.assign(rings.hop.size(), {});
@@ -140,9 +149,10 @@ double chain_fill(const Collective& c, double share, const Cluster& cluster) {
   for (std::size_t k = 0; k < rings.hop.size(); ++k) {
     const auto& hops = rings.hop[k];
     const auto& m = rings.sums[k];
-    const std::size_t n = hops.size(), into_root = (std::size_t(rings.position[k][std::size_t(c.group.front())]) + n - 1) % n;
-    const double cut = hops[into_root].first + slice / hops[into_root].second;
-    fill = std::max(fill, m.sum - cut - (into_root == m.at ? m.second : m.first));
+    const std::size_t n = hops.size(), root = std::size_t(rings.position[k][std::size_t(c.group.front())]);
+    const std::size_t cut_hop = c.type == CollectiveType::reduce ? root : (root + n - 1) % n;
+    const double cut = hops[cut_hop].first + slice / hops[cut_hop].second;
+    fill = std::max(fill, m.sum - cut - (cut_hop == m.at ? m.second : m.first));
   }
   return fill > 1e-12 ? fill : 0;  // a chain of one hop: the sums' rounding, not a fill
 }
@@ -154,9 +164,9 @@ Lowering lower_chain(const Collective& c, const Cluster& cluster, bool towards_r
   const double share = c.bytes[0] / double(chains.size());
   Step step;
   step.transfers.reserve(chains.size() * (n - 1));
-  for (const auto& chain : chains)
+  for (const auto& chain : chains)  // a reduce: chain[1] ... chain[n − 1], then the root
     for (std::size_t i = 0; i + 1 < n; ++i)
-      step.transfers.push_back(towards_root ? Transfer{chain[n - 1 - i], chain[n - 2 - i], share} : Transfer{chain[i], chain[i + 1], share});
+      step.transfers.push_back(towards_root ? Transfer{chain[i + 1], chain[(i + 2) % n], share} : Transfer{chain[i], chain[i + 1], share});
   step.fill_seconds = chain_fill(c, share, cluster);
   return one_step(std::move(step));
 }
@@ -164,8 +174,99 @@ Lowering lower_chain(const Collective& c, const Cluster& cluster, bool towards_r
 Lowering lower_ring_broadcast(const Collective& c, const Cluster& cluster) { return lower_chain(c, cluster, false); }
 Lowering lower_ring_reduce(const Collective& c, const Cluster& cluster) { return lower_chain(c, cluster, true); }
 
+}  // namespace
+
+// Chains one after another on a stream (Collective::in_turn), each rank starting a call once it is
+// done with the one before. On a channel a chain passes its ranks g_0 (where its bytes start: a
+// broadcast's root, the far end of a reduce's chain), g_1, ..., g_m; with F(g) when g finished the
+// calls before, hop j's τ_j = latency + slice / b (chain_fill()) but 0 for the chain's slowest hop,
+// whose slices are in its bytes term B = S/C over it: g_0 has sent the last slice at D_0 = F(g_0) +
+// B + τ_0, g_j forwarded it at D_j = max(D_{j−1} + τ_j, F(g_j) + B) (a rank still busy when the
+// first slice comes makes the chain wait, then sends it all), and g_m has it at max(D_{m−1}, F(g_m)):
+// each rank's new F, the latest over the channels. A call's fill is what the latest F grows by
+// beyond B: a chain alone gets chain_fill(); a chain whose root is one hop down the ring from the
+// last one's pays a hop's τ, the root's wait to forward the last call's last slice.
+namespace {
+
+std::vector<double> fills_in_turn(const Collective& c, const Cluster& cluster) {
+  const bool towards_root = c.type == CollectiveType::reduce;
+  std::vector<double> finish(std::size_t(cluster.num_gpus()), 0.0), fills;
+  double last_end = 0;
+  // Each channel's ring in order, per member set (ZeRO-2's thousand reduces a layer share one).
+  std::map<std::vector<int>, std::vector<std::vector<int>>> ring_orders;
+  for (const auto& group : c.grouped) {
+    const std::size_t n = group.size();
+    if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) {
+      fills.push_back(0);
+      continue;
+    }
+    const Collective one{c.type, group, c.bytes, c.algorithm};
+    const RingHops& rings = cached_ring_hops(group, cluster);
+    const double share = c.bytes[0] / double(rings.hop.size());
+    const double slice = slice_of(rings, one, share);
+    std::vector<double> done = finish;  // this call's F, the latest over its channels
+    double bytes_term = 0;              // the step's: its slowest channel's B
+    std::vector<int> members = group;
+    std::sort(members.begin(), members.end());
+    auto& orders = ring_orders[std::move(members)];
+    if (orders.empty())
+      for (const auto& position : rings.position) {
+        auto& ring = orders.emplace_back(n);
+        for (std::size_t r = 0; r < position.size(); ++r)
+          if (const int p = position[r]; p >= 0) ring[std::size_t(p)] = int(r);
+      }
+    for (std::size_t k = 0; k < rings.hop.size(); ++k) {
+      const std::vector<int>& ring = orders[k];
+      const std::size_t root = std::size_t(rings.position[k][std::size_t(group.front())]);
+      // The chain's ranks in the order its bytes pass them, round the ring (the hop out of ring
+      // position p is hop p), and its hops' τ: a broadcast's from the root, a reduce's from the rank
+      // after it round to the root.
+      std::vector<int> order;
+      std::vector<double> tau;
+      double narrowest = std::numeric_limits<double>::infinity();
+      std::size_t slowest = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t at = (root + j + (towards_root ? 1 : 0)) % n;
+        order.push_back(ring[at]);
+        if (j + 1 == n) break;
+        const auto& [latency, link] = rings.hop[k][at];
+        tau.push_back(latency + slice / link);
+        narrowest = std::min(narrowest, link);
+        if (tau.back() > tau[slowest]) slowest = j;
+      }
+      tau[slowest] = 0;
+      const double B = share / narrowest;
+      bytes_term = std::max(bytes_term, B);
+      double D = finish[std::size_t(order[0])] + B + tau[0];
+      done[std::size_t(order[0])] = std::max(done[std::size_t(order[0])], D);
+      for (std::size_t j = 1; j + 1 < n; ++j) {
+        D = std::max(D + tau[j], finish[std::size_t(order[j])] + B);
+        done[std::size_t(order[j])] = std::max(done[std::size_t(order[j])], D);
+      }
+      const auto last = std::size_t(order[n - 1]);
+      done[last] = std::max(done[last], std::max(D, finish[last]));
+    }
+    double end = last_end;
+    for (const int r : group) end = std::max(end, done[std::size_t(r)]);
+    finish = std::move(done);
+    fills.push_back(std::max(0.0, end - last_end - bytes_term));
+    last_end = end;
+  }
+  return fills;
+}
 
 }  // namespace
+
+// fills_in_turn(), kept per thread for the ops lowered last: every layer's ZeRO-2 reduces are the
+// same calls, a thousand chains of a thousand ranks at 1,024 GPUs.
+std::vector<double> chain_fills_in_turn(const Collective& c, const Cluster& cluster) {
+  using Key = std::tuple<std::uint64_t, CollectiveType, double, std::vector<std::vector<int>>>;
+  thread_local std::map<Key, std::vector<double>> cache;
+  Key key{cluster.id(), c.type, c.bytes.empty() ? 0.0 : c.bytes[0], c.grouped};
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= 64) cache.clear();
+  return cache.emplace(std::move(key), fills_in_turn(c, cluster)).first->second;
+}
 
 extern const CollectiveAlgorithm ring_broadcast = {
     "ring", CollectiveType::broadcast, "pipelined down C chains from group[0] (channels): every edge carries S/C",

@@ -79,18 +79,15 @@ class Zero final : public LayerSchedule {
     return ops.collective(Stream::comm, std::move(label), {type, ops.everyone(), {bytes}, "ring"}, std::move(deps));
   }
   // ZeRO-2's gradients: G reduces of a layer's S/G, each into the GPU that owns that shard
-  // (group[0], the ring's root), one after another on the comm stream.
+  // (group[0], the ring's root), one after another on the comm stream (stage2.py average_tensor's
+  // loop of async dist.reduce, owners in rank order): one op of calls in turn.
   static OpId reduce_to_owners(LayerOps& ops, int l, std::vector<OpId> deps) {
     const int G = ops.gpus();
-    const double shard = layer_bytes(ops) / G;
-    OpId last = 0;
-    for (int owner = 0; owner < G; ++owner) {
-      std::vector<int> group(static_cast<std::size_t>(G));
-      for (int i = 0; i < G; ++i) group[std::size_t(i)] = (owner + i) % G;
-      last = ops.collective(Stream::comm, LayerOps::label(l, Pass::backward, fmt::format("grads_reduce{}", owner)),
-                            {CollectiveType::reduce, std::move(group), {shard}, "ring"}, owner == 0 ? std::move(deps) : std::vector<OpId>{last});
-    }
-    return last;
+    std::vector<std::vector<int>> groups(static_cast<std::size_t>(G), std::vector<int>(static_cast<std::size_t>(G)));
+    for (int owner = 0; owner < G; ++owner)
+      for (int i = 0; i < G; ++i) groups[std::size_t(owner)][std::size_t(i)] = (owner + i) % G;
+    return ops.collective(Stream::comm, LayerOps::label(l, Pass::backward, "grads_reduce"),
+                          calls_in_turn(CollectiveType::reduce, std::move(groups), layer_bytes(ops) / G, "ring"), std::move(deps));
   }
   int stage_;
 };

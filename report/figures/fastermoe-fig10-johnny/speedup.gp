@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over zero3 (x)'
-set yrange [0:5.812]
+set yrange [0:5.832]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "zero3" ci "zero2" ci "fastmoe" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.4221 0.0005 1.4369 0.0528 2.8632 0.1040
-"gpt-l" 1.0000 0.0000 2.1734 0.0004 2.8640 0.1174 4.6711 0.2544
-"bert-deep" 1.0000 0.0000 1.3906 0.0002 0.7732 0.0300 2.1182 0.0904
-"bert-deep-l" 1.0000 0.0000 2.0782 0.0003 1.5055 0.0708 3.3375 0.0982
+"gpt-s" 1.0000 0.0000 1.6834 0.0009 1.4369 0.0528 3.0026 0.0968
+"gpt-l" 1.0000 0.0000 2.2003 0.0004 2.8640 0.1174 4.6892 0.2532
+"bert-deep" 1.0000 0.0000 1.6243 0.0004 0.7732 0.0300 2.2220 0.0988
+"bert-deep-l" 1.0000 0.0000 2.1019 0.0003 1.5055 0.0708 3.3504 0.0982
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

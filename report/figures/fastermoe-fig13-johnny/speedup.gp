@@ -19,14 +19,14 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'v100-pcie × 16 GPUs; 4 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:3.494]
+set yrange [0:3.672]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
-"gpt-s" 1.0000 0.0000 1.6886 0.1264 1.4378 0.0104 1.9979 0.1317
-"gpt-l" 1.0000 0.0000 1.5148 0.1084 1.2230 0.0067 1.6356 0.1231
-"bert-deep" 1.0000 0.0000 2.2551 0.2206 1.4554 0.0060 2.7489 0.2121
-"bert-deep-l" 1.0000 0.0000 2.0346 0.1745 1.2313 0.0094 2.2255 0.1592
+"gpt-s" 1.0000 0.0000 1.7587 0.1358 1.4378 0.0104 2.0953 0.1353
+"gpt-l" 1.0000 0.0000 1.5202 0.1086 1.2230 0.0067 1.6419 0.1231
+"bert-deep" 1.0000 0.0000 2.3459 0.2367 1.4554 0.0060 2.8839 0.2280
+"bert-deep-l" 1.0000 0.0000 2.0418 0.1754 1.2313 0.0094 2.2341 0.1599
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'trevor × 64 GPUs; 2 models; generator preset naive, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over fastmoe (x)'
-set yrange [0:5.532]
+set yrange [0:6.324]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "fastmoe" ci "shadowing" ci "smart" ci "fastermoe" ci
-"bert-wide" 1.0000 0.0000 3.3006 0.2704 1.6375 0.0069 4.1576 0.3048
-"bert-wide-l" 1.0000 0.0000 3.5436 0.2958 1.5412 0.0076 4.3777 0.3107
+"bert-wide" 1.0000 0.0000 3.7821 0.3534 1.6375 0.0069 4.9470 0.4126
+"bert-wide-l" 1.0000 0.0000 3.7189 0.3250 1.5412 0.0076 4.6470 0.3438
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.559]
+set yrange [0:1.564]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.7023 0.0297 1.0319 0.0535
-"M" 1.0000 0.0000 0.9320 0.0516 1.1654 0.0837
-"L" 1.0000 0.0000 1.0230 0.0639 1.2210 0.1003
-"DS" 1.0000 0.0000 0.7297 0.0319 1.0450 0.0457
-"DM" 1.0000 0.0000 0.9558 0.0461 1.1813 0.0686
+"S" 1.0000 0.0000 0.8237 0.0406 1.0322 0.0534
+"M" 1.0000 0.0000 0.9764 0.0597 1.1687 0.0830
+"L" 1.0000 0.0000 1.0332 0.0664 1.2252 0.1000
+"DS" 1.0000 0.0000 0.8408 0.0356 1.0464 0.0459
+"DM" 1.0000 0.0000 0.9954 0.0494 1.1851 0.0676
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

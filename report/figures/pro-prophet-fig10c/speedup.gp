@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:1.720]
+set yrange [0:1.731]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 0.9364 0.0685 1.2266 0.0997
-"M" 1.0000 0.0000 1.0832 0.0817 1.3316 0.1074
-"L" 1.0000 0.0000 1.0926 0.0777 1.3546 0.1031
-"DS" 1.0000 0.0000 0.9654 0.0425 1.2562 0.0532
-"DM" 1.0000 0.0000 1.1152 0.0544 1.3683 0.0732
+"S" 1.0000 0.0000 1.0594 0.0744 1.2568 0.0981
+"M" 1.0000 0.0000 1.1221 0.0831 1.3544 0.1068
+"L" 1.0000 0.0000 1.1022 0.0779 1.3615 0.1029
+"DS" 1.0000 0.0000 1.0898 0.0498 1.2844 0.0582
+"DM" 1.0000 0.0000 1.1551 0.0578 1.3917 0.0755
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -23,8 +23,8 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "top2" ci "top3" ci
-"k1" 1.0000 0.0000 0.7844 0.0149 0.6804 0.0178
-"k2" 1.0000 0.0000 0.9039 0.0134 0.8385 0.0260
+"k1" 1.0000 0.0000 0.8062 0.0139 0.7139 0.0169
+"k2" 1.0000 0.0000 0.9179 0.0108 0.8676 0.0232
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
