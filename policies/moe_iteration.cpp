@@ -413,22 +413,19 @@ std::size_t early(const Replica& rep) { return rep.holders.size() - std::size_t(
 
 // The replicas' broadcasts or reduces `groups` (each the replica's owner first; experts[i] is
 // groups[i]'s), one op for all ("<label>.e<expert>+<expert>+...", the experts in the order of
-// Collective::grouped; "<label>.e<expert>" for one) after every one's deps: NCCL calls one after
-// another on `stream` (Collective::in_turn), or, with ReplicaOptions::grouped, an NCCL group call
-// that runs them at the same time. Returns each expert's op.
-std::vector<OpId> LayerOps::replica_collectives(Stream stream, const std::string& label, CollectiveType type,
-                                                std::vector<std::vector<int>> groups, const std::vector<int>& experts,
-                                                const std::vector<std::vector<OpId>>& deps) {
-  if (groups.empty()) return {};
-  std::vector<OpId> after;
-  for (const auto& d : deps) after.insert(after.end(), d.begin(), d.end());
-  std::sort(after.begin(), after.end());
-  after.erase(std::unique(after.begin(), after.end()), after.end());
+// Collective::grouped; "<label>.e<expert>" for one) after `deps`: NCCL calls one after another on
+// `stream` (Collective::in_turn), or, with ReplicaOptions::grouped, an NCCL group call that runs
+// them at the same time. Nothing when there are no groups.
+std::optional<OpId> LayerOps::replica_collectives(Stream stream, const std::string& label, CollectiveType type,
+                                                  std::vector<std::vector<int>> groups, const std::vector<int>& experts,
+                                                  std::vector<OpId> deps) {
+  if (groups.empty()) return std::nullopt;
+  std::sort(deps.begin(), deps.end());
+  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
   Collective c = groups.size() == 1 ? Collective{type, std::move(groups.front()), {expert_bytes_}, "ring"}
                  : replicas_.grouped ? group_call(type, std::move(groups), expert_bytes_, "ring")
                                      : calls_in_turn(type, std::move(groups), expert_bytes_, "ring");
-  return std::vector<OpId>(experts.size(), graph_.add_collective(stream, fmt::format("{}.e{}", label, fmt::join(experts, "+")),
-                                                                 std::move(c), std::move(after)));
+  return graph_.add_collective(stream, fmt::format("{}.e{}", label, fmt::join(experts, "+")), std::move(c), std::move(deps));
 }
 
 // The broadcasts of layer l's replicas not yet sent, up to the first `limit` of them.
@@ -443,9 +440,8 @@ void LayerOps::broadcast_replicas(int l, Stream stream, const std::vector<OpId>&
       groups.push_back(group_of(l, rep, 0, early(rep)));
       experts.push_back(rep.expert);
     }
-  const auto ids = replica_collectives(stream, fmt::format("L{}.fwd.replica_bcast", l), CollectiveType::broadcast, std::move(groups),
-                                       experts, std::vector<std::vector<OpId>>(experts.size(), deps));
-  for (std::size_t i = 0; i < ids.size(); ++i) bcast_[std::size_t(l)][experts[i]] = ids[i];
+  if (const auto id = replica_collectives(stream, fmt::format("L{}.fwd.replica_bcast", l), CollectiveType::broadcast, std::move(groups), experts, deps))
+    for (const int e : experts) bcast_[std::size_t(l)][e] = *id;
 }
 
 // Hecate's calibration (docs/spec/hecate.md §4.4): the copies decided from the gate's real counts, sent
@@ -458,9 +454,8 @@ void LayerOps::broadcast_late(int l) {
       groups.push_back(group_of(l, rep, early(rep)));
       experts.push_back(rep.expert);
     }
-  const auto ids = replica_collectives(Stream::comm, fmt::format("L{}.fwd.replica_calibrate", l), CollectiveType::broadcast,
-                                       std::move(groups), experts, std::vector<std::vector<OpId>>(experts.size(), ready_));
-  for (std::size_t i = 0; i < ids.size(); ++i) late_bcast_[{l, experts[i]}] = ids[i];
+  if (const auto id = replica_collectives(Stream::comm, fmt::format("L{}.fwd.replica_calibrate", l), CollectiveType::broadcast, std::move(groups), experts, ready_))
+    for (const int e : experts) late_bcast_[{l, e}] = *id;
 }
 
 // Re-materialization (docs/spec/hecate.md §6): layer l's copies gathered again for its backward (a second
@@ -472,9 +467,8 @@ void LayerOps::regather_replicas(int l) {
     groups.push_back(group_of(l, rep));
     experts.push_back(rep.expert);
   }
-  const auto ids = replica_collectives(Stream::comm, fmt::format("L{}.bwd.replica_regather", l), CollectiveType::broadcast,
-                                       std::move(groups), experts, std::vector<std::vector<OpId>>(experts.size()));
-  for (std::size_t i = 0; i < ids.size(); ++i) regather_[{l, experts[i]}] = ids[i];
+  if (const auto id = replica_collectives(Stream::comm, fmt::format("L{}.bwd.replica_regather", l), CollectiveType::broadcast, std::move(groups), experts, {}))
+    for (const int e : experts) regather_[{l, e}] = *id;
 }
 
 // The op that brings GPU `rank` its copy of expert e of layer l for the forward or the backward
@@ -500,7 +494,7 @@ void LayerOps::reduce_replicas(int l, Stream stream, int limit) {
   const bool all = replicas_.persistent;  // every copy keeps the summed gradient
   std::vector<std::vector<int>> groups;
   std::vector<int> experts;
-  std::vector<std::vector<OpId>> deps;
+  std::vector<OpId> deps;  // every reduced expert's users: the op waits for all
   for (int& i = agg_sent_[std::size_t(l)]; i < end; ++i) {
     const Replica& rep = reps[std::size_t(i)];
     auto group = group_of(l, rep);
@@ -513,11 +507,11 @@ void LayerOps::reduce_replicas(int l, Stream stream, int limit) {
     }
     groups.push_back(std::move(group));  // a reduce: ring only
     experts.push_back(rep.expert);
-    deps.push_back(users_[{l, rep.expert}]);
+    const auto& users = users_[{l, rep.expert}];
+    deps.insert(deps.end(), users.begin(), users.end());
   }
-  const auto ids = replica_collectives(stream, fmt::format("L{}.bwd.replica_reduce", l), CollectiveType::reduce, std::move(groups), experts, deps);
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (i == 0 || ids[i] != ids[i - 1]) reduces_.push_back(ids[i]);
+  if (const auto id = replica_collectives(stream, fmt::format("L{}.bwd.replica_reduce", l), CollectiveType::reduce, std::move(groups), experts, std::move(deps)))
+    reduces_.push_back(*id);
 }
 
 void LayerOps::under_experts(int l, Pass pass) {

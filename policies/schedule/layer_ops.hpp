@@ -100,9 +100,9 @@ class LayerOps {
   void broadcast_replicas(int l, Stream stream, const std::vector<OpId>& deps = {}, int limit = -1);
   void broadcast_late(int l);
   void regather_replicas(int l);
-  std::vector<OpId> replica_collectives(Stream stream, const std::string& label, CollectiveType type,
-                                        std::vector<std::vector<int>> groups, const std::vector<int>& experts,
-                                        const std::vector<std::vector<OpId>>& deps);
+  std::optional<OpId> replica_collectives(Stream stream, const std::string& label, CollectiveType type,
+                                          std::vector<std::vector<int>> groups, const std::vector<int>& experts,
+                                          std::vector<OpId> deps);
   std::optional<OpId> copy_arrival(int l, int rank, int e, Pass pass) const;
   void reduce_replicas(int l, Stream stream, int limit = -1);
   void exchange_counts(int l);
