@@ -540,7 +540,7 @@ double slice_by_slice(const std::vector<double>& tau, const std::vector<int>& ro
 // of the same calls on the hand platform with its NIC at 5 GB/s (the hops between nodes the chain's
 // slowest, those inside them 11 GB/s; 8 MiB calls, 16 slices of 512 KiB), over random root orders
 // of up to 6 broadcasts or reduces: never below it, and at most 3% above (a GPU before the slowest
-// hop is taken to finish with it); as separate ops the same calls can take twice as long.
+// hop is taken to finish with it).
 TEST_CASE("calls in turn: the fills' recurrence is within 3% of a slice-by-slice pipeline, never below it") {
   spec::ClusterSpec spec = staged_platform(false);
   spec.mutable_node()->mutable_nics(0)->set_gbits_per_s(40);
