@@ -23,6 +23,7 @@ namespace {
 // knows of the group. Built once per group and cluster: ZeRO's per-owner reduces lower a thousand
 // chains of one group a layer.
 struct RingHops {
+  std::vector<std::vector<int>> ring;      // [channel][p]: the rank at ring position p
   std::vector<std::vector<int>> position;  // [channel][rank]: where the rank is on the ring, −1 if absent
   std::vector<std::vector<std::pair<double, double>>> hop;  // [channel][p]: ring[p] -> ring[p + 1], (latency, narrowest link)
   NcclTunerInput tuner;
@@ -63,6 +64,7 @@ RingHops ring_hops(const std::vector<int>& group, const Cluster& cluster) {
     for (std::size_t p = 0; p < n; ++p) for_each_link(ring[p], ring[(p + 1) % n], [&](std::size_t l, double) { ++crossing[l]; });
   RingHops out;
   double narrowest = std::numeric_limits<double>::infinity();
+  out.ring = cycles;
   for (const auto& ring : cycles) {
     auto& at = out.position.emplace_back(std::size_t(cluster.num_gpus()), -1);
     auto& hops = out.hop.emplace_back();
@@ -192,8 +194,6 @@ std::vector<double> fills_in_turn(const Collective& c, const Cluster& cluster) {
   const bool towards_root = c.type == CollectiveType::reduce;
   std::vector<double> finish(std::size_t(cluster.num_gpus()), 0.0), fills;
   double last_end = 0;
-  // Each channel's ring in order, per member set (ZeRO-2's thousand reduces a layer share one).
-  std::map<std::vector<int>, std::vector<std::vector<int>>> ring_orders;
   for (const auto& group : c.grouped) {
     const std::size_t n = group.size();
     if (n < 2 || c.bytes.empty() || c.bytes[0] <= 0) {
@@ -206,17 +206,8 @@ std::vector<double> fills_in_turn(const Collective& c, const Cluster& cluster) {
     const double slice = slice_of(rings, one, share);
     std::vector<double> done = finish;  // this call's F, the latest over its channels
     double bytes_term = 0;              // the step's: its slowest channel's B
-    std::vector<int> members = group;
-    std::sort(members.begin(), members.end());
-    auto& orders = ring_orders[std::move(members)];
-    if (orders.empty())
-      for (const auto& position : rings.position) {
-        auto& ring = orders.emplace_back(n);
-        for (std::size_t r = 0; r < position.size(); ++r)
-          if (const int p = position[r]; p >= 0) ring[std::size_t(p)] = int(r);
-      }
     for (std::size_t k = 0; k < rings.hop.size(); ++k) {
-      const std::vector<int>& ring = orders[k];
+      const std::vector<int>& ring = rings.ring[k];
       const std::size_t root = std::size_t(rings.position[k][std::size_t(group.front())]);
       // The chain's ranks in the order its bytes pass them, round the ring (the hop out of ring
       // position p is hop p), and its hops' τ: a broadcast's from the root, a reduce's from the rank
