@@ -9,9 +9,15 @@
 // from the owner before the iteration, on the critical path); a copy of an expert whose predicted
 // load per copy fell below a quarter of the mean GPU load is dropped (no traffic).
 //
-// Chosen where the extract is silent: the slot budget is per layer; a GPU's predicted load counts
-// an expert's tokens split evenly over its copies (the dispatch prefers a copy on the source's own
-// GPU or node: moe_iteration.cpp, replica_targets()); relocation of owners is not modelled.
+// The copies share an expert's tokens evenly, wherever the tokens come from: FlexMoE balances
+// GPUs by replica counts, each replica taking expert load / replica count (as FineMoE, Zhao et
+// al., arXiv 2511.16947 §6.4, describes FlexMoE and SmartMoE), and the topology-aware dispatch that
+// keeps tokens on their node is Hecate's own contribution (Hecate §4.4), not its baselines'. Each
+// source's tokens for the expert go whole to one copy, the copies taking the sources heaviest first
+// so their loads stay even (LayerPlan::even_replica_loads; moe_iteration.cpp replica_targets()).
+//
+// Chosen where the extract is silent: the slot budget is per layer; the predicted loads split an
+// expert's tokens evenly over its copies, as the dispatch does; relocation of owners is not modelled.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -51,6 +57,7 @@ class FlexMoe final : public Policy {
     std::vector<LayerPlan> plans;
     for (std::size_t l = 0; l < in.routing.size(); ++l) {
       LayerPlan plan(in.routing[l]);
+      plan.even_replica_loads = true;
       if (seen_ > 0) rebalance(l, G, E, slots, changes, threshold, plan.migrations);
       for (int e = 0; e < E; ++e)
         if (!holders_[l][std::size_t(e)].empty()) plan.replicas.push_back({e, holders_[l][std::size_t(e)]});

@@ -28,13 +28,28 @@ int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int e)
   for (const auto& r : plan.replicas)
     if (r.expert == e) rep = &r;
   if (!rep) return plan_owner(plan, e, cluster.num_gpus());
-  return replica_targets(*rep, cluster, plan_owner(plan, e, cluster.num_gpus()))[std::size_t(src)];
+  return replica_targets(*rep, cluster, plan_owner(plan, e, cluster.num_gpus()), plan.even_replica_loads ? &plan.routing : nullptr)
+      [std::size_t(src)];
 }
 
-std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner) {
+std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner, const RoutingMatrix* even_loads) {
   const int G = cluster.num_gpus();
   std::vector<int> copies{owner};
   copies.insert(copies.end(), rep.holders.begin(), rep.holders.end());
+  if (even_loads) {  // longest processing time first: each source to the copy with the fewest tokens
+    std::vector<int> sources(static_cast<std::size_t>(G));
+    std::iota(sources.begin(), sources.end(), 0);
+    auto tokens = [&](int s) { return even_loads->at(s, rep.expert); };
+    std::stable_sort(sources.begin(), sources.end(), [&](int a, int b) { return tokens(a) > tokens(b); });
+    std::vector<std::int64_t> load(copies.size(), 0);
+    std::vector<int> target(static_cast<std::size_t>(G));
+    for (int s : sources) {
+      const auto c = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
+      load[c] += std::int64_t(tokens(s));
+      target[std::size_t(s)] = copies[c];
+    }
+    return target;
+  }
   std::vector<std::vector<int>> near(std::size_t(cluster.nodes()));  // copies per node, in order
   std::vector<int> target(std::size_t(G), -1);
   for (int c : copies) {
@@ -98,7 +113,7 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
       for (int e = 0; e < E; ++e) sole[std::size_t(e)] = target_[l][std::size_t(e)];  // source 0's: everyone's until a replica
     if (by_pair)
       for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
-        const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert));
+        const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert), plans[l].even_replica_loads ? &plans[l].routing : nullptr);
         for (int s = 0; s < G; ++s) target_[l][std::size_t(s) * E + rep.expert] = t[std::size_t(s)];
         const bool one_gpu = std::all_of(t.begin(), t.end(), [&](int x) { return x == t.front(); });
         sole[std::size_t(rep.expert)] = one_gpu ? t.front() : -1;

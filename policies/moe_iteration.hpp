@@ -52,6 +52,11 @@ struct LayerPlan {
   std::vector<Replica> replicas;
   std::vector<int> owner;        // per expert, the GPU that owns it; empty: expert_owner()
   std::vector<Migration> migrations;
+  /// How sources' tokens reach an expert's copies. false: the nearest copy (the source's own GPU,
+  /// else one on its node, else one spread by source), Hecate's topology-aware dispatcher (§4.4).
+  /// true: the copies' loads even (FlexMoE: replica load = expert load / copies), whole sources
+  /// given to the least loaded copy, heaviest first, wherever it is.
+  bool even_replica_loads = false;
 };
 
 /// Where expert parameters live. `owner`: each expert on one GPU (expert parallelism, replicas
@@ -155,10 +160,13 @@ inline int plan_owner(const LayerPlan& plan, int expert, int gpus) {
 Replica everywhere(int expert, int experts, int gpus);
 
 /// The GPU that computes source `src`'s tokens for expert e under a plan: the source itself if it
-/// holds a copy (or owns e), else a holder on its node, else any holder (spread by source).
+/// holds a copy (or owns e), else a holder on its node, else any holder (spread by source); with
+/// LayerPlan::even_replica_loads, the copy whose load stays even (replica_targets()).
 int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int expert);
 /// expert_target() of every source for one replicated expert whose owner is `owner`, in O(G + holders).
-std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner);
+/// With `even_loads` (the layer's routing), the copies take whole sources, heaviest first, each to
+/// the copy with the fewest tokens so far: loads even up to one source's tokens, in O(G log G + G × copies).
+std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner, const RoutingMatrix* even_loads = nullptr);
 
 /// The iteration's TaskGraph from a plan (the PolicyReport's load and memory filled on the way).
 TaskGraph build_moe_iteration(const IterationInput& in, const IterationPlan& plan);

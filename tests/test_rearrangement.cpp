@@ -2,7 +2,8 @@
 // policy's invariants over iterations (E/G experts per GPU, one owner each, migrations only at the
 // interval, each moving its expert's parameters and Adam states from its previous owner).
 // FlexMoE-style: copies within the slots, never broadcast, their gradients all-reduced among the
-// copies, each new copy's state moved from the owner; faster than EP under skew once copied.
+// copies, each new copy's state moved from the owner, an expert's tokens shared evenly by its copies;
+// faster than EP under skew once copied.
 #include <catch2/catch.hpp>
 #include <map>
 #include <set>
@@ -117,6 +118,27 @@ TEST_CASE("flexmoe: a threshold below 1 is refused at its field") {
   CHECK_THROWS_WITH(test::SmallSetup({"policy.name=flexmoe", "policy.flexmoe.threshold=0.5"}),
                     Catch::Matchers::Contains("policy.flexmoe.threshold"));
   CHECK_NOTHROW(test::SmallSetup({"policy.name=flexmoe", "policy.flexmoe.threshold=1.5"}));
+}
+
+TEST_CASE("flexmoe: the copies share an expert's tokens evenly, wherever the sources are") {
+  // Expert 0 with its owner on GPU 0 and copies on 3 and 9 (two DGX A100 nodes: GPUs 0-7, 8-15);
+  // source s sends it s + 1 tokens, 136 in all. Heaviest first, each to the copy with the fewest so
+  // far (ties to the first), by hand: 16 -> 0, 15 -> 3, 14 -> 9, 13 -> 9, 12 -> 3, 11 -> 0, 10 -> 0,
+  // 9 -> 3, 8 -> 9, 7 -> 9, 6 -> 3, 5 -> 0, 4 -> 0, 3 -> 3, 2 -> 9, 1 -> 9: 46, 45, 45.
+  const Cluster cluster(test::platform("dgx-a100", 2));
+  std::vector<std::int32_t> counts(16 * 16, 0);
+  for (int s = 0; s < 16; ++s) counts[std::size_t(s) * 16] = s + 1;
+  LayerPlan plan(RoutingMatrix(16, 16, counts), {Replica{0, {3, 9}}});
+  plan.even_replica_loads = true;
+  std::map<int, std::int64_t> load;
+  for (int s = 0; s < 16; ++s) load[expert_target(plan, cluster, s, 0)] += s + 1;
+  CHECK(load == std::map<int, std::int64_t>{{0, 46}, {3, 45}, {9, 45}});
+  CHECK(expert_target(plan, cluster, 9, 0) == 0);   // GPU 9's own tokens (10) go to node 0: no locality
+  CHECK(expert_target(plan, cluster, 0, 0) == 9);   // and GPU 0's (1) to node 1
+  CHECK(expert_target(plan, cluster, 3, 5) == 5);   // an expert without copies: its owner
+  // The nearest copy instead (Hecate's dispatcher): each copy its own GPU's and its node's.
+  plan.even_replica_loads = false;
+  CHECK(expert_target(plan, cluster, 9, 0) == 9);
 }
 
 TEST_CASE("flexmoe: once its copies are in place it beats plain EP under skewed routing") {

@@ -25,7 +25,7 @@ $bars << EOD
 "ep" 1.0000 0.0000
 "fastermoe" 1.0755 0.0075
 "smartmoe" 0.9896 0.0190
-"flexmoe" 2.8503 0.1659
+"flexmoe" 2.3367 0.1126
 "hecate" 3.4980 0.2017
 "hecate-rm" 3.4464 0.1978
 EOD
