@@ -327,6 +327,13 @@ TEST_CASE("capacity conventions on a hand case") {
   CHECK(padded.capacity == 6);
   CHECK(padded.routed.at(1, 1) == 6);
   CHECK(padded.kept.counts() == R.counts());
+  // DeepSpeed-MoE without dropping (sharded_moe.py, drop_tokens=False): no factor, every cell padded
+  // to the largest count in the group, 5, so GPU 1 sends and expert 1 computes as much as GPU 0's
+  // expert 0.
+  const auto deepspeed_dropless = gate(std::nullopt, true);
+  CHECK(deepspeed_dropless.capacity == 5);
+  CHECK(deepspeed_dropless.dropped == 0);
+  CHECK(deepspeed_dropless.routed.counts() == CountVector(std::vector<std::int32_t>{5, 5, 5, 5}));
 }
 
 TEST_CASE("rows are rescaled exactly and never over the per-token cap") {
