@@ -53,9 +53,10 @@ struct LayerPlan {
   std::vector<int> owner;        // per expert, the GPU that owns it; empty: expert_owner()
   std::vector<Migration> migrations;
   /// How sources' tokens reach an expert's copies. false: the nearest copy (the source's own GPU,
-  /// else one on its node, else one spread by source), Hecate's topology-aware dispatcher (§4.4).
-  /// true: the copies' loads even (FlexMoE: replica load = expert load / copies), whole sources
-  /// given to the least loaded copy, heaviest first, wherever it is.
+  /// else one on its node, else one spread by source), the rule of Hecate's topology-aware
+  /// dispatcher (§4.4) and of copies on every GPU. true: the copies' loads even (FlexMoE: replica
+  /// load = expert load / copies), whole sources given to the least loaded copy, heaviest first,
+  /// wherever it is.
   bool even_replica_loads = false;
 };
 

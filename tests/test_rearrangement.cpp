@@ -123,8 +123,9 @@ TEST_CASE("flexmoe: a threshold below 1 is refused at its field") {
 TEST_CASE("flexmoe: the copies share an expert's tokens evenly, wherever the sources are") {
   // Expert 0 with its owner on GPU 0 and copies on 3 and 9 (two DGX A100 nodes: GPUs 0-7, 8-15);
   // source s sends it s + 1 tokens, 136 in all. Heaviest first, each to the copy with the fewest so
-  // far (ties to the first), by hand: 16 -> 0, 15 -> 3, 14 -> 9, 13 -> 9, 12 -> 3, 11 -> 0, 10 -> 0,
-  // 9 -> 3, 8 -> 9, 7 -> 9, 6 -> 3, 5 -> 0, 4 -> 0, 3 -> 3, 2 -> 9, 1 -> 9: 46, 45, 45.
+  // far (ties to the first), by hand, tokens -> copy: 16 -> 0, 15 -> 3, 14 -> 9, 13 -> 9, 12 -> 3,
+  // 11 -> 0, 10 -> 0, 9 -> 3, 8 -> 9, 7 -> 9, 6 -> 3, 5 -> 0, 4 -> 0, 3 -> 3, 2 -> 9, 1 -> 9: the
+  // copies on GPUs 0, 3 and 9 compute 46, 45 and 45.
   const Cluster cluster(test::platform("dgx-a100", 2));
   std::vector<std::int32_t> counts(16 * 16, 0);
   for (int s = 0; s < 16; ++s) counts[std::size_t(s) * 16] = s + 1;
