@@ -251,7 +251,7 @@ TaskGraph LayerOps::build() {
       });
     every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, layer_only && l == 0 ? start : after_attention());
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::forward); })};
-    if (in_.count_exchange && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
+    if ((in_.count_exchange || plan_.count_exchange) && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
     if (plan_.shadow_search && G > 1) search_shadows(l);           // ready_: after the host has them all
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
     if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);

@@ -361,6 +361,13 @@ TEST_CASE("a dispatch sized by counts waits for their exchange and a host sync i
   CHECK(exchanges == L);
   CHECK(syncs == L * G);
   for (const auto& op : plain.ops()) CHECK(op.label.find("count_exchange") == std::string::npos);
+  // FasterMoE exchanges its counts even where the run's gate pads to capacity (FastMoE's
+  // prepare_forward has no other path).
+  ps.set_name("fastermoe-shadow");
+  PolicyReport r2;
+  const TaskGraph fastermoe = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r2, false});
+  CHECK(std::count_if(fastermoe.ops().begin(), fastermoe.ops().end(),
+                      [](const auto& op) { return op.label.find("count_exchange") != std::string::npos; }) == L);
   SimBackend sim(t.cluster, gpu);
   const double extra = sim.execute(counted).makespan() - sim.execute(plain).makespan();
   CHECK(extra >= L * 1e-3);

@@ -23,10 +23,10 @@ set yrange [0:1.699]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "tutel" ci "fastermoe" ci "schemoe" ci
-"x12" 1.0000 0.0000 1.0194 0.0000 1.3683 0.0000
-"x16" 1.0000 0.0000 1.0207 0.0000 1.4009 0.0000
-"x20" 1.0000 0.0000 1.0215 0.0000 1.4235 0.0000
-"x24" 1.0000 0.0000 1.0221 0.0000 1.4400 0.0000
+"x12" 1.0000 0.0000 1.0066 0.0000 1.3683 0.0000
+"x16" 1.0000 0.0000 1.0070 0.0000 1.4009 0.0000
+"x20" 1.0000 0.0000 1.0073 0.0000 1.4235 0.0000
+"x24" 1.0000 0.0000 1.0075 0.0000 1.4400 0.0000
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
