@@ -183,7 +183,7 @@ double layer_estimate(const LayerPlan& plan, const MoeModel& model, const CostMo
   std::vector<double> slots(static_cast<std::size_t>(G), 0.0), bytes(static_cast<std::size_t>(G) * std::size_t(G), 0.0);
   std::vector<std::vector<int>> target(static_cast<std::size_t>(E));
   for (int e = 0; e < E; ++e) target[std::size_t(e)].assign(std::size_t(G), plan_owner(plan, e, G));
-  for (const auto& rep : plan.replicas) target[std::size_t(rep.expert)] = replica_targets(rep, cluster, plan_owner(plan, rep.expert, G));
+  for (const auto& rep : plan.replicas) target[std::size_t(rep.expert)] = replica_targets(plan, rep, cluster);
   for (int s = 0; s < G; ++s)
     for (int e = 0; e < E; ++e) {
       const int d = target[std::size_t(e)][std::size_t(s)];

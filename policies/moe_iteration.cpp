@@ -28,8 +28,11 @@ int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int e)
   for (const auto& r : plan.replicas)
     if (r.expert == e) rep = &r;
   if (!rep) return plan_owner(plan, e, cluster.num_gpus());
-  return replica_targets(*rep, cluster, plan_owner(plan, e, cluster.num_gpus()), plan.even_replica_loads ? &plan.routing : nullptr)
-      [std::size_t(src)];
+  return replica_targets(plan, *rep, cluster)[std::size_t(src)];
+}
+
+std::vector<int> replica_targets(const LayerPlan& plan, const Replica& rep, const Cluster& cluster) {
+  return replica_targets(rep, cluster, plan_owner(plan, rep.expert, cluster.num_gpus()), plan.even_replica_loads ? &plan.routing : nullptr);
 }
 
 std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner, const RoutingMatrix* even_loads) {
@@ -113,7 +116,7 @@ LayerOps::LayerOps(const IterationInput& in, const IterationPlan& plan)
       for (int e = 0; e < E; ++e) sole[std::size_t(e)] = target_[l][std::size_t(e)];  // source 0's: everyone's until a replica
     if (by_pair)
       for (const auto& rep : plans[l].replicas) {  // as expert_target(), a replica at a time
-        const auto t = replica_targets(rep, in.cluster, owner(int(l), rep.expert), plans[l].even_replica_loads ? &plans[l].routing : nullptr);
+        const auto t = replica_targets(plans[l], rep, in.cluster);
         for (int s = 0; s < G; ++s) target_[l][std::size_t(s) * E + rep.expert] = t[std::size_t(s)];
         const bool one_gpu = std::all_of(t.begin(), t.end(), [&](int x) { return x == t.front(); });
         sole[std::size_t(rep.expert)] = one_gpu ? t.front() : -1;

@@ -172,6 +172,8 @@ int expert_target(const LayerPlan& plan, const Cluster& cluster, int src, int ex
 /// With `even_loads` (the layer's routing), the copies take whole sources, heaviest first, each to
 /// the copy with the fewest tokens so far: loads even up to one source's tokens, in O(G log G + G × copies).
 std::vector<int> replica_targets(const Replica& rep, const Cluster& cluster, int owner, const RoutingMatrix* even_loads = nullptr);
+/// replica_targets() of a replica in `plan`'s layer: its owner and its rule (even_replica_loads) the plan's.
+std::vector<int> replica_targets(const LayerPlan& plan, const Replica& rep, const Cluster& cluster);
 
 /// The iteration's TaskGraph from a plan (the PolicyReport's load and memory filled on the way).
 TaskGraph build_moe_iteration(const IterationInput& in, const IterationPlan& plan);
