@@ -72,7 +72,7 @@ int bench_one(int gpus, bool aggregate, const std::string& policy_name, int iter
     t_routing = since(t);
     t = Clock::now();
     PolicyReport report;
-    const IterationInput input{cluster, model, gpu, ex.spec.policy(), routing, report, !ex.spec.gate().pad_to_capacity()};
+    const IterationInput input{cluster, model, gpu, ex.spec.policy(), routing, report, dispatch_sizing(ex.spec.gate())};
     const TaskGraph graph = policy.build_iteration(input);
     t_graph = since(t);
     decide = report.decision_seconds;

@@ -167,7 +167,7 @@ RunResult run_one(const spec::ExperimentSpec& s, const Cluster& cluster, const G
       for (int l = 0; l < model.layers(); ++l) result.roofline.push_back({l, cost.roofline(model, routed[l])});
     }
     PolicyReport report;
-    const IterationInput input{cluster, model, gpu, s.policy(), routed, report, !s.gate().pad_to_capacity()};
+    const IterationInput input{cluster, model, gpu, s.policy(), routed, report, dispatch_sizing(s.gate())};
     TaskGraph graph = policy.build_iteration(input);
     backend.check_memory(report.memory.total());
     rec.start = backend.now();

@@ -34,4 +34,9 @@ GateOutcome apply_gate(const spec::GateSpec& gate, const RoutingMatrix& R, int t
   return out;
 }
 
+DispatchSizing dispatch_sizing(const spec::GateSpec& gate) {
+  if (!gate.pad_to_capacity()) return DispatchSizing::counts;
+  return gate.has_capacity_factor() && gate.capacity_factor() > 0 ? DispatchSizing::fixed : DispatchSizing::group_max;
+}
+
 }  // namespace moesim

@@ -254,7 +254,10 @@ TaskGraph LayerOps::build() {
       });
     every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, layer_only && l == 0 ? start : after_attention());
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::forward); })};
-    if ((in_.count_exchange || plan_.count_exchange) && !zero && G > 1) exchange_counts(l);  // ready_: after the host has the counts
+    if (!zero && G > 1) {  // ready_: after the host has the counts (or the capacity)
+      if (in_.sizing == DispatchSizing::counts || plan_.count_exchange) exchange_counts(l);
+      else if (in_.sizing == DispatchSizing::group_max) agree_capacity(l);
+    }
     if (plan_.shadow_search && G > 1) search_shadows(l);           // ready_: after the host has them all
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);
     if (mode == RS::stream_order || mode == RS::exposed) broadcast_replicas(l, Stream::comm, ready_);
@@ -565,6 +568,15 @@ void LayerOps::exchange_counts(int l) {
                                                {CollectiveType::all_to_all, everyone_, CollectiveBytes(peers_, counts_per_peer), "linear"},
                                                ready_);
   ready_ = {host_sync(fmt::format("L{}.fwd.host_sync", l), exchanged)};
+}
+
+// A dispatch padded to the group's largest count (DispatchSizing::group_max: DeepSpeed-MoE's
+// drop_tokens=False, Tutel's capacity_factor <= 0): the GPUs all-reduce (MAX) one int64, then each
+// host reads it to size the buffers. The layer's dispatch waits for both.
+void LayerOps::agree_capacity(int l) {
+  const OpId agreed = graph_.add_collective(Stream::comm, fmt::format("L{}.fwd.capacity_allreduce", l),
+                                            {CollectiveType::all_reduce, everyone_, {8.0}, all_reduce_algorithm(everyone_, 8.0)}, ready_);
+  ready_ = {host_sync(fmt::format("L{}.fwd.host_sync", l), agreed)};
 }
 
 // Every GPU's host reads what `after` produced (.item(), .cpu()): the GPU's host_sync_seconds on

@@ -147,7 +147,7 @@ struct IterationPlan {
   /// host sync), where the rule runs.
   bool shadow_search = false;
   /// The dispatch's counts exchanged before every layer's forward whatever the run's gate
-  /// (IterationInput::count_exchange): FastMoE's prepare_forward runs on every call, a capacity
+  /// (IterationInput::sizing): FastMoE's prepare_forward runs on every call, a capacity
   /// or not (laekov/fastmoe fmoe/functions.py), so FasterMoE pays it in a padded run too.
   bool count_exchange = false;
   const LayerSchedule& layer_schedule() const;

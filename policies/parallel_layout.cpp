@@ -231,7 +231,7 @@ TaskGraph LayoutIteration::build_iteration(const IterationInput& whole) {
       mine.push_back(R.rows(cell.replica * ep, (cell.replica + 1) * ep));
     }
     const IterationInput sub{*cell_cluster_,   stage_models_[std::size_t(cell.stage)], in.gpu, in.spec, mine, reports[c],
-                             in.count_exchange,  cell.in_flight,
+                             in.sizing,  cell.in_flight,
                              in.dense_optimizer_shards, in.expert_optimizer_shards};
     cell.last = cell.policy->build_iteration(sub);
     const auto& ops = cell.last.ops();

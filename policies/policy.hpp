@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cluster.hpp"
+#include "gate.hpp"
 #include "memory_model.hpp"
 #include "model.hpp"
 #include "routing.hpp"
@@ -53,11 +54,9 @@ struct IterationInput {
   /// Per MoE layer, the source-GPU × expert token counts (sources = the cluster's GPUs).
   const std::vector<RoutingMatrix>& routing;
   PolicyReport& report;
-  /// The dispatch is sized by counts (no capacity padding): before each layer's forward all-to-all
-  /// the GPUs exchange their per-expert counts and read them on the host (FastMoE's
-  /// prepare_forward, laekov/fastmoe fmoe/functions.py; Megatron-LM's all-to-all dispatcher does the
-  /// same). A capacity-padded dispatch (Tutel, Fairseq, DeepSpeed) sends fixed sizes.
-  bool count_exchange = false;
+  /// How the GPUs agree on each layer's dispatch sizes (dispatch_sizing() of the run's gate): the
+  /// collective and host sync it takes go before the layer's forward all-to-all.
+  DispatchSizing sizing = DispatchSizing::fixed;
   /// Micro-batches whose activations a GPU keeps at once: a pipeline stage under 1F1B holds those
   /// of the micro-batches in flight (parallel_layout.cpp). The memory model multiplies by it.
   int activation_copies = 1;

@@ -81,7 +81,7 @@ struct OpName {
 constexpr OpName kOpNames[] = {
     {"attention", Phase::dense_compute},          {"output", Phase::dense_compute},
     {"gate", Phase::routing},                     {"count_exchange", Phase::routing},
-    {"count_allgather", Phase::routing},
+    {"count_allgather", Phase::routing},          {"capacity_allreduce", Phase::routing},
     {"host_sync", Phase::routing},                {"encode", Phase::codec},
     {"decode", Phase::codec},                     {"experts", Phase::expert_compute},
     {"C", Phase::expert_compute},                 {"partial_sum", Phase::expert_compute},

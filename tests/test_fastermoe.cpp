@@ -276,7 +276,7 @@ TEST_CASE("fastermoe-released: the release's switches, off by default, and its s
     auto policy = make_policy(ps);
     policy->validate(t.cluster, t.model, ps);
     // FastMoE sizes its dispatch by counts whatever the gate: EP as FastMoE runs it exchanges them too.
-    auto g = policy->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report, name == "ep"});
+    auto g = policy->build_iteration({t.cluster, t.model, t.gpu, ps, routing, report, name == "ep" ? DispatchSizing::counts : DispatchSizing::fixed});
     std::vector<std::string> labels;
     for (const auto& op : g.ops()) labels.push_back(op.label);
     return std::pair{labels, report.shadowed_experts};
@@ -512,7 +512,7 @@ TEST_CASE("the smart schedule's per-layer speedup stays under its bound and near
     spec::PolicySpec ps = ex.spec.policy();
     ps.set_name(name);
     PolicyReport report;
-    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report, true});  // FastMoE's count exchange, as FasterMoE's
+    const auto g = make_policy(ps)->build_iteration({cluster, model, gpu, ps, routing, report, DispatchSizing::counts});  // FastMoE's count exchange, as FasterMoE's
     const auto t = sim.execute(g);
     return std::make_pair(g, t);
   };

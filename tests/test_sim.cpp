@@ -336,8 +336,8 @@ TEST_CASE("a dispatch sized by counts waits for their exchange and a host sync i
   spec::PolicySpec ps;
   ps.set_name("ep");
   PolicyReport r0, r1;
-  const TaskGraph plain = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r0, false});
-  const TaskGraph counted = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r1, true});
+  const TaskGraph plain = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r0, DispatchSizing::fixed});
+  const TaskGraph counted = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r1, DispatchSizing::counts});
   const int G = t.cluster.num_gpus(), L = t.model.layers();
   int exchanges = 0, syncs = 0;
   std::set<OpId> sync_ids;
@@ -365,11 +365,60 @@ TEST_CASE("a dispatch sized by counts waits for their exchange and a host sync i
   // prepare_forward has no other path).
   ps.set_name("fastermoe-shadow");
   PolicyReport r2;
-  const TaskGraph fastermoe = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r2, false});
+  const TaskGraph fastermoe = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r2, DispatchSizing::fixed});
   CHECK(std::count_if(fastermoe.ops().begin(), fastermoe.ops().end(),
                       [](const auto& op) { return op.label.find("count_exchange") != std::string::npos; }) == L);
   SimBackend sim(t.cluster, gpu);
   const double extra = sim.execute(counted).makespan() - sim.execute(plain).makespan();
+  CHECK(extra >= L * 1e-3);
+  CHECK(extra < L * 1.1e-3);
+}
+
+TEST_CASE("a dispatch padded to the group's largest count waits for its all-reduce and a host sync in every layer's forward") {
+  // DeepSpeed-MoE with drop_tokens=False (sharded_moe.py: dist.all_reduce(new_capacity, MAX), then
+  // the capacity sizes F.one_hot on the host) and Tutel with capacity_factor <= 0: one int64
+  // all-reduced over the EP group, then read on the host. The gate decides which sizing a run has.
+  spec::GateSpec gate;
+  CHECK(dispatch_sizing(gate) == DispatchSizing::counts);  // not padded: sized by counts
+  gate.set_pad_to_capacity(true);
+  CHECK(dispatch_sizing(gate) == DispatchSizing::group_max);  // padded, no factor: dropless
+  gate.set_capacity_factor(-2);
+  CHECK(dispatch_sizing(gate) == DispatchSizing::group_max);  // Tutel's dynamic factor, capped
+  gate.set_capacity_factor(1.25);
+  CHECK(dispatch_sizing(gate) == DispatchSizing::fixed);  // a fixed capacity: nothing to agree on
+  // EP on 16 GPUs, 2 layers; a 1 ms host sync (a hand value, far above the all-reduce's few µs)
+  // shows in the makespan once per layer.
+  const test::SmallSetup t;
+  auto gpu_spec = t.cluster.spec().gpu();
+  gpu_spec.set_host_sync_us(1000);
+  const GpuModel gpu(gpu_spec, t.model.dtype());
+  const auto routing = t.routing(7);
+  spec::PolicySpec ps;
+  ps.set_name("ep");
+  PolicyReport r0, r1;
+  const TaskGraph fixed = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r0, DispatchSizing::fixed});
+  const TaskGraph agreed = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r1, DispatchSizing::group_max});
+  const int G = t.cluster.num_gpus(), L = t.model.layers();
+  int reduces = 0;
+  std::set<OpId> sync_ids;
+  for (const auto& op : agreed.ops()) {
+    CHECK(op.label.find("count_exchange") == std::string::npos);
+    if (op.label.find("capacity_allreduce") != std::string::npos) {
+      ++reduces;
+      const auto& c = std::get<Collective>(op.body);
+      CHECK(c.type == CollectiveType::all_reduce);
+      CHECK(c.group.size() == std::size_t(G));
+      CHECK(c.bytes[0] == 8.0);
+    }
+    if (op.label.find("host_sync") != std::string::npos) sync_ids.insert(op.id);
+    if (op.label == "L1.fwd.a2a_dispatch")
+      for (OpId d : op.deps) CHECK(sync_ids.count(d) == 1);  // after the host has layer 1's capacity
+  }
+  CHECK(reduces == L);
+  CHECK(sync_ids.size() == std::size_t(L));
+  for (const auto& op : fixed.ops()) CHECK(op.label.find("capacity_allreduce") == std::string::npos);
+  SimBackend sim(t.cluster, gpu);
+  const double extra = sim.execute(agreed).makespan() - sim.execute(fixed).makespan();
   CHECK(extra >= L * 1e-3);
   CHECK(extra < L * 1.1e-3);
 }

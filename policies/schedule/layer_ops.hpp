@@ -106,6 +106,7 @@ class LayerOps {
   std::optional<OpId> copy_arrival(int l, int rank, int e, Pass pass) const;
   void reduce_replicas(int l, Stream stream, int limit = -1);
   void exchange_counts(int l);
+  void agree_capacity(int l);
   void search_shadows(int l);
   OpId host_sync(std::string label, OpId after);
   void shared_experts(int l, Pass pass);

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:4.127]
+set yrange [0:4.129]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 2.5005 0.2798 2.9914 0.3039
-"M" 1.0000 0.0000 2.5963 0.2832 3.1345 0.3398
-"L" 1.0000 0.0000 2.2800 0.2315 2.8293 0.3009
-"DS" 1.0000 0.0000 2.5884 0.2137 3.0902 0.2609
-"DM" 1.0000 0.0000 2.6893 0.2190 3.2342 0.2629
+"S" 1.0000 0.0000 2.5033 0.2798 2.9948 0.3039
+"M" 1.0000 0.0000 2.5976 0.2832 3.1361 0.3398
+"L" 1.0000 0.0000 2.2805 0.2315 2.8299 0.3009
+"DS" 1.0000 0.0000 2.5912 0.2138 3.0936 0.2609
+"DM" 1.0000 0.0000 2.6907 0.2190 3.2359 0.2630
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
