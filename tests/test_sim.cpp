@@ -324,35 +324,49 @@ TEST_CASE("the critical path adds up to every iteration's time") {
   CHECK(r.iterations[1].start == Approx(r.iterations[0].time));  // iterations run back to back
 }
 
+namespace {
+// EP on 16 GPUs, 2 layers, 32 experts, with a 1 ms host sync (a hand value, far above a count
+// exchange's or a capacity all-reduce's few µs, so that each layer's shows in the makespan).
+struct HostSyncCase {
+  test::SmallSetup t;
+  GpuModel gpu{[&] {
+    auto g = t.cluster.spec().gpu();
+    g.set_host_sync_us(1000);
+    return g;
+  }(), t.model.dtype()};
+  std::vector<RoutingMatrix> routing = t.routing(7);
+  TaskGraph build(const std::string& policy, DispatchSizing sizing) const {
+    spec::PolicySpec ps;
+    ps.set_name(policy);
+    PolicyReport report;
+    return make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, report, sizing});
+  }
+};
+}  // namespace
+
 TEST_CASE("a dispatch sized by counts waits for their exchange and a host sync in every layer's forward") {
-  // FastMoE's prepare_forward: an all-to-all of each GPU's per-expert counts (E/G int64 per peer),
-  // then the host reads them. EP on 16 GPUs, 2 layers, 32 experts: 16 B per pair; a 1 ms host sync
-  // (a hand value, well above the exchange's few µs) shows in the makespan once per layer.
-  const test::SmallSetup t;
-  auto gpu_spec = t.cluster.spec().gpu();
-  gpu_spec.set_host_sync_us(1000);
-  const GpuModel gpu(gpu_spec, t.model.dtype());
-  const auto routing = t.routing(7);
-  spec::PolicySpec ps;
-  ps.set_name("ep");
-  PolicyReport r0, r1;
-  const TaskGraph plain = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r0, DispatchSizing::fixed});
-  const TaskGraph counted = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r1, DispatchSizing::counts});
+  // FastMoE's prepare_forward: an all-to-all of each GPU's per-expert counts (E/G int64 per peer:
+  // 16 B), then the host reads them.
+  const HostSyncCase c;
+  const auto& t = c.t;
+  const auto& gpu = c.gpu;
+  const TaskGraph plain = c.build("ep", DispatchSizing::fixed);
+  const TaskGraph counted = c.build("ep", DispatchSizing::counts);
   const int G = t.cluster.num_gpus(), L = t.model.layers();
   int exchanges = 0, syncs = 0;
   std::set<OpId> sync_ids;
   for (const auto& op : counted.ops()) {
     if (op.label.find("count_exchange") != std::string::npos) {
       ++exchanges;
-      const auto& c = std::get<Collective>(op.body);
-      CHECK(c.bytes.at(0, 1, std::size_t(G)) == 8.0 * t.model.experts() / G);
-      CHECK(c.bytes.at(3, 3, std::size_t(G)) == 0);
+      const auto& coll = std::get<Collective>(op.body);
+      CHECK(coll.bytes.at(0, 1, std::size_t(G)) == 8.0 * t.model.experts() / G);
+      CHECK(coll.bytes.at(3, 3, std::size_t(G)) == 0);
     }
     if (op.label.find("host_sync") != std::string::npos) {
       sync_ids.insert(op.id);
-      test::for_each_compute(op, [&](const Compute& c, int) {
+      test::for_each_compute(op, [&](const Compute& work, int) {
         ++syncs;
-        CHECK(c.seconds(gpu) == Approx(1e-3));
+        CHECK(work.seconds(gpu) == Approx(1e-3));
       });
     }
     if (op.label == "L1.fwd.a2a_dispatch")
@@ -363,9 +377,7 @@ TEST_CASE("a dispatch sized by counts waits for their exchange and a host sync i
   for (const auto& op : plain.ops()) CHECK(op.label.find("count_exchange") == std::string::npos);
   // FasterMoE exchanges its counts even where the run's gate pads to capacity (FastMoE's
   // prepare_forward has no other path).
-  ps.set_name("fastermoe-shadow");
-  PolicyReport r2;
-  const TaskGraph fastermoe = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r2, DispatchSizing::fixed});
+  const TaskGraph fastermoe = c.build("fastermoe-shadow", DispatchSizing::fixed);
   CHECK(std::count_if(fastermoe.ops().begin(), fastermoe.ops().end(),
                       [](const auto& op) { return op.label.find("count_exchange") != std::string::npos; }) == L);
   SimBackend sim(t.cluster, gpu);
@@ -386,18 +398,10 @@ TEST_CASE("a dispatch padded to the group's largest count waits for its all-redu
   CHECK(dispatch_sizing(gate) == DispatchSizing::group_max);  // Tutel's dynamic factor, capped
   gate.set_capacity_factor(1.25);
   CHECK(dispatch_sizing(gate) == DispatchSizing::fixed);  // a fixed capacity: nothing to agree on
-  // EP on 16 GPUs, 2 layers; a 1 ms host sync (a hand value, far above the all-reduce's few µs)
-  // shows in the makespan once per layer.
-  const test::SmallSetup t;
-  auto gpu_spec = t.cluster.spec().gpu();
-  gpu_spec.set_host_sync_us(1000);
-  const GpuModel gpu(gpu_spec, t.model.dtype());
-  const auto routing = t.routing(7);
-  spec::PolicySpec ps;
-  ps.set_name("ep");
-  PolicyReport r0, r1;
-  const TaskGraph fixed = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r0, DispatchSizing::fixed});
-  const TaskGraph agreed = make_policy(ps)->build_iteration({t.cluster, t.model, gpu, ps, routing, r1, DispatchSizing::group_max});
+  const HostSyncCase c;
+  const auto& t = c.t;
+  const TaskGraph fixed = c.build("ep", DispatchSizing::fixed);
+  const TaskGraph agreed = c.build("ep", DispatchSizing::group_max);
   const int G = t.cluster.num_gpus(), L = t.model.layers();
   int reduces = 0;
   std::set<OpId> sync_ids;
@@ -405,10 +409,10 @@ TEST_CASE("a dispatch padded to the group's largest count waits for its all-redu
     CHECK(op.label.find("count_exchange") == std::string::npos);
     if (op.label.find("capacity_allreduce") != std::string::npos) {
       ++reduces;
-      const auto& c = std::get<Collective>(op.body);
-      CHECK(c.type == CollectiveType::all_reduce);
-      CHECK(c.group.size() == std::size_t(G));
-      CHECK(c.bytes[0] == 8.0);
+      const auto& coll = std::get<Collective>(op.body);
+      CHECK(coll.type == CollectiveType::all_reduce);
+      CHECK(coll.group.size() == std::size_t(G));
+      CHECK(coll.bytes[0] == 8.0);
     }
     if (op.label.find("host_sync") != std::string::npos) sync_ids.insert(op.id);
     if (op.label == "L1.fwd.a2a_dispatch")
@@ -417,7 +421,7 @@ TEST_CASE("a dispatch padded to the group's largest count waits for its all-redu
   CHECK(reduces == L);
   CHECK(sync_ids.size() == std::size_t(L));
   for (const auto& op : fixed.ops()) CHECK(op.label.find("capacity_allreduce") == std::string::npos);
-  SimBackend sim(t.cluster, gpu);
+  SimBackend sim(t.cluster, c.gpu);
   const double extra = sim.execute(agreed).makespan() - sim.execute(fixed).makespan();
   CHECK(extra >= L * 1e-3);
   CHECK(extra < L * 1.1e-3);
