@@ -271,7 +271,7 @@ class FasterMoe final : public Policy {
     IterationPlan plan(std::move(plans));
     if (f.blocking()) plan.replicas.timing = ReplicaSchedule::exposed;
     plan.shadow_search = shadow(f);
-    plan.count_exchange = true;  // FastMoE's, before every dispatch
+    plan.sizing = DispatchSizing::counts;  // FastMoE's count exchange, before every dispatch
     if (smart(f)) plan.schedule = smart_schedule(int(std::min<std::int64_t>(f.group_size() ? f.group_size() : 4, in.cluster.num_gpus())));
     return plan;
   }

@@ -255,8 +255,9 @@ TaskGraph LayerOps::build() {
     every_gpu(fmt::format("L{}.fwd.gate", l), {ComputeKind::gate, {gate}, scores_bytes_}, layer_only && l == 0 ? start : after_attention());
     ready_ = {every_gpu(fmt::format("L{}.fwd.encode", l), [&](int r) { return codec(l, r, ComputeKind::encode, Pass::forward); })};
     if (!zero && G > 1) {  // ready_: after the host has the counts (or the capacity)
-      if (in_.sizing == DispatchSizing::counts || plan_.count_exchange) exchange_counts(l);
-      else if (in_.sizing == DispatchSizing::group_max) agree_capacity(l);
+      const DispatchSizing sizing = plan_.sizing.value_or(in_.sizing);
+      if (sizing == DispatchSizing::counts) exchange_counts(l);
+      else if (sizing == DispatchSizing::group_max) agree_capacity(l);
     }
     if (plan_.shadow_search && G > 1) search_shadows(l);           // ready_: after the host has them all
     if (mode == RS::block_wise && l == 0) broadcast_replicas(l, Stream::comm);

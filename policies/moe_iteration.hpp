@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -146,10 +147,10 @@ struct IterationPlan {
   /// per-expert counts all-gathered (`count_allgather`), then copied to the host (.cpu(): a
   /// host sync), where the rule runs.
   bool shadow_search = false;
-  /// The dispatch's counts exchanged before every layer's forward whatever the run's gate
-  /// (IterationInput::sizing): FastMoE's prepare_forward runs on every call, a capacity
-  /// or not (laekov/fastmoe fmoe/functions.py), so FasterMoE pays it in a padded run too.
-  bool count_exchange = false;
+  /// The policy's own dispatch sizing, in place of the run's gate's (IterationInput::sizing):
+  /// FasterMoE's is `counts` whatever the gate, since FastMoE's prepare_forward runs on every call,
+  /// a capacity or not (laekov/fastmoe fmoe/functions.py), so it pays the exchange in a padded run too.
+  std::optional<DispatchSizing> sizing;
   const LayerSchedule& layer_schedule() const;
   ExpertPlacement placement() const { return layer_schedule().placement(); }
 };
