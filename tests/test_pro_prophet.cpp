@@ -348,23 +348,36 @@ TEST_CASE("the greedy search at 1024 GPUs x 1024 experts") {
   CHECK(search < 1.0);
 }
 
-TEST_CASE("Eq. 1 estimates the simulated all-to-alls of skewed routings (Fig. 13)") {
+TEST_CASE("Eq. 1 estimates the simulated all-to-alls of skewed routings from below (Fig. 13)") {
   // Pro-Prophet Fig. 13 reports a mean estimation error under 5% for A2A. Fig. 10a's setting: 4
-  // HPWNV nodes (16 RTX 3090, PCIe, 100 Gb/s), MoE-GPT-M, top-1, fp32, the `naive` generator. The
-  // "real" time is the SimGrid backend running the dispatch all-to-all of each layer's routing
-  // under plain EP; the estimate is Eq. 1 with B̄ as prophet_model() profiles it.
-  // (The experiment itself now routes with the `pro-prophet` preset, half as skewed: there the
-  // error is ~17%, the all-to-all being set less by one receiver than Eq. 1 assumes.)
+  // HPWNV nodes (16 RTX 3090 on PCIe, one 100 Gb/s NIC a node reached through host memory),
+  // MoE-GPT-M, top-1, fp32, the `naive` generator. The "real" time is the SimGrid backend running
+  // the dispatch all-to-all of each layer's routing under plain EP; the estimate is Eq. 1 with B̄
+  // as prophet_model() profiles it (every GPU sending to one). Eq. 1 sees the busiest receiver
+  // alone, while a node's four receivers share its NIC: the estimate is a lower bound, short
+  // where the other three receive much too. Measured: 15% short on average (34% with the
+  // experiments' own `pro-prophet` preset, half as skewed; 8% and 22% while the NIC moved 96 Gb/s
+  // rather than the 79 Gb/s measured on GeForce hosts, docs/collectives.md). The paper's < 5% is
+  // not reproduced: its all-to-alls were set more by one receiver than the simulated ones.
   const auto ex = load_experiment(std::string(MOESIM_SOURCE_DIR) + "/experiments/pro-prophet/fig10a-hpwnv16-top1.textproto",
                                   {"gating.generator.preset=naive"});
   const Cluster cluster(ex.cluster_spec);
   const MoeModel model(ex.spec.model());
   const GpuModel gpu(ex.cluster_spec.gpu(), model.dtype());
   const int G = cluster.num_gpus();
-  const auto pm = prophet_model(CostModel(cluster, gpu), model, gpu);
+  const CostModel cost(cluster, gpu);
+  const auto pm = prophet_model(cost, model, gpu);
+  // B̄ profiled on a uniform all-to-all instead: every GPU sends b to every other.
+  ProphetModel uniform = pm;
+  {
+    const double b = 1e6;
+    std::vector<double> all(std::size_t(G) * G, b);
+    for (int i = 0; i < G; ++i) all[std::size_t(i) * G + i] = 0;
+    uniform.a2a_bandwidth = (G - 1) * b / cost.alltoall_time(all);
+  }
   SimBackend sim(cluster, gpu);
   auto gating = make_gating_source(ex.spec.gating(), model, G, ex.spec.seed());
-  double error = 0;
+  double error = 0, uniform_error = 0;
   int n = 0;
   for (int it = 0; it < 3; ++it)
     for (const auto& R : gating->next()) {
@@ -380,11 +393,18 @@ TEST_CASE("Eq. 1 estimates the simulated all-to-alls of skewed routings (Fig. 13
       TaskGraph g(G);
       g.add_collective(Stream::comm, "a2a", std::move(a2a), {});
       const double real = sim.execute(g).makespan(), estimate = a2a_time(pm, received);
+      INFO("layer " << n << ": Eq. 1 " << estimate << " s, simulated " << real << " s");
+      CHECK(estimate < 1.02 * real);
       error += std::abs(estimate - real) / real;
+      uniform_error += std::abs(a2a_time(uniform, received) - real) / real;
       ++n;
     }
   error /= n;
-  std::cout << fmt::format("Eq. 1 vs simulated skewed all-to-alls: mean error {:.1f}% over {} layers\n", 100 * error, n);
-  // We measure ~6%; B̄ from a uniform all-to-all instead would be ~170% off.
-  CHECK(error < 0.10);
+  uniform_error /= n;
+  std::cout << fmt::format("Eq. 1 vs simulated skewed all-to-alls: mean error {:.1f}% over {} layers ({:.1f}% with B̄ from a "
+                           "uniform all-to-all)\n",
+                           100 * error, n, 100 * uniform_error);
+  CHECK(n == 36);
+  // Profiling B̄ on one receiver is what makes Eq. 1 usable under skew.
+  CHECK(error < uniform_error / 3);
 }
