@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:2.812]
+set yrange [0:2.947]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.8362 0.1673 2.1789 0.2039
-"M" 1.0000 0.0000 1.8267 0.1565 2.1444 0.2021
-"L" 1.0000 0.0000 1.6033 0.1285 1.8834 0.1624
-"DS" 1.0000 0.0000 1.8904 0.1118 2.2471 0.1327
-"DM" 1.0000 0.0000 1.8741 0.0936 2.2086 0.1336
+"S" 1.0000 0.0000 1.9448 0.1830 2.2779 0.2194
+"M" 1.0000 0.0000 1.9019 0.1678 2.2159 0.2125
+"L" 1.0000 0.0000 1.6474 0.1352 1.9291 0.1655
+"DS" 1.0000 0.0000 2.0032 0.1254 2.3480 0.1450
+"DM" 1.0000 0.0000 1.9521 0.1027 2.2883 0.1417
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:3.299]
+set yrange [0:3.434]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 1.9030 0.1880 2.3847 0.2389
-"M" 1.0000 0.0000 2.1047 0.2094 2.5206 0.2755
-"L" 1.0000 0.0000 1.9248 0.1757 2.2841 0.2498
-"DS" 1.0000 0.0000 1.9571 0.1440 2.4360 0.1806
-"DM" 1.0000 0.0000 2.1590 0.1604 2.5710 0.2102
+"S" 1.0000 0.0000 2.0393 0.2103 2.5168 0.2697
+"M" 1.0000 0.0000 2.2100 0.2268 2.6186 0.2915
+"L" 1.0000 0.0000 1.9920 0.1845 2.3628 0.2584
+"DS" 1.0000 0.0000 2.0964 0.1598 2.5711 0.2013
+"DM" 1.0000 0.0000 2.2667 0.1738 2.6681 0.2238
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

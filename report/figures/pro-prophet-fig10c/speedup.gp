@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:3.686]
+set yrange [0:3.827]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 2.3894 0.2192 2.8335 0.2675
-"M" 1.0000 0.0000 2.2727 0.2041 2.7432 0.2571
-"L" 1.0000 0.0000 1.9202 0.1569 2.3723 0.2065
-"DS" 1.0000 0.0000 2.4701 0.1843 2.9108 0.2126
-"DM" 1.0000 0.0000 2.3455 0.1672 2.8266 0.2179
+"S" 1.0000 0.0000 2.5277 0.2388 2.9343 0.2862
+"M" 1.0000 0.0000 2.3665 0.2180 2.8248 0.2708
+"L" 1.0000 0.0000 1.9771 0.1647 2.4285 0.2144
+"DS" 1.0000 0.0000 2.6131 0.2040 3.0131 0.2299
+"DM" 1.0000 0.0000 2.4417 0.1810 2.9069 0.2276
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

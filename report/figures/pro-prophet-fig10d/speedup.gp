@@ -19,15 +19,15 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 32 GPUs; 5 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over deepspeed (x)'
-set yrange [0:4.129]
+set yrange [0:4.267]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "deepspeed" ci "fastermoe" ci "pro-prophet" ci
-"S" 1.0000 0.0000 2.5033 0.2798 2.9948 0.3039
-"M" 1.0000 0.0000 2.5976 0.2832 3.1361 0.3398
-"L" 1.0000 0.0000 2.2805 0.2315 2.8299 0.3009
-"DS" 1.0000 0.0000 2.5912 0.2138 3.0936 0.2609
-"DM" 1.0000 0.0000 2.6907 0.2190 3.2359 0.2630
+"S" 1.0000 0.0000 2.6707 0.3066 3.1084 0.3207
+"M" 1.0000 0.0000 2.7179 0.3026 3.2414 0.3581
+"L" 1.0000 0.0000 2.3595 0.2419 2.9132 0.3099
+"DS" 1.0000 0.0000 2.7616 0.2333 3.2103 0.2782
+"DM" 1.0000 0.0000 2.8141 0.2334 3.3431 0.2734
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

@@ -19,12 +19,12 @@ set linetype 8 lc rgb '#000000' lw 1 pt 11 ps 0.6
 set linetype cycle 8
 set title 'rtx3090-pcie × 16 GPUs; 2 models; generator preset pro-prophet, seed 1' font ',5' noenhanced
 set ylabel 'Speedup over baseline (x)'
-set yrange [0:1.724]
+set yrange [0:1.708]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "baseline" ci "planner" ci "scheduler" ci "full" ci
-"k1" 1.0000 0.0000 1.0597 0.0570 1.1410 0.0871 1.1446 0.0841
-"k2" 1.0000 0.0000 1.1739 0.0790 1.3231 0.0984 1.3544 0.1068
+"k1" 1.0000 0.0000 1.0595 0.0552 1.1283 0.0837 1.1380 0.0831
+"k2" 1.0000 0.0000 1.1681 0.0782 1.2996 0.0968 1.3408 0.1064
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1

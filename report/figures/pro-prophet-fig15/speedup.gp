@@ -23,8 +23,8 @@ set yrange [0:1.180]
 set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555' front
 $data << EOD
 group "planner" ci "top2" ci "top3" ci
-"k1" 1.0000 0.0000 0.8062 0.0139 0.7139 0.0169
-"k2" 1.0000 0.0000 0.9179 0.0108 0.8676 0.0232
+"k1" 1.0000 0.0000 0.8098 0.0126 0.7190 0.0156
+"k2" 1.0000 0.0000 0.9251 0.0099 0.8791 0.0218
 EOD
 set style data histograms
 set style histogram errorbars lw 1 gap 1
