@@ -200,10 +200,9 @@ std::vector<double> fills_in_turn(const Collective& c, const Cluster& cluster) {
       fills.push_back(0);
       continue;
     }
-    const Collective one{c.type, group, c.bytes, c.algorithm};
     const RingHops& rings = cached_ring_hops(group, cluster);
     const double share = c.bytes[0] / double(rings.hop.size());
-    const double slice = slice_of(rings, one, share);
+    const double slice = slice_of(rings, c, share);  // the protocol reads c's bytes, every call's
     std::vector<double> done = finish;  // this call's F, the latest over its channels
     double bytes_term = 0;              // the step's: its slowest channel's B
     for (std::size_t k = 0; k < rings.hop.size(); ++k) {
