@@ -37,6 +37,9 @@ struct RingHops {
   std::vector<Sums> sums;
 };
 
+// τ of a hop (latency, narrowest link) for a slice: what the slice takes to cross it whole.
+double tau_of(const std::pair<double, double>& hop, double slice) { return hop.first + slice / hop.second; }
+
 RingHops ring_hops(const std::vector<int>& group, const Cluster& cluster) {
   const int L = int(cluster.node_links().size()), K = int(cluster.nics().size());
   const double fabric_latency = 2 * cluster.spec().fabric().latency_us() * 1e-6;  // up to the leaf and down
@@ -140,7 +143,7 @@ double chain_fill(const Collective& c, double share, const Cluster& cluster) {
     for (std::size_t k = 0; k < rings.hop.size(); ++k) {
       auto& m = rings.sums[k];
       for (std::size_t p = 0; p < rings.hop[k].size(); ++p) {
-        const double tau = rings.hop[k][p].first + slice / rings.hop[k][p].second;
+        const double tau = tau_of(rings.hop[k][p], slice);
         m.sum += tau;
         if (tau > m.first) m.second = m.first, m.first = tau, m.at = p;
         else m.second = std::max(m.second, tau);
@@ -153,7 +156,7 @@ double chain_fill(const Collective& c, double share, const Cluster& cluster) {
     const auto& m = rings.sums[k];
     const std::size_t n = hops.size(), root = std::size_t(rings.position[k][std::size_t(c.group.front())]);
     const std::size_t cut_hop = c.type == CollectiveType::reduce ? root : (root + n - 1) % n;
-    const double cut = hops[cut_hop].first + slice / hops[cut_hop].second;
+    const double cut = tau_of(hops[cut_hop], slice);
     fill = std::max(fill, m.sum - cut - (cut_hop == m.at ? m.second : m.first));
   }
   return fill > 1e-12 ? fill : 0;  // a chain of one hop: the sums' rounding, not a fill
@@ -219,9 +222,8 @@ std::vector<double> fills_in_turn(const Collective& c, const Cluster& cluster) {
         const std::size_t at = (root + j + (towards_root ? 1 : 0)) % n;
         order.push_back(ring[at]);
         if (j + 1 == n) break;
-        const auto& [latency, link] = rings.hop[k][at];
-        tau.push_back(latency + slice / link);
-        narrowest = std::min(narrowest, link);
+        tau.push_back(tau_of(rings.hop[k][at], slice));
+        narrowest = std::min(narrowest, rings.hop[k][at].second);
         if (tau.back() > tau[slowest]) slowest = j;
       }
       tau[slowest] = 0;
