@@ -4,10 +4,12 @@
 // must be held by its sender when sent and end at d, every intra-node step must stay in a node and
 // 2DH's inter-node step on one rail.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 
 #include "collectives/collectives.hpp"
 #include "collective_sweep.hpp"
@@ -254,7 +256,12 @@ namespace {
 /// 5.70e-4 s, 2.96e-10 s/B at 16 GPUs, 2.09e-4 s, 3.55e-10 s/B at 32 and 7.83e-4 s, 3.84e-10 s/B
 /// at 64.
 double geforce_alltoall_fit(int gpus, double bytes) {
-  return gpus == 16 ? 5.70e-4 + 2.96e-10 * bytes : gpus == 32 ? 2.09e-4 + 3.55e-10 * bytes : 7.83e-4 + 3.84e-10 * bytes;
+  switch (gpus) {
+    case 16: return 5.70e-4 + 2.96e-10 * bytes;
+    case 32: return 2.09e-4 + 3.55e-10 * bytes;
+    case 64: return 7.83e-4 + 3.84e-10 * bytes;
+  }
+  throw std::invalid_argument(fmt::format("the GeForce all-to-all fit has 16, 32 and 64 GPUs, not {}", gpus));
 }
 
 /// A linear all-to-all of 64 and 256 MiB a GPU on `platform`, each GPU count's time within 5% of
